@@ -1,0 +1,46 @@
+# maas-kubevirt: `make` renders the bundle into build/, `make test` runs every test tier.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+BUILD ?= build
+VALUES ?=
+CLI = $(BIN)/maas-kubevirt $(if $(VALUES),--values $(VALUES))
+
+.PHONY: all render venv deps kyverno test bench deb clean
+
+all: render
+
+render: venv
+	$(CLI) render --output $(BUILD)
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -m venv $(VENV) || { echo "cannot create a virtualenv: install python3-venv (apt-get install python3-venv)" >&2; exit 2; }
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	@touch $@
+
+# System tools for the QEMU, Debian-package and Kyverno tiers; installed with apt when root.
+deps:
+	@tools/install-deps
+
+test: deps venv
+	@kyverno=$$(tools/build-kyverno) || { echo "Kyverno CLI not built: its tests will skip (or fail under CI=true)" >&2; kyverno=""; }; \
+	profile=$${HYPOTHESIS_PROFILE:-$$( [ "$$CI" = true ] && echo ci || echo default )}; \
+	KYVERNO="$$kyverno" HYPOTHESIS_PROFILE="$$profile" $(BIN)/pytest $(PYTEST_ARGS)
+
+bench: venv
+	$(BIN)/python tools/bench.py
+
+deb:
+	tools/build-deb $(BUILD)/deb
+
+# The generated seed is the site secret every BMC password derives from: clean keeps it.
+clean:
+	@if [ -f $(BUILD)/seed ]; then \
+		find $(BUILD) -mindepth 1 ! -path '$(BUILD)/seed' -delete; \
+		echo "kept $(BUILD)/seed: every BMC password derives from it (remove it by hand to re-key them all)"; \
+	else rm -rf $(BUILD); fi
+	rm -rf $(VENV) .pytest_cache .hypothesis src/*.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,5 @@
+import sys
+
+from maas_kubevirt.cli import main
+
+sys.exit(main())

@@ -1,0 +1,143 @@
+"""The maas-kubevirt command line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from maas_kubevirt import __version__
+from maas_kubevirt.paths import SCRIPT_NAME
+from maas_kubevirt.values import DEFAULT_VALUES_PATH, ValuesError, load_values
+
+PROG = "maas-kubevirt"
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+DEFAULT_OUTPUT = Path("build")
+
+
+def _positive_seconds(text: str) -> int:
+    try:
+        seconds = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of seconds, found {text!r}") from None
+    if seconds < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1 second, found {seconds}")
+    return seconds
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Let Canonical MAAS manage KubeVirt virtual machines like bare-metal servers: "
+        "render the Kyverno policies and the MAAS commissioning script, and reconcile MAAS machines.",
+        epilog="Exit status: 0 success or nothing to do, 1 some actions failed, 2 usage or configuration error.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument(
+        "--values",
+        metavar="FILE",
+        help=f"values file merged over the built-in defaults ({DEFAULT_VALUES_PATH})",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+
+    render = commands.add_parser(
+        "render",
+        help="render the bundle: Kubernetes manifests and the commissioning script",
+        description="Render the Kyverno policies, RBAC, seed Secret and example namespace into "
+        "DIR/kubernetes/, and the configured commissioning script into DIR/commissioning/. "
+        "Without seed.file in the values, a seed is generated once as DIR/seed (mode 0600).",
+    )
+    render.add_argument(
+        "--output", "-o", metavar="DIR", default=str(DEFAULT_OUTPUT),
+        help="output directory, or '-' for one YAML stream of the manifests for `kubectl apply -f -` "
+        "(default: %(default)s)",
+    )
+
+    reconcile = commands.add_parser(
+        "reconcile",
+        help="rename, pool and commission the MAAS machines of KubeVirt VMs",
+        description="Poll MAAS and, only for machines whose Redfish power address is "
+        "<vm>.<namespace>.<domain>, rename them <vm>-<namespace>, file them in the pool <namespace> "
+        "and commission those in New. Every change is written as a JSON audit record.",
+        epilog="Exit status: 0 converged or nothing to do, 1 some actions failed, 2 usage or configuration error.",
+    )
+    mode = reconcile.add_mutually_exclusive_group()
+    mode.add_argument("--once", action="store_true", help="run one cycle and exit")
+    mode.add_argument(
+        "--interval", metavar="SECONDS", type=_positive_seconds,
+        help="seconds between cycles (default: maas.interval from the values)",
+    )
+    reconcile.add_argument("--dry-run", action="store_true", help="print the plan as a table; change nothing")
+
+    commands.add_parser(
+        "status",
+        help="one row per MAAS machine that is a KubeVirt VM",
+        description="List the MAAS machines whose power address is a KubeVirt BMC: VM, namespace, "
+        "MAAS hostname, system_id, status, pool and power state.",
+    )
+
+    upload = commands.add_parser(
+        "upload-script",
+        help="create or update the commissioning script in MAAS",
+        description="Upload the rendered commissioning script to MAAS through its API "
+        "(POST scripts/ or PUT scripts/{name}).",
+    )
+    upload.add_argument(
+        "--script", metavar="FILE", default=str(DEFAULT_OUTPUT / "commissioning" / SCRIPT_NAME),
+        help="the rendered script (default: %(default)s)",
+    )
+    return parser
+
+
+def _error(message: str) -> None:
+    for line in str(message).splitlines() or [""]:
+        print(f"{PROG}: error: {line}", file=sys.stderr)
+
+
+def _render(values: dict, args: argparse.Namespace) -> int:
+    from maas_kubevirt.render import render
+
+    written = render(values, args.output)
+    if written:
+        output = Path(args.output)
+        print(f"Rendered {len(written)} files into {output}/")
+        print("Next steps:")
+        print(f"  kubectl apply -k {output / 'kubernetes'}")
+        print(f"  {PROG} --values <your values> upload-script --script {output / 'commissioning' / SCRIPT_NAME}")
+        print(f"     (or: maas $PROFILE scripts create name={SCRIPT_NAME} script@={output / 'commissioning' / SCRIPT_NAME})")
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        values = load_values(args.values)
+        if args.command == "render":
+            return _render(values, args)
+        from maas_kubevirt import reconcile
+
+        handler = {
+            "reconcile": reconcile.main_reconcile,
+            "status": reconcile.main_status,
+            "upload-script": reconcile.main_upload_script,
+        }[args.command]
+        return handler(values, args)
+    except ValuesError as error:
+        _error(error)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_FAILED
+    except OSError as error:
+        _error(f"{error.filename or ''}: {error.strerror or error}".lstrip(": "))
+        return EXIT_FAILED
+    except Exception as error:  # noqa: BLE001 - a traceback could carry secrets; say what failed instead
+        if os.environ.get("MAAS_KUBEVIRT_DEBUG"):
+            raise
+        _error(f"internal error: {type(error).__name__}: {error} (set MAAS_KUBEVIRT_DEBUG=1 for a traceback)")
+        return EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

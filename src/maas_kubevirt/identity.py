@@ -1,0 +1,167 @@
+"""The one place for every name maas-kubevirt derives from a VM (DESIGN.md section 2).
+
+The commissioning script carries a copy of the serial, host and password rules; a test proves
+the copies equal. The Kyverno templates compute the UUID and password with JMESPath
+(sha256, truncate, regex_replace_all), so both rules are spelled in those terms.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+LABEL_MAX = 63
+SUBDOMAIN_MAX = 253
+HOST_MAX = 253
+HASH_SUFFIX = 8
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+_DOMAIN_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+_ADDRESS = re.compile(
+    r"(?:(?P<scheme>https?)://)?(?P<host>[^/:?#]+)(?::(?P<port>[0-9]{1,5}))?(?P<path>[/?#].*)?\Z",
+    re.IGNORECASE,
+)
+
+
+class IdentityError(ValueError):
+    """A name that breaks one of the identity rules; the message names the rule."""
+
+
+def _sha256_hex(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _check_label(value: object, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise IdentityError(f"{what} {value!r}: must be a non-empty string")
+    if len(value) > LABEL_MAX:
+        raise IdentityError(f"{what} {value!r}: longer than {LABEL_MAX} characters (DNS-1123 label)")
+    if not _LABEL.match(value):
+        raise IdentityError(
+            f"{what} {value!r}: not a DNS-1123 label "
+            "(lower-case letters, digits and '-', starting and ending with a letter or digit)"
+        )
+    return value
+
+
+def validate_namespace(namespace: object) -> str:
+    """Return the namespace if it is a DNS-1123 label, as Kubernetes requires."""
+    return _check_label(namespace, "namespace")
+
+
+def validate_vm_name(vm: object) -> str:
+    """Return the VM name if it is a DNS-1123 subdomain, as Kubernetes requires."""
+    if not isinstance(vm, str) or not vm:
+        raise IdentityError(f"VM name {vm!r}: must be a non-empty string")
+    if len(vm) > SUBDOMAIN_MAX:
+        raise IdentityError(f"VM name {vm!r}: longer than {SUBDOMAIN_MAX} characters (DNS-1123 subdomain)")
+    for label in vm.split("."):
+        if not label or len(label) > LABEL_MAX or not _LABEL.match(label):
+            raise IdentityError(
+                f"VM name {vm!r}: not a DNS-1123 subdomain (dot-separated labels of 1-63 "
+                "lower-case letters, digits and '-', each starting and ending with a letter or digit)"
+            )
+    return vm
+
+
+def validate_domain(domain: object) -> str:
+    """Return the Redfish domain, lower-cased, if it is a DNS name."""
+    if not isinstance(domain, str) or not domain:
+        raise IdentityError(f"domain {domain!r}: must be a non-empty DNS name")
+    name = domain.lower().rstrip(".")
+    if len(name) > HOST_MAX - 4:
+        raise IdentityError(f"domain {domain!r}: too long to leave room for <vm>.<namespace>")
+    labels = name.split(".")
+    if len(labels) < 2 or any(len(l) > LABEL_MAX or not _DOMAIN_LABEL.match(l) for l in labels):
+        raise IdentityError(
+            f"domain {domain!r}: not a DNS name of two or more labels "
+            "(letters, digits and '-', 1-63 characters each)"
+        )
+    return name
+
+
+def format_serial(vm: str, namespace: str) -> str:
+    """The SMBIOS serial KubeVirt is given: ``<vm>.<namespace>``."""
+    return f"{validate_vm_name(vm)}.{validate_namespace(namespace)}"
+
+
+def parse_serial(serial: object) -> tuple[str, str]:
+    """Split a serial on its last dot into (vm, namespace), validating both parts."""
+    if not isinstance(serial, str):
+        raise IdentityError(f"serial {serial!r}: must be a string")
+    vm, dot, namespace = serial.rpartition(".")
+    if not dot:
+        raise IdentityError(f"serial {serial!r}: not of the form <vm>.<namespace> (no dot)")
+    return validate_vm_name(vm), validate_namespace(namespace)
+
+
+def redfish_host(vm: str, namespace: str, domain: str) -> str:
+    """The BMC host name ``<vm>.<namespace>.<domain>``; reported when it cannot be a DNS name."""
+    host = f"{format_serial(vm, namespace)}.{validate_domain(domain)}"
+    if len(host) > HOST_MAX:
+        raise IdentityError(
+            f"Redfish host for VM {vm!r} in {namespace!r}: {len(host)} characters, "
+            f"longer than the {HOST_MAX} a DNS name allows; shorten the VM name or the domain"
+        )
+    return host
+
+
+def parse_redfish_address(address: object, domain: str) -> tuple[str, str] | None:
+    """(vm, namespace) when a MAAS power_address is exactly ``<vm>.<namespace>.<domain>``, else None.
+
+    The scheme, a port and a path are optional; the match is anchored, label-aligned and
+    case-insensitive, so ``web1.vms.<domain>.evil.io`` is not ours.
+    """
+    if not isinstance(address, str):
+        return None
+    match = _ADDRESS.match(address.strip())
+    if not match:
+        return None
+    host = match["host"].lower().rstrip(".")
+    suffix = "." + validate_domain(domain)
+    if not host.endswith(suffix):
+        return None
+    try:
+        return parse_serial(host[: -len(suffix)])
+    except IdentityError:
+        return None
+
+
+def smbios_uuid(vm: str, namespace: str) -> str:
+    """A name-based UUID (RFC 9562 version 8) from ``<namespace>/<vm>``.
+
+    Kyverno: regex_replace_all('^(.{8})(.{4}).(.{3}).(.{3})(.{12}).*$',
+    sha256(concat(ns, '/', vm)), '${1}-${2}-8${3}-8${4}-${5}').
+    """
+    h = _sha256_hex(f"{validate_namespace(namespace)}/{validate_vm_name(vm)}")
+    return f"{h[0:8]}-{h[8:12]}-8{h[13:16]}-8{h[17:20]}-{h[20:32]}"
+
+
+def maas_hostname(vm: str, namespace: str) -> str:
+    """``<vm>-<namespace>`` (dots become '-') when it fits one DNS label, else the hashed form."""
+    plain = f"{validate_vm_name(vm).replace('.', '-')}-{validate_namespace(namespace)}"
+    if len(plain) <= LABEL_MAX:
+        return plain
+    return fallback_hostname(vm, namespace)
+
+
+def fallback_hostname(vm: str, namespace: str) -> str:
+    """The deterministic hashed hostname: a cut ``<vm>-<namespace>`` plus a hash of the serial."""
+    serial = format_serial(vm, namespace)
+    base = f"{vm.replace('.', '-')}-{namespace}"[: LABEL_MAX - HASH_SUFFIX - 1].rstrip("-")
+    return f"{base}-{_sha256_hex(serial)[:HASH_SUFFIX]}"
+
+
+def pool_name(namespace: str) -> str:
+    """The MAAS resource pool for a namespace: the namespace itself."""
+    return validate_namespace(namespace)
+
+
+def bmc_password(seed: str, serial: str) -> str:
+    """The VM's BMC password: the first 32 hex digits of sha256(seed + ':' + serial).
+
+    Kyverno: truncate(sha256(concat(seed, ':', serial)), `32`).
+    """
+    if not isinstance(seed, str) or not seed:
+        raise IdentityError("seed: must be a non-empty string")
+    parse_serial(serial)
+    return _sha256_hex(f"{seed}:{serial}")[:32]

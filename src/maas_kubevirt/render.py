@@ -1,0 +1,93 @@
+"""values -> files: the commissioning script and the Kubernetes manifests of the bundle."""
+
+from __future__ import annotations
+
+import ast
+import re
+import secrets
+import sys
+from pathlib import Path
+
+from maas_kubevirt.paths import SCRIPT_NAME, data_dir, write_atomic
+from maas_kubevirt.values import ValuesError
+
+SEED_FILE = "seed"
+_SETTINGS_LINE = re.compile(r"^SETTINGS = .*# replaced by maas-kubevirt render$", re.MULTILINE)
+
+
+def script_settings(values: dict, seed: str) -> dict[str, str]:
+    """The values the commissioning script needs, as plain strings."""
+    return {
+        "domain": values["redfish"]["domain"],
+        "scheme": values["redfish"]["scheme"],
+        "username": values["redfish"]["username"],
+        "check": values["redfish"]["check"],
+        "manufacturer": values["smbios"]["manufacturer"],
+        "seed": seed,
+    }
+
+
+def render_commissioning(values: dict, seed: str) -> str:
+    """The commissioning script with the values injected as Python literals."""
+    source = (data_dir() / "commissioning" / SCRIPT_NAME).read_text(encoding="utf-8")
+    settings = script_settings(values, seed)
+    line = f"SETTINGS = {settings!r}  # replaced by maas-kubevirt render"
+    rendered, count = _SETTINGS_LINE.subn(lambda _: line, source)
+    if count != 1:
+        raise RuntimeError(f"{SCRIPT_NAME}: expected exactly one SETTINGS line to replace, found {count}")
+    assigned = [
+        node.value
+        for node in ast.parse(rendered).body
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["SETTINGS"]
+    ]
+    if len(assigned) != 1 or ast.literal_eval(assigned[0]) != settings:
+        raise RuntimeError(f"{SCRIPT_NAME}: the injected SETTINGS do not read back as written")
+    return rendered
+
+
+def read_seed(values: dict, output: Path | None) -> str:
+    """The site secret: seed.file, else <output>/seed, generated there (mode 0600) the first time."""
+    configured = values["seed"]["file"]
+    if configured:
+        path = Path(configured)
+    elif output is None:
+        raise ValuesError(
+            ["seed.file: expected a seed file when rendering to stdout, found an empty string "
+             "(render to a directory once and point seed.file at <directory>/seed)"]
+        )
+    else:
+        path = output / SEED_FILE
+        if not path.exists():
+            write_atomic(path, secrets.token_hex(32) + "\n", mode=0o600)
+    try:
+        seed = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValuesError([f"seed.file: expected a readable seed file, found {path} ({error.__class__.__name__})"]) from None
+    if len(seed) < 16 or not seed.isprintable():
+        raise ValuesError([f"seed.file: expected at least 16 printable characters in {path}, found fewer"])
+    return seed
+
+
+def render_kubernetes(values: dict, seed: str) -> dict[str, str]:
+    """Kubernetes manifests by file name (the policies module renders them from templates/)."""
+    from maas_kubevirt.policies import render_kubernetes as render_policies
+
+    return render_policies(values, seed)
+
+
+def render(values: dict, output: str | Path) -> list[Path]:
+    """Render the whole bundle into the output directory, or the manifests to stdout for '-'."""
+    if str(output) == "-":
+        seed = read_seed(values, None)
+        manifests = render_kubernetes(values, seed)
+        documents = [text.rstrip("\n") + "\n" for name, text in manifests.items() if name != "kustomization.yaml"]
+        sys.stdout.write("---\n".join(documents))
+        return []
+    output = Path(output)
+    seed = read_seed(values, output)
+    manifests = render_kubernetes(values, seed)
+    script = render_commissioning(values, seed)
+    written = [write_atomic(output / "commissioning" / SCRIPT_NAME, script, mode=0o700)]
+    for name, text in manifests.items():
+        written.append(write_atomic(output / "kubernetes" / name, text, mode=0o600 if seed in text else 0o644))
+    return written

@@ -1,0 +1,275 @@
+"""The values file: built-in defaults, the operator's overrides, and validation of every key."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from maas_kubevirt import identity
+from maas_kubevirt.paths import data_dir
+
+DEFAULT_VALUES_PATH = data_dir() / "values.yaml"
+
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
+_URL = re.compile(r"https?://[^\s/?#]+(/[^\s?#]*)?\Z")
+_K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+_MAAS_TAG = re.compile(r"[\w-]+\Z")
+
+
+class ValuesError(Exception):
+    """Values that cannot be used; each problem reads ``key.path: expected X, found Y``."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def _found(value: Any) -> str:
+    if isinstance(value, str):
+        return repr(value) if value else "an empty string"
+    if value is None:
+        return "nothing"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (int, float)):
+        return str(value)
+    return f"a {type(value).__name__}"
+
+
+def _choice(*options: str) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        return None if value in options else "one of " + ", ".join(options)
+
+    return check
+
+
+def _dns_name(value: Any) -> str | None:
+    try:
+        identity.validate_domain(value)
+    except identity.IdentityError:
+        return "a DNS name such as bmc.example.com"
+    return None
+
+
+def _label_key(value: Any) -> str | None:
+    if isinstance(value, str):
+        prefix, _, name = value.rpartition("/")
+        prefix_ok = not prefix or (len(prefix) <= 253 and _K8S_NAME.match(prefix))
+        if prefix_ok and name and len(name) <= 63 and _LABEL_NAME.match(name):
+            return None
+    return "a Kubernetes label key ([prefix/]name, name 1-63 characters)"
+
+
+def _label_value(value: Any) -> str | None:
+    if isinstance(value, str) and value and len(value) <= 63 and _LABEL_NAME.match(value):
+        return None
+    return "a non-empty Kubernetes label value (1-63 letters, digits, '-', '_', '.')"
+
+
+def _k8s_name(value: Any) -> str | None:
+    if isinstance(value, str) and value and len(value) <= 253 and _K8S_NAME.match(value):
+        return None
+    return "a Kubernetes object name (DNS-1123 subdomain)"
+
+
+def _namespace(value: Any) -> str | None:
+    try:
+        identity.validate_namespace(value)
+    except identity.IdentityError:
+        return "a Kubernetes namespace name (DNS-1123 label)"
+    return None
+
+
+def _optional(check: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
+    def optional(value: Any) -> str | None:
+        if value == "":
+            return None
+        problem = check(value)
+        return problem and f"{problem}, or an empty string"
+
+    return optional
+
+
+def _text(value: Any) -> str | None:
+    if isinstance(value, str) and value.strip() and value.isprintable():
+        return None
+    return "a non-empty printable string"
+
+
+def _user(value: Any) -> str | None:
+    if isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9._-]{1,64}", value):
+        return None
+    return "a user name of 1-64 letters, digits, '.', '_' or '-'"
+
+
+def _path(value: Any) -> str | None:
+    return None if isinstance(value, str) and "\0" not in value else "a file path"
+
+
+def _absolute_path(value: Any) -> str | None:
+    if isinstance(value, str) and value.startswith("/") and "\0" not in value:
+        return None
+    return "an absolute file path"
+
+
+def _url(value: Any) -> str | None:
+    return None if isinstance(value, str) and _URL.match(value) else "an http:// or https:// URL"
+
+
+def _seconds(low: int, high: int) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
+            return None
+        return f"a whole number of seconds from {low} to {high}"
+
+    return check
+
+
+def _maas_tag(value: Any) -> str | None:
+    if isinstance(value, str) and 0 < len(value) <= 256 and _MAAS_TAG.match(value):
+        return None
+    return "a MAAS tag name (letters, digits, '_' and '-')"
+
+
+def _cidrs(value: Any) -> list[str]:
+    if not isinstance(value, list):
+        return ["a list of CIDRs such as 10.0.0.0/8"]
+    problems = []
+    for index, item in enumerate(value):
+        try:
+            ipaddress.ip_network(item, strict=True)
+        except (TypeError, ValueError):
+            problems.append(f"[{index}]: expected a CIDR such as 10.0.0.0/8, found {_found(item)}")
+    return problems
+
+
+def _annotations(value: Any) -> list[str]:
+    if not isinstance(value, dict):
+        return ["a mapping of annotation keys to string values"]
+    problems = []
+    for key, item in value.items():
+        if _label_key(key):
+            problems.append(f"[{key!r}]: expected an annotation key ([prefix/]name), found {_found(key)}")
+        elif not isinstance(item, str):
+            problems.append(f"[{key!r}]: expected a string value (quote it), found {_found(item)}")
+    return problems
+
+
+# Each leaf: a check returning what was expected (scalar) or a list of sub-problems (collections).
+SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
+    "redfish": {
+        "domain": _dns_name,
+        "scheme": _choice("https", "http"),
+        "username": _user,
+        "check": _choice("off", "advisory", "strict"),
+    },
+    "seed": {"file": _path},
+    "smbios": {"manufacturer": _text},
+    "kubernetes": {
+        "system_namespace": _namespace,
+        "seed_secret": _k8s_name,
+        "opt_in_label": _label_key,
+        "opt_in_value": _label_value,
+    },
+    "ingress": {
+        "class_name": _k8s_name,
+        "tls_secret": _optional(_k8s_name),
+        "cluster_issuer": _optional(_k8s_name),
+        "source_ranges": _cidrs,
+        "annotations": _annotations,
+    },
+    "maas": {
+        "url": _url,
+        "api_key_file": _absolute_path,
+        "commission": _choice("auto", "approved", "never"),
+        "approval_tag": _maas_tag,
+        "on_hostname_taken": _choice("fallback", "skip"),
+        "interval": _seconds(1, 86400),
+        "timeout": _seconds(1, 600),
+        "audit_log": _optional(_absolute_path),
+    },
+}
+
+
+def _read(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ValuesError([f"{path}: cannot read the values file: {error.strerror or error}"]) from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or "invalid YAML"
+        raise ValuesError([f"{path}: not valid YAML{where}: {problem}"]) from None
+
+
+def validate(values: Any, source: str = "values") -> dict:
+    """Check every key of a complete values mapping against SCHEMA; return it or raise ValuesError."""
+    if not isinstance(values, dict):
+        raise ValuesError([f"{source}: expected a mapping of sections, found {_found(values)}"])
+    problems = []
+    for section in values:
+        if section not in SCHEMA:
+            problems.append(f"{section}: unknown key; expected one of {', '.join(SCHEMA)}")
+    for section, keys in SCHEMA.items():
+        given = values.get(section)
+        if not isinstance(given, dict):
+            problems.append(f"{section}: expected a mapping, found {_found(given)}")
+            continue
+        for key in given:
+            if key not in keys:
+                problems.append(f"{section}.{key}: unknown key; expected one of {', '.join(keys)}")
+        for key, check in keys.items():
+            if key not in given:
+                problems.append(f"{section}.{key}: expected a value, found nothing")
+                continue
+            outcome = check(given[key])
+            if isinstance(outcome, str):
+                problems.append(f"{section}.{key}: expected {outcome}, found {_found(given[key])}")
+            elif isinstance(outcome, list):
+                problems.extend(
+                    f"{section}.{key}{p}" if p.startswith("[") else f"{section}.{key}: expected {p}, found {_found(given[key])}"
+                    for p in outcome
+                )
+    if problems:
+        raise ValuesError(problems)
+    values["redfish"]["domain"] = identity.validate_domain(values["redfish"]["domain"])
+    return values
+
+
+def _merge(defaults: dict, overrides: dict) -> dict:
+    merged = dict(defaults)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict) and key in SCHEMA:
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return merged
+
+
+def _normalise(values: dict) -> dict:
+    # YAML 1.1 reads a bare `off` as false; the operator meant the option's name.
+    redfish = values.get("redfish")
+    if isinstance(redfish, dict) and redfish.get("check") is False:
+        redfish["check"] = "off"
+    return values
+
+
+def load_values(path: str | os.PathLike | None = None) -> dict:
+    """The built-in defaults with the file at path (if any) merged over them, validated."""
+    defaults = _read(DEFAULT_VALUES_PATH)
+    if path is None:
+        return validate(_normalise(defaults), str(DEFAULT_VALUES_PATH))
+    overrides = _read(Path(path))
+    if overrides is None:
+        overrides = {}
+    if not isinstance(overrides, dict):
+        raise ValuesError([f"{path}: expected a mapping of sections, found {_found(overrides)}"])
+    return validate(_normalise(_merge(defaults, overrides)), str(path))

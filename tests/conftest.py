@@ -1,0 +1,35 @@
+"""Shared test settings: hypothesis profiles and the rule for tests that need a missing tool."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("default", max_examples=100, deadline=None)
+settings.register_profile(
+    "ci", max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def require_tool(name: str, reason: str | None = None) -> str:
+    """The path of an executable, or skip (fail under CI=true) with the reason printed."""
+    path = shutil.which(name) if os.sep not in name else (name if os.access(name, os.X_OK) else None)
+    if path:
+        return path
+    require(False, reason or f"{name} is not installed")
+    return ""
+
+
+def require(condition: bool, reason: str) -> None:
+    """Skip when condition is false, saying why; under CI=true a missing prerequisite fails."""
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"CI=true and a prerequisite is missing: {reason}", pytrace=False)
+    pytest.skip(reason)
