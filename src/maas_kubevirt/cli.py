@@ -106,7 +106,7 @@ def _render(values: dict, args: argparse.Namespace) -> int:
         print("Next steps:")
         print(f"  kubectl apply -k {output / 'kubernetes'}")
         print(f"  {PROG} --values <your values> upload-script --script {output / 'commissioning' / SCRIPT_NAME}")
-        print(f"     (or: maas $PROFILE scripts create name={SCRIPT_NAME} script@={output / 'commissioning' / SCRIPT_NAME})")
+        print(f"     (or: maas $PROFILE node-scripts create name={SCRIPT_NAME} script@={output / 'commissioning' / SCRIPT_NAME})")
     return EXIT_OK
 
 
