@@ -142,6 +142,8 @@ def _cidrs(value: Any) -> list[str]:
     problems = []
     for index, item in enumerate(value):
         try:
+            if not isinstance(item, str):
+                raise TypeError(item)
             ipaddress.ip_network(item, strict=True)
         except (TypeError, ValueError):
             problems.append(f"[{index}]: expected a CIDR such as 10.0.0.0/8, found {_found(item)}")
