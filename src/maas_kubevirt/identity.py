@@ -2,7 +2,7 @@
 
 The commissioning script carries a copy of the serial, host and password rules; a test proves
 the copies equal. The Kyverno templates compute the UUID and password with JMESPath
-(sha256, truncate, regex_replace_all), so both rules are spelled in those terms.
+(sha256, join, truncate, regex_replace_all), so both rules are spelled in those terms.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ def smbios_uuid(vm: str, namespace: str) -> str:
     """A name-based UUID (RFC 9562 version 8) from ``<namespace>/<vm>``.
 
     Kyverno: regex_replace_all('^(.{8})(.{4}).(.{3}).(.{3})(.{12}).*$',
-    sha256(concat(ns, '/', vm)), '${1}-${2}-8${3}-8${4}-${5}').
+    sha256(join('/', [ns, vm])), '${1}-${2}-8${3}-8${4}-${5}').
     """
     h = _sha256_hex(f"{validate_namespace(namespace)}/{validate_vm_name(vm)}")
     return f"{h[0:8]}-{h[8:12]}-8{h[13:16]}-8{h[17:20]}-{h[20:32]}"
@@ -159,7 +159,7 @@ def pool_name(namespace: str) -> str:
 def bmc_password(seed: str, serial: str) -> str:
     """The VM's BMC password: the first 32 hex digits of sha256(seed + ':' + serial).
 
-    Kyverno: truncate(sha256(concat(seed, ':', serial)), `32`).
+    Kyverno: truncate(sha256(join('', [seed, ':', serial])), `32`).
     """
     if not isinstance(seed, str) or not seed:
         raise IdentityError("seed: must be a non-empty string")

@@ -89,5 +89,5 @@ def render(values: dict, output: str | Path) -> list[Path]:
     script = render_commissioning(values, seed)
     written = [write_atomic(output / "commissioning" / SCRIPT_NAME, script, mode=0o700)]
     for name, text in manifests.items():
-        written.append(write_atomic(output / "kubernetes" / name, text, mode=0o600 if seed in text else 0o644))
+        written.append(write_atomic(output / "kubernetes" / name, text, mode=0o600 if name == "seed-secret.yaml" or seed in text else 0o644))
     return written

@@ -1,0 +1,357 @@
+"""The Kubernetes render: templates -> Kyverno policies, RBAC, seed Secret, example namespace.
+
+The Kyverno engine itself runs in test_policies_kyverno.py; here: structure, schemas, values.
+"""
+
+from __future__ import annotations
+
+import copy
+import string
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import strategies as st
+
+from conftest import require
+from maas_kubevirt import identity, policies
+from maas_kubevirt.values import ValuesError, load_values, validate
+from policies_fixtures import expected_ingress, expected_secret, expected_vmbmc
+from policies_schemas import (
+    SchemaProblem,
+    generate_patterns,
+    kyverno_module_dir,
+    resolve,
+    validate_object,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = ROOT / "kyverno"
+SEED = "0f3c-test-seed-7a9e-not-used-anywhere"
+
+
+@pytest.fixture(scope="module")
+def defaults() -> dict:
+    return load_values(None)
+
+
+@pytest.fixture(scope="module")
+def module_dir():
+    directory = kyverno_module_dir()
+    require(directory is not None, "Go is not installed or the Kyverno module cannot be downloaded: "
+            "no ClusterPolicy CRD schema to validate against")
+    return directory
+
+
+def values_with(defaults: dict, **sections) -> dict:
+    values = copy.deepcopy(defaults)
+    for dotted, value in sections.items():
+        section, key = dotted.split("__")
+        values[section][key] = value
+    return validate(values)
+
+
+def by_kind(manifests: dict[str, str]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for obj in policies.objects(manifests):
+        out.setdefault(obj["kind"], []).append(obj)
+    return out
+
+
+def policy(manifests: dict[str, str], name: str) -> dict:
+    return next(o for o in by_kind(manifests)["ClusterPolicy"] if o["metadata"]["name"] == name)
+
+
+def rules(pol: dict) -> dict[str, dict]:
+    return {rule["name"]: rule for rule in pol["spec"]["rules"]}
+
+
+# --- the committed reference render ------------------------------------------------------------
+
+def test_kyverno_directory_is_a_fresh_render_of_the_defaults(defaults):
+    fresh = policies.render_kubernetes(defaults, None)
+    committed = {p.name: p.read_text(encoding="utf-8") for p in REFERENCE.iterdir() if p.is_file()}
+    assert sorted(committed) == sorted(fresh), "regenerate: .venv/bin/python -m maas_kubevirt.policies kyverno"
+    for name, text in fresh.items():
+        assert committed[name] == text, f"kyverno/{name} differs from a fresh render; regenerate it"
+
+
+def test_kyverno_directory_holds_no_seed_secret(defaults):
+    assert not (REFERENCE / policies.SEED_SECRET_FILE).exists()
+    for path in REFERENCE.iterdir():
+        docs = policies.parse(path.read_text(encoding="utf-8"))
+        assert not any(d.get("kind") == "Secret" for d in docs), path
+        assert "stringData" not in path.read_text(encoding="utf-8")
+    kustomization = yaml.safe_load((REFERENCE / "kustomization.yaml").read_text())
+    assert policies.SEED_SECRET_FILE not in kustomization["resources"]
+    assert all((REFERENCE / name).is_file() for name in kustomization["resources"])
+
+
+# --- what the render produces ------------------------------------------------------------------
+
+def test_files_are_in_apply_order_and_kustomization_lists_them(defaults):
+    manifests = policies.render_kubernetes(defaults, SEED)
+    names = list(manifests)
+    assert names[-1] == "kustomization.yaml"
+    kustomization = yaml.safe_load(manifests["kustomization.yaml"])
+    assert kustomization["resources"] == names[:-1]
+    order = {name: i for i, name in enumerate(names)}
+    first_policy = min(order[n] for n in names if n.startswith("policy-"))
+    assert order["rbac.yaml"] < first_policy and order[policies.SEED_SECRET_FILE] < first_policy
+    assert order["system-namespace.yaml"] < order[policies.SEED_SECRET_FILE]
+    assert order["example-namespace.yaml"] > first_policy
+
+
+def test_seed_only_in_the_seed_secret(defaults):
+    manifests = policies.render_kubernetes(defaults, SEED)
+    for name, text in manifests.items():
+        assert (SEED in text) == (name == policies.SEED_SECRET_FILE), name
+    (secret,) = policies.parse(manifests[policies.SEED_SECRET_FILE])
+    assert secret["metadata"] == {"name": "maas-kubevirt-seed", "namespace": "maas-kubevirt",
+                                  "labels": {"app.kubernetes.io/part-of": "maas-kubevirt"}}
+    assert secret["stringData"] == {"seed": SEED}
+
+
+def test_rbac_aggregates_exactly_the_needed_verbs(defaults):
+    def aggregate_label(role):
+        return next(k for k in role["metadata"]["labels"] if k.startswith("rbac.kyverno.io/"))
+
+    roles = {aggregate_label(r): r for r in by_kind(policies.render_kubernetes(defaults, SEED))["ClusterRole"]}
+
+    def grants(role):
+        return {(g, res, tuple(rule.get("resourceNames", ()))): set(rule["verbs"])
+                for rule in role["rules"] for g in rule["apiGroups"] for res in rule["resources"]}
+    background = grants(roles["rbac.kyverno.io/aggregate-to-background-controller"])
+    admission = grants(roles["rbac.kyverno.io/aggregate-to-admission-controller"])
+    reports = grants(roles["rbac.kyverno.io/aggregate-to-reports-controller"])
+    generate = {"get", "list", "watch", "create", "update", "delete"}
+    assert background == {
+        ("", "secrets", ()): generate,
+        ("bmc.kubevirt.io", "virtualmachinebmcs", ()): generate,
+        ("networking.k8s.io", "ingresses", ()): generate,
+        ("kubevirt.io", "virtualmachines", ()): {"get", "list", "watch", "update"},
+        ("", "secrets", ("maas-kubevirt-seed",)): {"get"},
+    }
+    assert admission == {
+        ("", "secrets", ()): {"get", "list"},
+        ("bmc.kubevirt.io", "virtualmachinebmcs", ()): {"get", "list"},
+        ("networking.k8s.io", "ingresses", ()): {"get", "list"},
+    }
+    assert reports == {("kubevirt.io", "virtualmachines", ()): {"get", "list", "watch"}}
+    for role in roles.values():
+        assert role["metadata"]["labels"][aggregate_label(role)] == "true"
+
+
+def test_policies_match_vms_in_opted_in_namespaces(defaults):
+    values = values_with(defaults, kubernetes__opt_in_label="example.org/bmc", kubernetes__opt_in_value="yes")
+    manifests = policies.render_kubernetes(values, SEED)
+    pols = by_kind(manifests)["ClusterPolicy"]
+    assert sorted(p["metadata"]["name"] for p in pols) == sorted(policies.POLICY_NAMES.values())
+    for pol in pols:
+        for rule in pol["spec"]["rules"]:
+            (selector,) = rule["match"]["any"]
+            assert selector["resources"]["kinds"] == ["kubevirt.io/v1/VirtualMachine"]
+            assert selector["resources"]["namespaceSelector"] == {"matchLabels": {"example.org/bmc": "yes"}}
+    (namespace,) = [o for o in by_kind(manifests)["Namespace"] if o["metadata"]["name"] == policies.EXAMPLE_NAMESPACE]
+    assert namespace["metadata"]["labels"] == {"example.org/bmc": "yes", "mutatevirtualmachines.kubemacpool.io": "allocate"}
+
+
+def test_generate_rules_synchronise_existing_vms_and_never_use_random(defaults):
+    manifests = policies.render_kubernetes(defaults, SEED)
+    bmc = rules(policy(manifests, policies.POLICY_NAMES["bmc"]))
+    assert list(bmc) == ["bmc-secret", "virtual-machine-bmc", "bmc-ingress"]  # Secret before the VMBMC
+    for rule in bmc.values():
+        assert rule["generate"]["synchronize"] is True
+        assert rule["generate"]["generateExisting"] is True
+    assert "generateExisting" not in policy(manifests, policies.POLICY_NAMES["bmc"])["spec"]
+    assert all("random(" not in text for text in manifests.values())
+    (context,) = bmc["bmc-secret"]["context"]
+    assert context["apiCall"]["urlPath"] == "/api/v1/namespaces/maas-kubevirt/secrets/maas-kubevirt-seed"
+    identity_rules = rules(policy(manifests, policies.POLICY_NAMES["identity"]))
+    existing = identity_rules["stamp-identity-existing"]["mutate"]
+    assert existing["mutateExistingOnPolicyUpdate"] is True and existing["targets"][0]["kind"] == "VirtualMachine"
+    serial = rules(policy(manifests, policies.POLICY_NAMES["serial"]))["require-own-serial"]
+    assert serial["validate"]["failureAction"] == "Enforce"
+    for rule in rules(policy(manifests, policies.POLICY_NAMES["audit"])).values():
+        assert rule["validate"]["failureAction"] == "Audit"
+
+
+def test_library_annotations_on_every_policy(defaults):
+    for pol in by_kind(policies.render_kubernetes(defaults, SEED))["ClusterPolicy"]:
+        annotations = pol["metadata"]["annotations"]
+        for key in ("title", "category", "severity", "subject", "description"):
+            assert annotations[f"policies.kyverno.io/{key}"]
+        assert annotations["policies.kyverno.io/severity"] in ("low", "medium", "high")
+        assert annotations["policies.kyverno.io/subject"] == "VirtualMachine"
+        assert annotations["kyverno.io/kyverno-version"] == policies.KYVERNO_MIN_VERSION
+
+
+@pytest.mark.parametrize("tls", ["none", "secret", "issuer"])
+def test_ingress_pattern_is_the_expected_ingress(defaults, tls):
+    extra = {"example.org/team": "infra", "nginx.ingress.kubernetes.io/proxy-read-timeout": "60"}
+    values = values_with(
+        defaults,
+        ingress__tls_secret="wildcard-bmc" if tls == "secret" else "",
+        ingress__cluster_issuer="letsencrypt" if tls == "issuer" else "",
+        ingress__annotations=extra,
+        ingress__source_ranges=["10.1.2.0/24", "fd00::/8"],
+        ingress__class_name="internal-nginx",
+        redfish__domain="BMC.Lab.Example.NET",
+    )
+    bmc = policy(policies.render_kubernetes(values, SEED), policies.POLICY_NAMES["bmc"])
+    variables = {"request.object.metadata.name": "web1", "request.object.metadata.namespace": "tenant-a"}
+    generated = {o["kind"]: o for o in (resolve(p, variables) for p in generate_patterns(bmc))}
+    assert generated["Ingress"] == expected_ingress("web1", "tenant-a", values)
+    assert generated["Ingress"]["spec"]["rules"][0]["host"] == "web1.tenant-a.bmc.lab.example.net"
+    assert generated["VirtualMachineBMC"] == expected_vmbmc("web1", "tenant-a")
+    secret = generated["Secret"]
+    assert secret["data"]["username"] == expected_secret("web1", "tenant-a", username=values["redfish"]["username"])["data"]["username"]
+
+
+# --- schemas ----------------------------------------------------------------------------------
+
+def _validate_render(manifests: dict[str, str], module_dir) -> None:
+    variables = {"request.object.metadata.name": "web1", "request.object.metadata.namespace": "tenant-a"}
+    for obj in policies.objects(manifests):
+        validate_object(obj, module_dir)
+        if obj["kind"] == "ClusterPolicy":
+            for pattern in generate_patterns(obj):
+                validate_object(resolve(pattern, variables), module_dir)
+
+
+def test_every_rendered_object_validates_against_its_schema(defaults, module_dir):
+    _validate_render(policies.render_kubernetes(defaults, SEED), module_dir)
+
+
+def test_expected_generated_objects_validate(defaults, module_dir):
+    for ns in ("tenant-a", "tenant-b"):
+        for obj in (expected_secret("web1", ns), expected_vmbmc("web1", ns), expected_ingress("web1", ns, defaults)):
+            validate_object(obj, module_dir)
+
+
+def test_the_validator_catches_a_broken_policy(defaults, module_dir):
+    pol = policy(policies.render_kubernetes(defaults, SEED), policies.POLICY_NAMES["bmc"])
+    pol["spec"]["rules"][0]["generate"]["synchronise"] = True  # misspelt field
+    with pytest.raises(SchemaProblem):
+        validate_object(pol, module_dir)
+    pol = policy(policies.render_kubernetes(defaults, SEED), policies.POLICY_NAMES["serial"])
+    pol["spec"]["rules"][0]["validate"]["failureAction"] = "Deny"
+    with pytest.raises(SchemaProblem):
+        validate_object(pol, module_dir)
+
+
+# --- values -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "changes, key",
+    [
+        ({"ingress__tls_secret": "wild", "ingress__cluster_issuer": "le"}, "ingress.cluster_issuer"),
+        ({"ingress__annotations": {"nginx.ingress.kubernetes.io/whitelist-source-range": "0.0.0.0/0"}}, "ingress.annotations"),
+        ({"ingress__annotations": {"cert-manager.io/cluster-issuer": "other"}}, "ingress.annotations"),
+        ({"ingress__annotations": {"example.org/x": "{{ request.object }}"}}, "ingress.annotations"),
+        ({"ingress__annotations": {"example.org/x": "$(./../x)"}}, "ingress.annotations"),
+        ({"kubernetes__opt_in_label": "mutatevirtualmachines.kubemacpool.io"}, "kubernetes.opt_in_label"),
+    ],
+)
+def test_values_giving_invalid_objects_are_rejected_per_key(defaults, changes, key):
+    values = copy.deepcopy(defaults)
+    for dotted, value in changes.items():
+        section, name = dotted.split("__")
+        values[section][name] = value
+    with pytest.raises(ValuesError) as caught:
+        policies.render_kubernetes(validate(values), SEED)
+    assert all(p.startswith(key) and "expected" in p and "found" in p for p in caught.value.problems)
+    assert SEED not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "section, key, value",
+    [
+        ("redfish", "domain", "not a domain"),
+        ("redfish", "domain", "-bad.example.com"),
+        ("kubernetes", "opt_in_label", "bad label/with/slashes"),
+        ("kubernetes", "opt_in_label", "-x"),
+        ("kubernetes", "opt_in_value", "a" * 64),
+        ("kubernetes", "system_namespace", "Not_A_Namespace"),
+        ("ingress", "source_ranges", ["10.0.0.1/8"]),
+        ("ingress", "source_ranges", ["nowhere"]),
+        ("ingress", "annotations", {"bad key!": "x"}),
+        ("ingress", "class_name", "Bad Class"),
+    ],
+)
+def test_invalid_values_are_reported_per_key(defaults, section, key, value):
+    values = copy.deepcopy(defaults)
+    values[section][key] = value
+    with pytest.raises(ValuesError) as caught:
+        policies.render_kubernetes(validate(values), SEED)
+    assert any(p.startswith(f"{section}.{key}") for p in caught.value.problems)
+
+
+@given(st.text())
+def test_quote_reads_back_as_the_same_string(text):
+    assert yaml.safe_load(policies.quote(text)) == text
+    assert yaml.safe_load("key: " + policies.quote(text) + "\n") == {"key": text}
+
+
+# --- hypothesis over values -------------------------------------------------------------------
+
+_label_chars = string.ascii_letters + string.digits + "-_."
+_dns_chars = string.ascii_lowercase + string.digits + "-."
+_anything = st.text(min_size=0, max_size=40)
+_dnsish = st.text(alphabet=_dns_chars, min_size=1, max_size=70)
+_keyish = st.one_of(
+    st.builds(lambda p, n: f"{p}/{n}" if p else n, st.one_of(st.just(""), _dnsish), st.text(alphabet=_label_chars, min_size=1, max_size=70)),
+    _anything,
+)
+_cidr = st.one_of(
+    st.ip_addresses(v=4).map(lambda a: f"{a}/32"),
+    st.ip_addresses(v=6).map(lambda a: f"{a}/128"),
+    st.sampled_from(["10.0.0.0/8", "192.168.0.0/16", "fd00::/8", "10.0.0.1/8", "bad"]),
+)
+
+_changes = st.fixed_dictionaries(
+    {},
+    optional={
+        "redfish.domain": st.one_of(_dnsish, _anything),
+        "redfish.username": st.one_of(st.text(alphabet=_label_chars, min_size=1, max_size=64), _anything),
+        "kubernetes.system_namespace": st.one_of(_dnsish, _anything),
+        "kubernetes.seed_secret": st.one_of(_dnsish, _anything),
+        "kubernetes.opt_in_label": _keyish,
+        "kubernetes.opt_in_value": st.one_of(st.text(alphabet=_label_chars, min_size=0, max_size=70), _anything),
+        "ingress.class_name": st.one_of(_dnsish, _anything),
+        "ingress.tls_secret": st.one_of(st.just(""), _dnsish, _anything),
+        "ingress.cluster_issuer": st.one_of(st.just(""), _dnsish, _anything),
+        "ingress.source_ranges": st.lists(_cidr, max_size=4),
+        "ingress.annotations": st.dictionaries(_keyish, st.one_of(_anything, st.integers()), max_size=3),
+    },
+)
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(changes=_changes, seed=st.text(min_size=16, max_size=40))
+def test_render_fails_cleanly_or_every_object_validates(defaults, module_dir, changes, seed):
+    values = copy.deepcopy(defaults)
+    for dotted, value in changes.items():
+        section, key = dotted.split(".")
+        values[section][key] = value
+    try:
+        manifests = policies.render_kubernetes(validate(values), seed)
+    except ValuesError as error:
+        assert error.problems and all(": expected " in p or ": unknown key" in p for p in error.problems)
+        assert seed not in str(error) or seed in repr(changes)
+        event("values rejected")
+        return
+    event("rendered")
+    _validate_render(manifests, module_dir)
+    # The values arrive unchanged in the objects.
+    (secret,) = [o for o in policies.objects(manifests) if o["kind"] == "Secret"]
+    assert secret["stringData"]["seed"] == seed
+    bmc = policy(manifests, policies.POLICY_NAMES["bmc"])
+    variables = {"request.object.metadata.name": "web1", "request.object.metadata.namespace": "tenant-a"}
+    try:
+        expected = expected_ingress("web1", "tenant-a", values)
+    except identity.IdentityError:
+        assume(False)
+    ingress = next(resolve(p, variables) for p in generate_patterns(bmc) if p["kind"] == "Ingress")
+    assert ingress == expected
