@@ -1,0 +1,846 @@
+"""The commissioning script (commissioning/31-kubevirt-bmc-config) against a fake SMBIOS.
+
+Most tests run the rendered script as MAAS does: an executable file with BMC_CONFIG_PATH
+set, dmidecode found on PATH (here a fake, see fake_dmidecode.py) and the DMI attributes
+in a directory the tests choose. Tests that need to replace a function (the Redfish
+resolver, a failing rename, pyudev) load the script in-process.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import copy
+import difflib
+import http.server
+import importlib.machinery
+import importlib.util
+import io
+import os
+import re
+import shlex
+import socket
+import ssl
+import stat
+import subprocess
+import sys
+import threading
+import time
+import types
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import require_tool
+from fake_dmidecode import (
+    FAIL,
+    HANG,
+    MANUFACTURER,
+    SERIAL,
+    VENDOR_SERIALS,
+    VENDORS,
+    dmidecode_calls,
+    install_dmidecode,
+    make_sysfs,
+)
+from maas_kubevirt import identity
+from maas_kubevirt.paths import SCRIPT_NAME, data_dir
+from maas_kubevirt.render import _SETTINGS_LINE, render_commissioning, script_settings
+from maas_kubevirt.values import load_values
+
+SCRIPT = data_dir() / "commissioning" / SCRIPT_NAME
+SEED = "unit-test-seed-5d1c0a9e7b3f4268"
+VALUES = load_values(None)
+DMI_ENV = "MAAS_KUBEVIRT_TEST_DMI_DIR"
+
+
+def load_script(path: Path = SCRIPT, name: str = "kubevirt_bmc_config") -> types.ModuleType:
+    """Import the script the way MAAS's own tests import theirs (no .py name)."""
+    loader = importlib.machinery.SourceFileLoader(name, str(path))
+    spec = importlib.util.spec_from_loader(name, loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def values_with(**changes: str) -> dict:
+    """The default values with redfish.* / smbios.manufacturer changed."""
+    values = copy.deepcopy(VALUES)
+    for key, value in changes.items():
+        if key == "manufacturer":
+            values["smbios"]["manufacturer"] = value
+        else:
+            values["redfish"][key] = value
+    return values
+
+
+def render_to(directory: Path, values: dict | None = None, seed: str = SEED) -> Path:
+    """The rendered script written as `maas-kubevirt render` writes it (mode 0700)."""
+    path = directory / SCRIPT_NAME
+    path.write_text(render_commissioning(values or VALUES, seed), encoding="utf-8")
+    path.chmod(0o700)
+    return path
+
+
+def password(serial: str, seed: str = SEED) -> str:
+    return identity.bmc_password(seed, serial)
+
+
+@dataclass
+class Run:
+    status: int
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+class Machine:
+    """A fake machine: PATH with (or without) a fake dmidecode, a fake DMI sysfs, MAAS's BMC_CONFIG_PATH."""
+
+    def __init__(self, root: Path):
+        self.bin = root / "bin"
+        self.bin.mkdir()
+        self.sysfs = root / "dmi"
+        self.maas = root / "maas"
+        self.maas.mkdir()
+        self.config = self.maas / "bmc-config.yaml"
+        self.secrets = [SEED]
+
+    def smbios(self, manufacturer="KubeVirt", serial="web1.vms", *, dmidecode=True, sysfs=True,
+               sysfs_vendor=None, sysfs_serial=None) -> "Machine":
+        """dmidecode prints manufacturer/serial; sysfs holds the same (or the sysfs_* overrides)."""
+        if dmidecode:
+            install_dmidecode(self.bin, manufacturer, serial)
+        if sysfs:
+            make_sysfs(self.sysfs, _as_sysfs(manufacturer) if sysfs_vendor is None else sysfs_vendor,
+                       _as_sysfs(serial) if sysfs_serial is None else sysfs_serial)
+        if isinstance(serial, str):
+            try:
+                self.secrets.append(password(serial.strip()))
+            except identity.IdentityError:
+                pass
+        return self
+
+    @property
+    def path(self) -> str:
+        return f"{self.bin}{os.pathsep}{Path(sys.executable).parent}"
+
+    def run(self, script: Path, *, bmc_config_path: str | None = "", env: dict | None = None) -> Run:
+        """Run the script as MAAS does; returns its status and output, checked for secrets."""
+        environ = {"PATH": self.path, DMI_ENV: str(self.sysfs), "LC_ALL": "C.UTF-8"}
+        if bmc_config_path is not None:
+            environ["BMC_CONFIG_PATH"] = bmc_config_path or str(self.config)
+        environ.update(env or {})
+        done = subprocess.run([str(script)], env=environ, capture_output=True, timeout=60, check=False)
+        result = Run(done.returncode, done.stdout.decode("utf-8"), done.stderr.decode("utf-8"))
+        self.assert_no_secrets(result)
+        return result
+
+    def run_inprocess(self, module: types.ModuleType, monkeypatch, *, bmc_config_path: str | None = "") -> Run:
+        """main() of a loaded script with this machine's PATH and sysfs."""
+        monkeypatch.setenv("PATH", self.path)
+        monkeypatch.setattr(module, "DMI_DIR", str(self.sysfs))
+        environ = {} if bmc_config_path is None else {"BMC_CONFIG_PATH": bmc_config_path or str(self.config)}
+        stdout, stderr = io.StringIO(), io.StringIO()
+        with redirect_stdout(stdout), redirect_stderr(stderr):
+            status = module.main(environ)
+        result = Run(status, stdout.getvalue(), stderr.getvalue())
+        self.assert_no_secrets(result)
+        return result
+
+    def assert_no_secrets(self, result: Run) -> None:
+        for secret in self.secrets:
+            assert secret not in result.output
+
+    def written(self) -> dict:
+        assert sorted(os.listdir(self.maas)) == [self.config.name], "stray files beside BMC_CONFIG_PATH"
+        assert stat.S_IMODE(self.config.stat().st_mode) == 0o600
+        return yaml.safe_load(self.config.read_text(encoding="utf-8"))
+
+    def nothing_written(self) -> None:
+        assert os.listdir(self.maas) == []
+
+
+def _as_sysfs(value):
+    """What the kernel shows for what dmidecode prints: an empty string is empty, not "Not Specified"."""
+    if value in (FAIL, HANG, None):
+        return None
+    if isinstance(value, bytes):
+        return value
+    return "" if value == "Not Specified" else value
+
+
+def expected_config(serial: str, *, scheme="https", domain="bmc.example.com", user="maas", seed=SEED) -> dict:
+    vm, namespace = identity.parse_serial(serial)
+    return {
+        "power_type": "redfish",
+        "power_address": f"{scheme}://{identity.redfish_host(vm, namespace, domain)}",
+        "power_user": user,
+        "power_pass": identity.bmc_password(seed, serial),
+        "node_id": "1",
+    }
+
+
+def one_line(text: str) -> str:
+    assert text.endswith("\n") and text.count("\n") == 1, f"expected one line, got {text!r}"
+    return text
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> Path:
+    return render_to(tmp_path_factory.mktemp("rendered"))
+
+
+@pytest.fixture
+def machine(tmp_path) -> Machine:
+    return Machine(tmp_path)
+
+
+# --- The file as it is in the repository -------------------------------------------------
+
+
+def metadata(text: str) -> dict:
+    lines = text.splitlines()
+    start = lines.index("# --- Start MAAS 1.0 script metadata ---")
+    end = lines.index("# --- End MAAS 1.0 script metadata ---")
+    block = lines[start + 1:end]
+    assert all(line.startswith("#") for line in block)
+    return yaml.safe_load("\n".join(line[1:] for line in block))
+
+
+def test_metadata_block_follows_maas_1_0():
+    text = SCRIPT.read_text(encoding="utf-8")
+    meta = metadata(text)
+    assert meta["name"] == SCRIPT_NAME == SCRIPT.name
+    assert shlex.quote(meta["name"]) == meta["name"]
+    assert meta["name"] > "30-maas-01-bmc-config"
+    assert [tag.strip() for tag in meta["tags"].split(",")] == ["bmc-config", "enlisting"]
+    assert meta["script_type"] == "commissioning"
+    assert meta["hardware_type"] == "node"
+    assert meta["parallel"] == "disabled"
+    assert meta["may_reboot"] is False
+    assert re.fullmatch(r"\d\d:\d\d:\d\d", meta["timeout"])
+    assert meta["title"].strip() and meta["description"].strip()
+    assert "parameters" not in meta  # parameters reach the script as argv: nothing secret goes that way
+
+
+def test_file_is_an_executable_python3_script():
+    assert SCRIPT.read_text(encoding="utf-8").splitlines()[0] == "#!/usr/bin/env python3"
+    assert stat.S_IMODE(SCRIPT.stat().st_mode) == 0o755
+
+
+def test_repository_settings_are_the_defaults_with_an_empty_seed():
+    text = SCRIPT.read_text(encoding="utf-8")
+    assert len(_SETTINGS_LINE.findall(text)) == 1
+    assert load_script().SETTINGS == script_settings(VALUES, "")
+
+
+def test_importing_runs_nothing(capsys, monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    module = load_script()
+    assert callable(module.main)
+    assert capsys.readouterr() == ("", "")
+
+
+def test_render_changes_only_the_settings_line(rendered):
+    before = SCRIPT.read_text(encoding="utf-8").splitlines()
+    after = rendered.read_text(encoding="utf-8").splitlines()
+    changed = [line for line in difflib.ndiff(before, after) if line[:1] in "+-"]
+    assert len(changed) == 2 and all(line[2:].startswith("SETTINGS = ") for line in changed)
+    assert load_script(rendered, "rendered").SETTINGS == script_settings(VALUES, SEED)
+
+
+@pytest.mark.parametrize("hostile", [
+    "'}; import os; os.system('reboot') #",
+    "\"\"\"\n__import__('os').system('reboot')\n\"\"\"",
+    "line\nbreak  # replaced by maas-kubevirt render",
+    "back\\slash\\",
+    "\x00\x1b[2J\u2028\u2029\ufeff",
+    "ünïcødé ☃ \U0001f600",
+])
+def test_render_injects_values_no_value_can_break_out_of(hostile, tmp_path):
+    values = copy.deepcopy(VALUES)
+    values["redfish"].update(domain=hostile, username=hostile, scheme=hostile, check=hostile)
+    values["smbios"]["manufacturer"] = hostile
+    path = render_to(tmp_path, values, seed=hostile)
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    original = ast.parse(SCRIPT.read_text(encoding="utf-8"))
+    assert [ast.dump(n) for n in tree.body if not _is_settings(n)] == [
+        ast.dump(n) for n in original.body if not _is_settings(n)]
+    assert load_script(path, "hostile").SETTINGS == {key: hostile for key in script_settings(VALUES, "")}
+
+
+def _is_settings(node: ast.stmt) -> bool:
+    return isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["SETTINGS"]
+
+
+def test_unrendered_script_refuses_a_kubevirt_vm(machine):
+    machine.smbios("KubeVirt", "web1.vms")
+    result = machine.run(SCRIPT)
+    assert result.status == os.EX_CONFIG
+    assert "not rendered: run maas-kubevirt render" in one_line(result.stderr)
+    machine.nothing_written()
+
+
+def test_unrendered_script_leaves_other_machines_alone(machine):
+    machine.smbios("Dell Inc.", "8XK2Q53")
+    result = machine.run(SCRIPT)
+    assert result.status == 0 and result.stderr == ""
+    machine.nothing_written()
+
+
+# --- KubeVirt VMs that are ours ------------------------------------------------------------
+
+
+def test_kubevirt_vm_gets_redfish_power(machine, rendered):
+    machine.smbios("KubeVirt", "web1.vms")
+    result = machine.run(rendered)
+    assert result.status == 0, result.output
+    assert machine.written() == expected_config("web1.vms")
+    assert machine.written()["power_address"] == "https://web1.vms.bmc.example.com"
+    assert "https://web1.vms.bmc.example.com" in one_line(result.stdout)
+    assert result.stderr == ""
+    assert dmidecode_calls(machine.bin) == [MANUFACTURER, SERIAL]
+
+
+def test_file_format_is_json_quoted_yaml(machine, rendered):
+    machine.smbios("KubeVirt", "web1.vms")
+    assert machine.run(rendered).status == 0
+    lines = machine.config.read_text(encoding="utf-8").splitlines()
+    assert [line.split(":")[0] for line in lines] == ["power_type", "power_address", "power_user", "power_pass", "node_id"]
+    assert all(re.fullmatch(r'[a-z_]+: "[^"\\]*"', line) for line in lines)
+    assert lines[-1] == 'node_id: "1"'
+
+
+def test_dotted_vm_name_splits_on_the_last_dot(machine, rendered):
+    machine.smbios("KubeVirt", "web.frontend-1.team-a")
+    assert machine.run(rendered).status == 0
+    config = machine.written()
+    assert config == expected_config("web.frontend-1.team-a")
+    assert config["power_address"] == "https://web.frontend-1.team-a.bmc.example.com"
+
+
+def test_site_values_reach_the_file(machine, tmp_path):
+    values = values_with(domain="lab.example.org", scheme="http", username="redfish.admin", manufacturer="Acme Cloud")
+    script = render_to(tmp_path, values, seed="another-site-seed-0123456789")
+    machine.secrets.append("another-site-seed-0123456789")
+    machine.smbios("Acme Cloud", "db-0.prod")
+    machine.secrets.append(password("db-0.prod", "another-site-seed-0123456789"))
+    assert machine.run(script).status == 0
+    assert machine.written() == expected_config(
+        "db-0.prod", scheme="http", domain="lab.example.org", user="redfish.admin", seed="another-site-seed-0123456789")
+
+
+def test_whitespace_around_values_is_not_part_of_them(machine, rendered):
+    machine.smbios(b"  KubeVirt  \n", b"web1.vms   \n", sysfs_vendor="KubeVirt", sysfs_serial="web1.vms")
+    assert machine.run(rendered).status == 0
+    assert machine.written() == expected_config("web1.vms")
+
+
+def test_longest_serial_that_still_forms_a_host(machine, rendered):
+    vm = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 41])  # 233 characters
+    serial = f"{vm}.vms"
+    assert len(f"{serial}.bmc.example.com") == 253
+    machine.smbios("KubeVirt", serial)
+    assert machine.run(rendered).status == 0
+    assert machine.written() == expected_config(serial)
+
+
+# --- Machines that are not ours: exit 0, nothing written, one line why ------------------
+
+
+NOT_OURS_SERIALS = {
+    "empty": (b"\n", ""),
+    "not-specified": ("Not Specified", ""),
+    "bare-uuid": ("5f3b9d2c-1a4e-4b6f-8c7d-0e1f2a3b4c5d", None),
+    "upper-case-uuid": ("5F3B9D2C-1A4E-4B6F-8C7D-0E1F2A3B4C5D", None),
+    "no-dot": ("web1", None),
+    "upper-case": ("Web1.vms", None),
+    "underscore": ("web_1.vms", None),
+    "trailing-dot": ("web1.vms.", None),
+    "leading-dot": (".vms", None),
+    "empty-label": ("web..vms", None),
+    "label-over-63": ("a" * 64 + ".vms", None),
+    "name-over-253": (".".join(["a" * 63] * 4) + ".vms", None),
+    "namespace-over-63": ("web1." + "n" * 64, None),
+    "non-ascii": ("wéb1.vms", None),
+    "non-ascii-namespace": ("web1.vmś", None),
+    "not-utf-8": (b"web\xff1.vms\n", None),
+    "shell-semicolon": ("web1.vms; rm -rf /", None),
+    "shell-substitution": ("$(reboot).vms", None),
+    "shell-backticks": ("`id`.vms", None),
+    "shell-pipe": ("web1.vms|sh", None),
+    "shell-quotes": ("'web1'.\"vms\"", None),
+    "space-inside": ("web 1.vms", None),
+    "default-oem": ("To Be Filled By O.E.M.", None),
+}
+
+
+@pytest.mark.parametrize("serial, sysfs_serial", NOT_OURS_SERIALS.values(), ids=NOT_OURS_SERIALS.keys())
+def test_kubevirt_vm_without_our_serial_is_left_alone(machine, rendered, serial, sysfs_serial):
+    machine.smbios("KubeVirt", serial, sysfs_serial=sysfs_serial)
+    result = machine.run(rendered)
+    assert result.status == 0, result.output
+    assert result.stderr == ""
+    assert "nothing to do" in one_line(result.stdout)
+    assert "serial" in result.stdout
+    machine.nothing_written()
+
+
+def test_bare_uuid_says_what_it_is(machine, rendered):
+    machine.smbios("KubeVirt", "5f3b9d2c-1a4e-4b6f-8c7d-0e1f2a3b4c5d")
+    assert "bare UUID" in machine.run(rendered).stdout
+
+
+@pytest.mark.parametrize("vendor", VENDORS, ids=lambda v: v.replace(" ", "_"))
+@pytest.mark.parametrize("serial", ["recorded", "web1.vms"])
+def test_real_vendors_are_left_alone(machine, rendered, vendor, serial):
+    machine.smbios(VENDORS[vendor], VENDOR_SERIALS[vendor] if serial == "recorded" else serial)
+    result = machine.run(rendered)
+    assert result.status == 0 and result.stderr == ""
+    assert f"system manufacturer is {ascii(vendor)}" in one_line(result.stdout)
+    assert dmidecode_calls(machine.bin) == [MANUFACTURER]  # the serial is not even read
+    machine.nothing_written()
+
+
+def test_manufacturer_is_matched_exactly(machine, rendered):
+    machine.smbios("kubevirt", "web1.vms")
+    result = machine.run(rendered)
+    assert result.status == 0 and "not a KubeVirt VM" in result.stdout
+    machine.nothing_written()
+
+
+def test_existing_bmc_config_is_left_untouched(machine, rendered):
+    machine.smbios("KubeVirt", "web1.vms")
+    machine.config.write_text("power_type: ipmi\npower_address: 10.0.0.9\n")
+    os.utime(machine.config, (1_000_000_000, 1_000_000_000))
+    result = machine.run(rendered)
+    assert result.status == 0 and "already exists" in one_line(result.stdout)
+    assert machine.config.read_text() == "power_type: ipmi\npower_address: 10.0.0.9\n"
+    assert machine.config.stat().st_mtime == 1_000_000_000
+    assert dmidecode_calls(machine.bin) == []
+
+
+# --- Ours but cannot be configured: non-zero with the reason ------------------------------
+
+
+def test_bmc_config_path_unset_means_the_tag_is_missing(machine, rendered):
+    machine.smbios("KubeVirt", "web1.vms")
+    result = machine.run(rendered, bmc_config_path=None)
+    assert result.status == os.EX_USAGE
+    assert "BMC_CONFIG_PATH is not set" in one_line(result.stderr) and "bmc-config tag" in result.stderr
+    machine.nothing_written()
+
+
+def test_bmc_config_path_unset_on_another_machine_is_fine(machine, rendered):
+    machine.smbios("Dell Inc.", "8XK2Q53")
+    assert machine.run(rendered, bmc_config_path=None).status == 0
+
+
+@pytest.mark.parametrize("where", ["missing-directory", "file-as-directory"])
+def test_bmc_config_path_not_writable(machine, rendered, where):
+    machine.smbios("KubeVirt", "web1.vms")
+    if where == "file-as-directory":
+        (machine.maas / "plain-file").write_text("")
+        target = machine.maas / "plain-file" / "bmc-config.yaml"
+    else:
+        target = machine.maas / "no-such-directory" / "bmc-config.yaml"
+    result = machine.run(rendered, bmc_config_path=str(target))
+    assert result.status == os.EX_CANTCREAT
+    assert "cannot write BMC_CONFIG_PATH" in one_line(result.stderr)
+    assert not target.exists()
+
+
+def test_failed_rename_leaves_no_temporary_file(machine, rendered, monkeypatch):
+    machine.smbios("KubeVirt", "web1.vms")
+    module = load_script(rendered, "rendered_rename")
+
+    def refuse(source, destination):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(module.os, "replace", refuse)
+    result = machine.run_inprocess(module, monkeypatch)
+    assert result.status == os.EX_CANTCREAT and "Permission denied" in result.stderr
+    machine.nothing_written()
+
+
+def test_file_that_does_not_read_back_is_an_error(machine, rendered, monkeypatch):
+    machine.smbios("KubeVirt", "web1.vms")
+    module = load_script(rendered, "rendered_readback")
+    monkeypatch.setattr(module, "config_text", lambda config: 'power_type: "redfish"\n')
+    result = machine.run_inprocess(module, monkeypatch)
+    assert result.status == os.EX_IOERR and "does not read back" in result.stderr
+
+
+def test_longer_host_than_dns_allows_is_reported(machine, rendered):
+    vm = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 50])  # a valid VM name, 242 characters
+    machine.smbios("KubeVirt", f"{vm}.vms")
+    result = machine.run(rendered)
+    assert result.status == os.EX_CONFIG
+    assert "no Redfish host name" in one_line(result.stderr) and "253" in result.stderr
+    machine.nothing_written()
+
+
+@pytest.mark.parametrize("dmidecode", [None, FAIL, HANG])
+def test_dmidecode_and_sysfs_both_unavailable(machine, rendered, monkeypatch, dmidecode):
+    if dmidecode is not None:
+        install_dmidecode(machine.bin, dmidecode, dmidecode)
+    if dmidecode == HANG:  # in-process, with a short timeout, so the test does not wait 10 s
+        module = load_script(rendered, "rendered_hang")
+        monkeypatch.setattr(module, "DMIDECODE_TIMEOUT", 0.5)
+        result = machine.run_inprocess(module, monkeypatch)
+    else:
+        result = machine.run(rendered)
+    assert result.status == os.EX_UNAVAILABLE
+    reason = {None: "dmidecode not found", FAIL: "exited with status 1", HANG: "timed out after 0.5 s"}[dmidecode]
+    assert reason in one_line(result.stderr) and "sysfs" in result.stderr
+    machine.nothing_written()
+
+
+@pytest.mark.parametrize("dmidecode", ["absent", FAIL, HANG])
+def test_sysfs_alone_is_enough(machine, rendered, monkeypatch, dmidecode):
+    machine.smbios("KubeVirt", "web1.vms", dmidecode=False)
+    if dmidecode != "absent":
+        install_dmidecode(machine.bin, dmidecode, dmidecode)
+    if dmidecode == HANG:
+        module = load_script(rendered, "rendered_hang_sysfs")
+        monkeypatch.setattr(module, "DMIDECODE_TIMEOUT", 0.5)
+        started = time.monotonic()
+        result = machine.run_inprocess(module, monkeypatch)
+        assert time.monotonic() - started < 5
+    else:
+        result = machine.run(rendered)
+    assert result.status == 0, result.output
+    assert machine.written() == expected_config("web1.vms")
+
+
+def test_dmidecode_alone_is_enough(machine, rendered):
+    machine.smbios("KubeVirt", "web1.vms", sysfs=False)
+    assert machine.run(rendered).status == 0
+    assert machine.written() == expected_config("web1.vms")
+
+
+def test_sysfs_says_not_ours_without_dmidecode(machine, rendered):
+    machine.smbios("Dell Inc.", "8XK2Q53", dmidecode=False)
+    result = machine.run(rendered)
+    assert result.status == 0 and "'Dell Inc.'" in result.stdout
+    machine.nothing_written()
+
+
+def test_serial_unreadable_everywhere(machine, rendered):
+    install_dmidecode(machine.bin, "KubeVirt", FAIL)
+    make_sysfs(machine.sysfs, "KubeVirt", None)
+    result = machine.run(rendered)
+    assert result.status == os.EX_UNAVAILABLE
+    assert "cannot read the SMBIOS system serial number" in one_line(result.stderr)
+    machine.nothing_written()
+
+
+@pytest.mark.parametrize("dmidecode_serial, sysfs_serial", [
+    ("web1.vms", "web2.vms"),
+    ("web1.vms", b"web1\x01vms\n"),  # dmidecode shows a control character as "."
+    ("web1.vms", ""),
+])
+def test_sources_that_disagree_on_the_serial_are_refused(machine, rendered, dmidecode_serial, sysfs_serial):
+    machine.smbios("KubeVirt", dmidecode_serial, sysfs_serial=sysfs_serial)
+    result = machine.run(rendered)
+    assert result.status == os.EX_DATAERR
+    line = one_line(result.stderr)
+    shown = sysfs_serial.decode().strip() if isinstance(sysfs_serial, bytes) else sysfs_serial
+    assert ascii(dmidecode_serial) in line and ascii(shown) in line and "disagree" in line
+    machine.nothing_written()
+
+
+def test_sources_that_disagree_on_being_kubevirt_are_refused(machine, rendered):
+    machine.smbios("KubeVirt", "web1.vms", sysfs_vendor="Dell Inc.")
+    result = machine.run(rendered)
+    assert result.status == os.EX_DATAERR
+    assert "'KubeVirt'" in one_line(result.stderr) and "'Dell Inc.'" in result.stderr
+    machine.nothing_written()
+
+
+def test_sources_that_disagree_on_another_vendor_are_not_ours(machine, rendered):
+    machine.smbios("Dell Inc.", "8XK2Q53", sysfs_vendor="HPE")
+    result = machine.run(rendered)
+    assert result.status == 0 and "'Dell Inc.'" in result.stdout and "'HPE'" in result.stdout
+    machine.nothing_written()
+
+
+def test_invalid_settings_are_a_configuration_error(machine, monkeypatch):
+    machine.smbios("KubeVirt", "web1.vms")
+    module = load_script()
+    monkeypatch.setattr(module, "SETTINGS", {**module.SETTINGS, "check": "sometimes", "domain": "x", "seed": SEED})
+    result = machine.run_inprocess(module, monkeypatch)
+    assert result.status == os.EX_CONFIG
+    assert "check is not off, advisory or strict" in result.stderr and "domain" in result.stderr
+    machine.nothing_written()
+
+
+# --- Where DMI values come from ---------------------------------------------------------
+
+
+def test_parse_dmidecode_takes_the_first_value_line():
+    module = load_script()
+    assert module.parse_dmidecode(b"KubeVirt\n") == "KubeVirt"
+    assert module.parse_dmidecode(b"# SMBIOS entry point at 0x000f5b40\nKubeVirt\n") == "KubeVirt"
+    assert module.parse_dmidecode(b"web1.vms\nweb2.vms\n") == "web1.vms"
+    assert module.parse_dmidecode(b"") == ""
+    assert module.parse_dmidecode(b"# No SMBIOS nor DMI entry point found, sorry.\n") == ""
+    assert module.parse_dmidecode(b"w\xc3\xa9b\xff\n") == "wéb\ufffd"
+
+
+def test_pyudev_is_used_when_it_can_read_the_dmi_device(machine, rendered, monkeypatch):
+    machine.smbios("KubeVirt", "web1.vms", sysfs=False)
+    seen = []
+
+    class Device:
+        attributes = {"sys_vendor": b"KubeVirt", "product_serial": b"web2.vms"}
+
+    class Devices:
+        @staticmethod
+        def from_sys_path(context, path):
+            seen.append(path)
+            return Device()
+
+    module = load_script(rendered, "rendered_pyudev")
+    monkeypatch.setattr(module, "pyudev", types.SimpleNamespace(Context=lambda: None, Devices=Devices))
+    result = machine.run_inprocess(module, monkeypatch)
+    assert seen and seen[0] == os.path.realpath(machine.sysfs)
+    assert result.status == os.EX_DATAERR and "'web2.vms'" in result.stderr  # pyudev's value was compared
+    machine.nothing_written()
+
+
+def test_pyudev_failing_falls_back_to_the_files(machine, rendered, monkeypatch):
+    machine.smbios("KubeVirt", "web1.vms")
+
+    def broken(*args):
+        raise OSError("no libudev")
+
+    module = load_script(rendered, "rendered_pyudev_broken")
+    monkeypatch.setattr(module, "pyudev", types.SimpleNamespace(Context=broken, Devices=None))
+    assert machine.run_inprocess(module, monkeypatch).status == 0
+    assert machine.written() == expected_config("web1.vms")
+
+
+def test_without_pyudev_the_files_are_read(machine, rendered, monkeypatch):
+    machine.smbios("KubeVirt", "web1.vms", dmidecode=False)
+    module = load_script(rendered, "rendered_no_pyudev")
+    monkeypatch.setattr(module, "pyudev", None)
+    assert machine.run_inprocess(module, monkeypatch).status == 0
+    assert machine.written() == expected_config("web1.vms")
+
+
+# --- Secrets --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt, MemoryError])
+def test_unexpected_errors_never_show_the_password_or_seed(machine, rendered, monkeypatch, error):
+    machine.smbios("KubeVirt", "web1.vms")
+    module = load_script(rendered, "rendered_crash")
+
+    def crash(path, config):
+        raise error(f"{config['power_pass']} {module.SETTINGS['seed']} {config}")
+
+    monkeypatch.setattr(module, "write_config", crash)
+    result = machine.run_inprocess(module, monkeypatch)
+    assert result.status == os.EX_SOFTWARE
+    assert f"unexpected {error.__name__} at line" in one_line(result.stderr)
+    assert result.stdout == ""
+
+
+def test_no_output_path_shows_a_secret(tmp_path):
+    """Every outcome of the subprocess runs above is checked by Machine.run; this one checks the checker."""
+    machine = Machine(tmp_path)
+    machine.smbios("KubeVirt", "web1.vms")
+    with pytest.raises(AssertionError):
+        machine.assert_no_secrets(Run(0, f"oops {password('web1.vms')}", ""))
+    with pytest.raises(AssertionError):
+        machine.assert_no_secrets(Run(1, "", SEED))
+
+
+# --- The optional Redfish check -----------------------------------------------------------
+
+
+class RedfishDouble:
+    """A local HTTP server standing in for kubevirtBMC behind its Ingress."""
+
+    def __init__(self, status: int = 200, *, answer: bool = True, tls: ssl.SSLContext | None = None):
+        double = self
+        self.requests: list[dict] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                double.requests.append({"path": self.path, **{k.lower(): v for k, v in self.headers.items()}})
+                if not answer:
+                    time.sleep(10)
+                    return
+                body = b'{"Id": "1"}'
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def checking_script(tmp_path: Path, check: str, scheme: str = "http", port: int | None = None, resolve=None):
+    module = load_script(render_to(tmp_path, values_with(check=check, scheme=scheme)), f"rendered_check_{check}")
+    asked = []
+
+    def fake_resolve(host, wanted_port):
+        asked.append((host, wanted_port))
+        if resolve is not None:
+            return resolve(host, wanted_port)
+        return (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))
+
+    module.resolve = fake_resolve
+    return module, asked
+
+
+@pytest.fixture
+def bmc():
+    servers = []
+
+    def start(*args, **kwargs):
+        servers.append(RedfishDouble(*args, **kwargs))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+@pytest.mark.parametrize("check", ["advisory", "strict"])
+def test_check_that_passes_writes(machine, tmp_path, monkeypatch, bmc, check):
+    double = bmc(200)
+    machine.smbios("KubeVirt", "web1.vms")
+    module, asked = checking_script(tmp_path, check, port=double.port)
+    result = machine.run_inprocess(module, monkeypatch)
+    assert result.status == 0, result.output
+    assert "answered 200" in result.stdout
+    assert asked == [("web1.vms.bmc.example.com", 80)]
+    assert machine.written() == expected_config("web1.vms", scheme="http")
+    [request] = double.requests
+    assert request["path"] == "/redfish/v1/Systems/1"
+    assert request["host"] == "web1.vms.bmc.example.com"
+    assert base64.b64decode(request["authorization"].split()[1]).decode() == f"maas:{password('web1.vms')}"
+
+
+@pytest.mark.parametrize("check, status", [("advisory", 0), ("strict", os.EX_UNAVAILABLE)])
+def test_check_with_refused_credentials(machine, tmp_path, monkeypatch, bmc, check, status):
+    double = bmc(401)
+    machine.smbios("KubeVirt", "web1.vms")
+    module, _ = checking_script(tmp_path, check, port=double.port)
+    result = machine.run_inprocess(module, monkeypatch)
+    assert result.status == status
+    assert "answered 401 (credentials refused" in result.stdout
+    if check == "strict":
+        assert "check is strict" in one_line(result.stderr)
+        machine.nothing_written()
+    else:
+        assert machine.written() == expected_config("web1.vms", scheme="http")
+
+
+def test_check_with_nothing_listening_is_reported(machine, tmp_path, monkeypatch):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+    machine.smbios("KubeVirt", "web1.vms")
+    module, _ = checking_script(tmp_path, "advisory", port=free)
+    result = machine.run_inprocess(module, monkeypatch)
+    assert result.status == 0 and "cannot connect" in result.stdout
+    assert machine.written() == expected_config("web1.vms", scheme="http")
+
+
+def test_check_over_https_against_plain_http_reports_tls(machine, tmp_path, monkeypatch, bmc):
+    double = bmc(200)
+    machine.smbios("KubeVirt", "web1.vms")
+    module, asked = checking_script(tmp_path, "advisory", scheme="https", port=double.port)
+    result = machine.run_inprocess(module, monkeypatch)
+    assert result.status == 0 and "TLS failed" in result.stdout
+    assert asked == [("web1.vms.bmc.example.com", 443)]
+    assert machine.written() == expected_config("web1.vms")
+
+
+def test_check_over_https_does_not_verify_the_certificate(machine, tmp_path, monkeypatch, bmc):
+    openssl = require_tool("openssl", "openssl makes the self-signed certificate of the HTTPS test")
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=bmc",
+                    "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")],
+                   check=True, capture_output=True)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    double = bmc(200, tls=context)
+    machine.smbios("KubeVirt", "web1.vms")
+    module, _ = checking_script(tmp_path, "strict", scheme="https", port=double.port)
+    result = machine.run_inprocess(module, monkeypatch)
+    assert result.status == 0, result.output
+    assert "answered 200" in result.stdout
+    assert double.requests[0]["host"] == "web1.vms.bmc.example.com"
+
+
+def test_check_that_hangs_in_dns_is_bounded_to_5_seconds(machine, tmp_path, monkeypatch):
+    def slow_dns(host, port):
+        time.sleep(30)
+
+    machine.smbios("KubeVirt", "web1.vms")
+    module, _ = checking_script(tmp_path, "advisory", resolve=slow_dns)
+    assert module.CHECK_TIMEOUT <= 5
+    started = time.monotonic()
+    result = machine.run_inprocess(module, monkeypatch)
+    elapsed = time.monotonic() - started
+    assert module.CHECK_TIMEOUT - 0.5 <= elapsed < module.CHECK_TIMEOUT + 1
+    assert result.status == 0 and "no answer within 5 s" in result.stdout
+    assert machine.written() == expected_config("web1.vms", scheme="http")
+
+
+def test_strict_check_with_a_bmc_that_never_answers(machine, tmp_path, monkeypatch, bmc):
+    double = bmc(answer=False)
+    machine.smbios("KubeVirt", "web1.vms")
+    module, _ = checking_script(tmp_path, "strict", port=double.port)
+    monkeypatch.setattr(module, "CHECK_TIMEOUT", 1.0)
+    started = time.monotonic()
+    result = machine.run_inprocess(module, monkeypatch)
+    assert time.monotonic() - started < 3
+    assert result.status == os.EX_UNAVAILABLE and "no answer within 1 s" in result.stdout
+    machine.nothing_written()
+
+
+def test_check_off_never_touches_the_network(machine, tmp_path, monkeypatch):
+    def no_network(host, port):
+        raise AssertionError("the check is off")
+
+    machine.smbios("KubeVirt", "web1.vms")
+    module, asked = checking_script(tmp_path, "off", resolve=no_network)
+    assert machine.run_inprocess(module, monkeypatch).status == 0
+    assert asked == []
+
+
+def test_advisory_check_as_maas_runs_it(machine, tmp_path):
+    """The real resolver, a name that never resolves (RFC 6761 .invalid): reported, bounded, written."""
+    script = render_to(tmp_path, values_with(check="advisory", domain="bmc.invalid"))
+    machine.smbios("KubeVirt", "web1.vms")
+    started = time.monotonic()
+    result = machine.run(script)
+    assert time.monotonic() - started < 10
+    assert result.status == 0, result.output
+    assert result.stdout.startswith("Redfish check: https://web1.vms.bmc.invalid/redfish/v1/Systems/1: ")
+    assert machine.written() == expected_config("web1.vms", domain="bmc.invalid")

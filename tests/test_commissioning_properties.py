@@ -1,0 +1,310 @@
+"""Properties of the commissioning script, in-process so the CI profile's examples run fast.
+
+1. Its copy of the identity rules equals maas_kubevirt.identity for arbitrary text.
+2. For any SMBIOS serial and any values it writes a file that parses (yaml.safe_load) to
+   exactly the five keys with the right values, or writes nothing; and when everything is
+   in order it does write.
+3. render_commissioning injects any text as a literal and changes nothing else.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import os
+import re
+import stat
+import tempfile
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+from unittest import mock
+
+import yaml
+from hypothesis import HealthCheck, event, example, given, settings
+from hypothesis import strategies as st
+
+from maas_kubevirt import identity
+from maas_kubevirt.render import render_commissioning, script_settings
+from test_commissioning import SCRIPT, VALUES, load_script
+
+CI = os.environ.get("HYPOTHESIS_PROFILE") == "ci"
+# The main property runs at least 10,000 examples under the ci profile (DESIGN.md section 7).
+MANY = max(10_000, settings.default.max_examples) if CI else settings.default.max_examples * 3
+
+script = load_script(SCRIPT, "kubevirt_bmc_config_properties")
+# Each example writes into a fresh directory: on tmpfs when there is one, where fsync costs nothing.
+SCRATCH = "/dev/shm" if os.access("/dev/shm", os.W_OK | os.X_OK) else None
+SCRIPT_TEXT = SCRIPT.read_text(encoding="utf-8")
+
+# --- Strategies: arbitrary text, plus text shaped like the names so the valid side is reached ---
+
+label = st.one_of(
+    st.from_regex(r"[a-z0-9]([-a-z0-9]{0,8}[a-z0-9])?", fullmatch=True),
+    st.integers(1, 66).map(lambda n: "a" * n),
+    st.text(alphabet="ab09-_.AZé \n", max_size=12),
+)
+vm_name = st.one_of(
+    st.lists(label, min_size=1, max_size=4).map(".".join),
+    st.integers(60, 66).flatmap(lambda n: st.integers(3, 5).map(lambda k: ".".join(["v" * n] * k))),
+)
+serial = st.one_of(
+    st.text(max_size=80),
+    st.builds(lambda vm, ns: f"{vm}.{ns}", vm_name, label),
+    st.uuids().map(str),
+    st.sampled_from(["", "Not Specified", "web1.vms", "web.frontend.vms", "$(reboot).vms", "web1.vms; id"]),
+)
+domain = st.one_of(
+    st.sampled_from(["bmc.example.com", "BMC.Example.COM.", "lab.example.org", "bmc.exampl\u212a.com", "example", ""]),
+    st.lists(label, min_size=1, max_size=4).map(".".join),
+    st.integers(230, 252).map(lambda n: ("d" * 60 + ".") * (n // 61) + "com"),
+    st.text(max_size=40),
+)
+seed = st.one_of(st.just(""), st.text(max_size=40), st.text(alphabet="0123456789abcdef", min_size=32, max_size=64))
+
+
+def outcome(rule, errors, *args):
+    try:
+        return ("ok", rule(*args))
+    except errors:
+        return ("rejected",)
+
+
+# --- 1. The script's identity rules are the package's ---------------------------------------
+
+
+@given(serial)
+@example("web1.vms")
+@example("a" * 63 + "." + "b" * 63)
+@example("web1.vms\n")
+def test_parse_serial_agrees(text):
+    assert outcome(script.parse_serial, ValueError, text) == outcome(identity.parse_serial, identity.IdentityError, text)
+
+
+@given(domain)
+def test_validate_domain_agrees(text):
+    assert outcome(script.validate_domain, ValueError, text) == outcome(
+        identity.validate_domain, identity.IdentityError, text)
+
+
+@given(vm_name, label, domain)
+@example("a" * 63 + "." + "b" * 63 + "." + "c" * 63 + "." + "d" * 41, "vms", "bmc.example.com")  # 253
+@example("a" * 63 + "." + "b" * 63 + "." + "c" * 63 + "." + "d" * 42, "vms", "bmc.example.com")  # 254
+@example("web1", "a.b", "bmc.example.com")
+def test_redfish_host_agrees(vm, namespace, text):
+    assert outcome(script.redfish_host, ValueError, vm, namespace, text) == outcome(
+        identity.redfish_host, identity.IdentityError, vm, namespace, text)
+
+
+@given(seed, serial)
+def test_bmc_password_agrees(secret, text):
+    assert outcome(script.bmc_password, ValueError, secret, text) == outcome(
+        identity.bmc_password, identity.IdentityError, secret, text)
+
+
+# --- 2. Any serial, any values: exactly the five right keys, or nothing ----------------------
+
+USERNAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
+VENDOR_NAMES = ["Dell Inc.", "HPE", "QEMU", "Not Specified", "", "KubeVirt", "kubevirt"]
+
+
+# How dmidecode may frame a value: the usual output, odd framing, or None for a failure
+# (absent, non-zero or hung: run_command reports (None, why)).
+FRAMING = st.sampled_from([b"", b"", b"", b"", b"", b"", b"# SMBIOS entry point at 0x000f5b40\n", b"  ", b"\xff\xfe\n", None])
+# Strategies are built once here: building them inside the composite costs more than running the script.
+# Each part of a machine is usually what a working site has and sometimes anything at all,
+# so that both outcomes (written, nothing written) are common.
+USUALLY = st.sampled_from([True, True, True, True, False])
+GOOD_LABEL = st.one_of(
+    st.from_regex(r"[a-z0-9]([-a-z0-9]{0,8}[a-z0-9])?", fullmatch=True), st.integers(1, 63).map(lambda n: "a" * n))
+GOOD_SERIAL = st.builds(lambda vm, ns: f"{'.'.join(vm)}.{ns}", st.lists(GOOD_LABEL, min_size=1, max_size=4), GOOD_LABEL)
+GOOD = {
+    "domain": st.one_of(
+        st.sampled_from(["bmc.example.com", "BMC.Example.COM.", "lab.example.org", "bmc.exampl\u212a.com"]),
+        st.lists(GOOD_LABEL, min_size=2, max_size=4).map(".".join)),
+    "scheme": st.sampled_from(["https", "http"]),
+    "username": st.one_of(st.just("maas"), st.from_regex(USERNAME, fullmatch=True)),
+    "check": st.sampled_from(["off", "advisory", "strict"]),
+    "manufacturer": st.sampled_from(["KubeVirt", "Acme Cloud", "ünïcødé VMs"]),
+    "seed": st.one_of(st.text(alphabet="0123456789abcdef", min_size=32, max_size=64), st.text(min_size=1)),
+}
+ANY = {
+    "domain": domain,
+    "scheme": st.text(max_size=6),
+    "username": st.text(max_size=70),
+    "check": st.text(max_size=6),
+    "manufacturer": st.text(max_size=20),
+    "seed": seed,
+}
+REPORTED = st.one_of(st.sampled_from(VENDOR_NAMES), st.text(max_size=20))
+OTHER_SYSFS = st.fixed_dictionaries({"sys_vendor": st.text(max_size=20), "product_serial": serial})
+
+
+def framed(framing: bytes | None, text: str) -> bytes | None:
+    return None if framing is None else framing + text.encode("utf-8") + b"\n"
+
+
+@st.composite
+def machines(draw):
+    broken = not draw(USUALLY)  # some settings anything at all, or every one of them usable
+    values = {key: draw(ANY[key] if broken and draw(st.booleans()) else GOOD[key]) for key in GOOD}
+    manufacturer = values["manufacturer"] if draw(USUALLY) else draw(REPORTED)
+    the_serial = draw(GOOD_SERIAL if draw(USUALLY) else serial)
+    sysfs = draw(st.sampled_from(["absent", "same", "same", "other"]))
+    return {
+        "settings": values,
+        "dmidecode": {
+            "system-manufacturer": framed(draw(FRAMING), manufacturer),
+            "system-serial-number": framed(draw(FRAMING), the_serial),
+        },
+        # sysfs: absent, agreeing with what was stamped, or holding something else
+        "sysfs": sysfs,
+        "sysfs_other": draw(OTHER_SYSFS) if sysfs == "other" else {"sys_vendor": "", "product_serial": ""},
+        "stamped": {"sys_vendor": manufacturer, "product_serial": the_serial},
+        "check_ok": draw(st.booleans()),
+        "existing": draw(st.sampled_from([False] * 9 + [True])),
+        "bmc_config_path": draw(st.sampled_from([True] * 9 + [False])),
+    }
+
+
+def shown_anyway(machine: dict) -> str:
+    """Everything the script may print that is not a secret (a test input may contain the seed)."""
+    return repr(machine) + ascii(machine) + machine["settings"]["domain"].lower() + SCRIPT_TEXT
+
+
+def run(machine: dict, directory: Path):
+    """main() against the faked machine; (status, stdout, stderr, config path)."""
+    config = directory / "bmc-config.yaml"
+    if machine["existing"]:
+        config.write_text("power_type: ipmi\n")
+
+    def run_command(args, timeout=None):
+        output = machine["dmidecode"][args[-1]]
+        return (None, "dmidecode exited with status 1") if output is None else (output, None)
+
+    def read_sysfs(attribute):
+        if machine["sysfs"] == "absent":
+            return None, "no such file"
+        source = machine["stamped"] if machine["sysfs"] == "same" else machine["sysfs_other"]
+        return script._text(source[attribute].encode("utf-8")), None
+
+    def redfish_check(url, host, username, password):
+        return machine["check_ok"], "Redfish check: (faked)"
+
+    environ = {"BMC_CONFIG_PATH": str(config)} if machine["bmc_config_path"] else {}
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with mock.patch.multiple(script, SETTINGS=machine["settings"], run_command=run_command,
+                             read_sysfs=read_sysfs, redfish_check=redfish_check), \
+            redirect_stdout(stdout), redirect_stderr(stderr):
+        status = script.main(environ)
+    return status, stdout.getvalue(), stderr.getvalue(), config
+
+
+def seen(machine: dict, keyword: str, attribute: str) -> str | None:
+    """The value the sources agree on, as the script reads it (None when none can read it)."""
+    output = machine["dmidecode"][keyword]
+    values = set()
+    if output is not None:
+        values.add(script.parse_dmidecode(output))
+    if machine["sysfs"] != "absent":
+        source = machine["stamped"] if machine["sysfs"] == "same" else machine["sysfs_other"]
+        values.add(source[attribute].strip())
+    values = {"" if value == "Not Specified" else value for value in values}
+    return values.pop() if len(values) == 1 else None
+
+
+def in_order(machine: dict) -> bool:
+    """Everything needed to write: settings the package accepts, ours, a valid serial, a host."""
+    values = machine["settings"]
+    manufacturer, the_serial = seen(machine, "system-manufacturer", "sys_vendor"), None
+    if manufacturer is not None and manufacturer == values["manufacturer"].strip():
+        the_serial = seen(machine, "system-serial-number", "product_serial")
+    try:
+        vm, namespace = identity.parse_serial(the_serial)
+        identity.redfish_host(vm, namespace, values["domain"])
+    except identity.IdentityError:
+        return False
+    return (
+        bool(values["seed"]) and bool(values["manufacturer"].strip())
+        and values["scheme"] in ("https", "http") and USERNAME.fullmatch(values["username"]) is not None
+        and (values["check"] in ("off", "advisory") or (values["check"] == "strict" and machine["check_ok"]))
+        and machine["bmc_config_path"] and not machine["existing"]
+    )
+
+
+@settings(max_examples=MANY, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(machines())
+def test_writes_exactly_the_five_keys_or_nothing(machine):
+    with tempfile.TemporaryDirectory(dir=SCRATCH) as directory:
+        status, stdout, stderr, config = run(machine, Path(directory))
+        if machine["existing"]:
+            assert config.read_text() == "power_type: ipmi\n"  # left alone, whatever else is wrong
+            assert os.listdir(directory) == [config.name]
+            return
+        files = os.listdir(directory)
+        event(f"exit {status}, {'wrote' if files else 'nothing written'}")
+        if not files:
+            assert not in_order(machine)
+            return
+        assert files == [config.name], "a temporary file was left behind"
+        assert status == 0 and stderr == ""
+        assert stat.S_IMODE(config.stat().st_mode) == 0o600
+        written = yaml.safe_load(config.read_text(encoding="utf-8"))
+    values = machine["settings"]
+    assert seen(machine, "system-manufacturer", "sys_vendor") == values["manufacturer"].strip()
+    the_serial = seen(machine, "system-serial-number", "product_serial")
+    vm, namespace = identity.parse_serial(the_serial)
+    password = identity.bmc_password(values["seed"], the_serial)
+    assert written == {
+        "power_type": "redfish",
+        "power_address": f"{values['scheme']}://{identity.redfish_host(vm, namespace, values['domain'])}",
+        "power_user": values["username"],
+        "power_pass": password,
+        "node_id": "1",
+    }
+    assert in_order(machine)
+    assert password not in stdout + stderr
+    if len(values["seed"]) >= 8 and values["seed"] not in shown_anyway(machine):
+        assert values["seed"] not in stdout + stderr
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow])
+@given(machines())
+def test_one_line_and_no_secret_on_every_path(machine):
+    with tempfile.TemporaryDirectory(dir=SCRATCH) as directory:
+        status, stdout, stderr, _ = run(machine, Path(directory))
+    lines = (stdout + stderr).splitlines()
+    check_line = [line for line in lines if line.startswith("Redfish check:")]
+    assert len(lines) - len(check_line) == 1, lines
+    assert (status == 0) == (stderr == "")
+    values = machine["settings"]
+    if len(values["seed"]) >= 8 and values["seed"] not in shown_anyway(machine):
+        assert values["seed"] not in stdout + stderr
+        for text in (machine["stamped"]["product_serial"], machine["sysfs_other"]["product_serial"]):
+            try:
+                assert identity.bmc_password(values["seed"], text.strip()) not in stdout + stderr
+            except identity.IdentityError:
+                pass
+
+
+# --- 3. Rendering injects any value as a literal -------------------------------------------
+
+ORIGINAL_LINES = SCRIPT.read_text(encoding="utf-8").split("\n")
+[SETTINGS_INDEX] = [i for i, line in enumerate(ORIGINAL_LINES) if line.startswith("SETTINGS = ")]
+
+
+@settings(max_examples=min(settings.default.max_examples, 300))  # each render parses the whole script
+@given(st.fixed_dictionaries({key: st.text() for key in ("domain", "scheme", "username", "check", "manufacturer")}),
+       st.text(min_size=1))
+def test_render_injects_any_text_as_a_literal(values, secret):
+    given_values = {
+        **VALUES,
+        "redfish": {key: values[key] for key in ("domain", "scheme", "username", "check")},
+        "smbios": {"manufacturer": values["manufacturer"]},
+    }
+    rendered = render_commissioning(given_values, secret).split("\n")
+    assert len(rendered) == len(ORIGINAL_LINES)
+    changed = [i for i, (old, new) in enumerate(zip(ORIGINAL_LINES, rendered)) if old != new]
+    assert changed in ([SETTINGS_INDEX], [])
+    [statement] = ast.parse(rendered[SETTINGS_INDEX]).body  # the line is one whole statement
+    assert isinstance(statement, ast.Assign) and statement.targets[0].id == "SETTINGS"
+    assert ast.literal_eval(statement.value) == script_settings(given_values, secret)
