@@ -1,0 +1,738 @@
+"""The reconciler: MAAS machines whose Redfish power address is ``<vm>.<namespace>.<domain>``
+are renamed ``<vm>-<namespace>``, filed in the pool ``<namespace>`` and, in New, commissioned.
+
+- ``plan(machines, power_parameters, pools, settings)`` is pure: it returns the actions.
+- ``apply(client, actions, audit, stop)`` carries them out one by one; each is independent,
+  each change is one JSON audit record, a 400 because MAAS moved the machine on is a skip.
+- ``Reconciler`` runs cycles: one ``GET machines/``, power parameters in bulk only for redfish
+  machines not seen before (remembered per system_id: only the power_address), the pools only
+  when a machine may need moving. An idle cycle costs at most 2 requests.
+- ``main_reconcile``, ``main_status`` and ``main_upload_script`` are what the CLI calls.
+
+Exit codes: 0 converged or nothing to do, 1 some actions (or the cycle) failed, 2 usage or
+configuration error (bad values, unreadable API key, key refused, MAAS too old).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import sys
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import yaml
+
+from maas_kubevirt import identity
+from maas_kubevirt.maas import (
+    MAASAuthError,
+    MAASClient,
+    MAASError,
+    MAASVersionError,
+    RetryPolicy,
+    Signer,
+    check_version,
+    load_api_key,
+)
+from maas_kubevirt.values import ValuesError
+
+PROG = "maas-kubevirt"
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+DEFAULT_POOL = "default"
+DEFAULT_POOL_ID = 0
+NEW = "New"
+
+# Create, rename, move, commission: the kinds of action that change MAAS. "skip" only explains.
+CREATE_POOL, RENAME, MOVE_POOL, COMMISSION, SKIP = "create-pool", "rename", "move-pool", "commission", "skip"
+CHANGES = (CREATE_POOL, RENAME, MOVE_POOL, COMMISSION)
+
+# Retry policy of the MAAS client (tests shorten it).
+RETRY = RetryPolicy()
+
+START_MARK = "# --- Start MAAS 1.0 script metadata ---"
+END_MARK = "# --- End MAAS 1.0 script metadata ---"
+
+
+# --- plan -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    domain: str
+    commission: str = "auto"            # auto | approved | never
+    approval_tag: str = "kubevirt-approved"
+    on_hostname_taken: str = "fallback"  # fallback | skip
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> "Settings":
+        maas = values["maas"]
+        return cls(
+            domain=identity.validate_domain(values["redfish"]["domain"]),
+            commission=maas["commission"],
+            approval_tag=maas["approval_tag"],
+            on_hostname_taken=maas["on_hostname_taken"],
+        )
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str
+    system_id: str | None
+    hostname: str | None           # the machine's hostname when planned
+    vm: str | None = None
+    namespace: str | None = None
+    before: str | None = None
+    after: str | None = None
+    note: str = ""
+
+    @property
+    def changes(self) -> bool:
+        return self.kind in CHANGES
+
+
+@dataclass(frozen=True)
+class Match:
+    machine: Mapping[str, Any]
+    vm: str
+    namespace: str
+
+
+def _address(parameters: Any) -> Any:
+    if isinstance(parameters, Mapping):
+        return parameters.get("power_address")
+    return parameters
+
+
+def pool_of(machine: Mapping[str, Any]) -> tuple[str | None, int | None]:
+    pool = machine.get("pool")
+    if isinstance(pool, Mapping):
+        return pool.get("name"), pool.get("id")
+    if isinstance(pool, str):
+        return pool, None
+    return None, None
+
+
+def in_default_pool(machine: Mapping[str, Any]) -> bool:
+    name, pool_id = pool_of(machine)
+    return name == DEFAULT_POOL or (pool_id == DEFAULT_POOL_ID and name in (None, DEFAULT_POOL))
+
+
+def is_new(machine: Mapping[str, Any]) -> bool:
+    """In New by both the status name and (when given) the status code 0."""
+    name, code = machine.get("status_name"), machine.get("status")
+    if name is not None:
+        return name == NEW and code in (None, 0)
+    return code == 0
+
+
+def matching(
+    machines: Iterable[Mapping[str, Any]], power_parameters: Mapping[str, Any], domain: str
+) -> list[Match]:
+    """The machines that are ours: power_type redfish and power_address <vm>.<namespace>.<domain>."""
+    found = []
+    for machine in machines:
+        if machine.get("power_type") != "redfish":
+            continue
+        system_id = machine.get("system_id")
+        if not isinstance(system_id, str) or system_id not in power_parameters:
+            continue
+        parsed = identity.parse_redfish_address(_address(power_parameters[system_id]), domain)
+        if parsed is not None:
+            found.append(Match(machine, *parsed))
+    found.sort(key=lambda m: (m.namespace, m.vm, m.machine["system_id"]))
+    return found
+
+
+def needs_pools(matches: Iterable[Match]) -> bool:
+    """Whether any matching machine may be moved (so the pool list is worth a request)."""
+    return any(
+        pool_of(m.machine)[0] != identity.pool_name(m.namespace) and in_default_pool(m.machine)
+        for m in matches
+    )
+
+
+def assign_hostnames(
+    machines: Sequence[Mapping[str, Any]], matches: Sequence[Match], on_hostname_taken: str
+) -> tuple[list[str], dict[str, tuple[str, str]], dict[str, str]]:
+    """Which matching machines get which name, and in which order to rename them.
+
+    A name is free when no other machine holds it once the renames before it are done, so a
+    machine renamed away frees its old name for a later one (renames are ordered that way).
+    Primary names are handed out first; the fallback (``on_hostname_taken: fallback``) only to
+    a machine whose primary stays held. A machine already on its primary or fallback keeps it.
+    Returns (order, system_id -> (new name, note), system_id -> reason for not renaming).
+    """
+    names: dict[str, str] = {}          # lower-cased name -> system_id, as it will be
+    for machine in machines:
+        hostname = machine.get("hostname")
+        if isinstance(hostname, str):
+            names.setdefault(hostname.lower(), str(machine.get("system_id")))
+    first_holder = dict(names)
+    pending: list[tuple[str, Any, str, str]] = []
+    for match in matches:
+        hostname = match.machine.get("hostname")
+        primary = identity.maas_hostname(match.vm, match.namespace)
+        fallback = identity.fallback_hostname(match.vm, match.namespace)
+        if not isinstance(hostname, str) or hostname.lower() not in (primary, fallback):
+            pending.append((str(match.machine["system_id"]), hostname, primary, fallback))
+
+    def free(name: str, system_id: str) -> bool:
+        return names.get(name, system_id) == system_id
+
+    order: list[str] = []
+    renames: dict[str, tuple[str, str]] = {}
+
+    def take(system_id: str, hostname: Any, target: str, note: str) -> str | None:
+        """Rename in the plan; returns the name this frees."""
+        old = hostname.lower() if isinstance(hostname, str) else None
+        if old is not None and names.get(old) == system_id:
+            del names[old]
+        names[target] = system_id
+        order.append(system_id)
+        renames[system_id] = (target, note)
+        return old
+
+    while pending:
+        # Primary names first. A name freed by a rename may be someone's primary: go round again.
+        wanted = {item[2] for item in pending}
+        rest, freed_wanted = [], False
+        for system_id, hostname, primary, fallback in pending:
+            if free(primary, system_id):
+                freed_wanted |= take(system_id, hostname, primary, "") in wanted
+            else:
+                rest.append((system_id, hostname, primary, fallback))
+        pending = rest
+        if freed_wanted:
+            continue
+        if on_hostname_taken != "fallback":
+            break
+        # Then fallbacks, stopping early when one frees a name that is still someone's primary.
+        wanted = {item[2] for item in pending}
+        rest, progress, freed_wanted = [], False, False
+        for system_id, hostname, primary, fallback in pending:
+            if not freed_wanted and free(fallback, system_id):
+                note = f"{primary} is held by {first_holder.get(primary)}: using the fallback name"
+                freed_wanted = take(system_id, hostname, fallback, note) in wanted
+                progress = True
+            else:
+                rest.append((system_id, hostname, primary, fallback))
+        pending = rest
+        if not progress:
+            break
+    skipped: dict[str, str] = {}
+    for system_id, hostname, primary, fallback in pending:
+        holder = names.get(primary)
+        if on_hostname_taken == "fallback":
+            skipped[system_id] = (f"rename: {primary} is held by {holder} and the fallback "
+                                  f"{fallback} by {names.get(fallback)}")
+        else:
+            skipped[system_id] = f"rename: {primary} is held by {holder} (maas.on_hostname_taken: skip)"
+    return order, renames, skipped
+
+
+def plan(
+    machines: Sequence[Mapping[str, Any]],
+    power_parameters: Mapping[str, Any],
+    pools: Iterable[Any],
+    settings: Settings,
+) -> list[Action]:
+    """The actions that bring the matching machines to their names, pools and commissioning.
+
+    machines: MAAS machine objects (system_id, hostname, status, status_name, power_type, pool,
+    tag_names). power_parameters: system_id -> power_address (or a mapping holding it);
+    machines without an entry are not ours. pools: pool names or objects with a name.
+    Order: pool creations, then each machine's actions, machines in the order their renames
+    must happen (one that frees a name before the one that takes it).
+    """
+    existing = {p.get("name") if isinstance(p, Mapping) else p for p in pools}
+    existing |= {pool_of(m)[0] for m in machines}
+    matches = matching(machines, power_parameters, settings.domain)
+    order, renames, rename_skips = assign_hostnames(machines, matches, settings.on_hostname_taken)
+    rank = {system_id: index for index, system_id in enumerate(order)}
+    matches = sorted(matches, key=lambda m: rank.get(str(m.machine["system_id"]), len(rank)))
+    created: list[Action] = []
+    actions: list[Action] = []
+
+    for match in matches:
+        machine, vm, namespace = match.machine, match.vm, match.namespace
+        system_id = str(machine["system_id"])
+        hostname = machine.get("hostname")
+        common = dict(system_id=system_id, hostname=hostname, vm=vm, namespace=namespace)
+
+        # Hostname: the primary name, else (when held) the fallback or a skip; never fight.
+        if system_id in renames:
+            target, reason = renames[system_id]
+            actions.append(Action(RENAME, before=hostname, after=target, note=reason, **common))
+        elif system_id in rename_skips:
+            actions.append(Action(SKIP, before=hostname, after=hostname, note=rename_skips[system_id],
+                                  **common))
+
+        # Pool: only out of the default pool; an operator's choice stays.
+        target = identity.pool_name(namespace)
+        current, _ = pool_of(machine)
+        if current != target:
+            if in_default_pool(machine):
+                if target not in existing:
+                    created.append(Action(CREATE_POOL, None, None, namespace=namespace,
+                                          before=None, after=target))
+                    existing.add(target)
+                actions.append(Action(MOVE_POOL, before=current, after=target, **common))
+            else:
+                actions.append(Action(
+                    SKIP, before=current, after=current,
+                    note=f"pool: in {current!r}, filed by an operator: left there", **common,
+                ))
+
+        # Commission: only in New, and only as maas.commission allows.
+        if is_new(machine):
+            status = machine.get("status_name", NEW)
+            if settings.commission == "auto":
+                actions.append(Action(COMMISSION, before=status, after="Commissioning", **common))
+            elif settings.commission == "approved":
+                tags = machine.get("tag_names") or []
+                if settings.approval_tag in tags:
+                    actions.append(Action(COMMISSION, before=status, after="Commissioning",
+                                          note=f"tagged {settings.approval_tag}", **common))
+                else:
+                    actions.append(Action(
+                        SKIP, before=status, after=status,
+                        note=f"commission: waiting for the tag {settings.approval_tag}", **common,
+                    ))
+            else:
+                actions.append(Action(SKIP, before=status, after=status,
+                                      note="commission: maas.commission is never", **common))
+    return created + actions
+
+
+# --- audit ----------------------------------------------------------------------------------
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class Audit:
+    """One JSON line per change: to stdout and, if configured, appended to maas.audit_log."""
+
+    def __init__(self, path: str = ""):
+        self.path = path
+        if path:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+                os.close(fd)
+            except OSError as error:
+                raise ValuesError(
+                    [f"maas.audit_log: expected a file the reconciler can append to, "
+                     f"found {path!r}: {error.strerror or error}"]
+                ) from None
+        self.warned = False
+
+    def write(self, action: str, system_id: str | None, hostname: str | None,
+              before: Any, after: Any, outcome: str, reason: str = "", note: str = "") -> dict:
+        record = {
+            "time": _now(),
+            "system_id": system_id,
+            "hostname": hostname,
+            "action": action,
+            "before": before,
+            "after": after,
+            "outcome": outcome,
+        }
+        if reason:
+            record["reason"] = reason
+        if note:
+            record["note"] = note
+        line = json.dumps(record, sort_keys=False)
+        print(line, file=sys.stdout, flush=True)
+        if self.path:
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+                try:
+                    os.write(fd, (line + "\n").encode("utf-8"))
+                finally:
+                    os.close(fd)
+            except OSError as error:
+                if not self.warned:
+                    warn(f"cannot append to the audit log {self.path}: {error.strerror or error}")
+                    self.warned = True
+        return record
+
+
+def warn(message: str) -> None:
+    print(f"{PROG}: warning: {message}", file=sys.stderr, flush=True)
+
+
+def error(message: str) -> None:
+    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+
+
+def note(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+# --- apply ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    ok: int = 0
+    skipped: int = 0
+    failed: int = 0
+    interrupted: bool = False
+
+
+def _classify(action: Action, failure: MAASError) -> str:
+    """"skipped" when MAAS moved on (the next cycle re-plans), else "failed"."""
+    if failure.status == 404:
+        return "skipped"
+    if action.kind == COMMISSION and failure.status in (400, 409):
+        return "skipped"
+    if action.kind == RENAME and failure.status in (400, 409):
+        return "skipped"
+    if action.kind == CREATE_POOL and failure.status == 400 and "already exist" in failure.message.lower():
+        return "skipped"
+    return "failed"
+
+
+def _perform(client: MAASClient, action: Action) -> None:
+    if action.kind == CREATE_POOL:
+        client.create_pool(action.after, f"KubeVirt VMs of namespace {action.namespace} (maas-kubevirt)")
+    elif action.kind == RENAME:
+        client.update_machine(action.system_id, hostname=action.after)
+    elif action.kind == MOVE_POOL:
+        client.update_machine(action.system_id, pool=action.after)
+    elif action.kind == COMMISSION:
+        client.commission(action.system_id)
+    else:  # pragma: no cover - plan makes no other kind that changes
+        raise ValueError(f"unknown action {action.kind}")
+
+
+def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
+          stop: threading.Event | None = None) -> Outcome:
+    """Carry out each changing action independently; one audit record per attempted change."""
+    outcome = Outcome()
+    failed_pools: set[str] = set()
+    for action in actions:
+        if not action.changes:
+            continue
+        if stop is not None and stop.is_set():
+            outcome.interrupted = True
+            break
+        if action.kind == MOVE_POOL and action.after in failed_pools:
+            audit.write(action.kind, action.system_id, action.hostname, action.before, action.after,
+                        "failed", f"the pool {action.after} could not be created")
+            outcome.failed += 1
+            continue
+        try:
+            _perform(client, action)
+        except MAASAuthError:
+            raise
+        except MAASError as failure:
+            result = "failed" if failure.kind == "interrupted" else _classify(action, failure)
+            if action.kind == CREATE_POOL and result == "failed":
+                failed_pools.add(action.after)
+            audit.write(action.kind, action.system_id, action.hostname, action.before, action.after,
+                        result, str(failure), action.note)
+            if result == "skipped":
+                outcome.skipped += 1
+            else:
+                outcome.failed += 1
+            if failure.kind == "interrupted":
+                outcome.interrupted = True
+                break
+        else:
+            audit.write(action.kind, action.system_id, action.hostname, action.before, action.after, "ok",
+                        note=action.note)
+            outcome.ok += 1
+    return outcome
+
+
+# --- the cycle ------------------------------------------------------------------------------
+
+
+@dataclass
+class Cycle:
+    actions: list[Action] = field(default_factory=list)
+    outcome: Outcome = field(default_factory=Outcome)
+    error: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.error) or self.outcome.failed > 0
+
+
+class Reconciler:
+    """Cycles against one MAAS, remembering each redfish machine's power_address."""
+
+    def __init__(self, client: MAASClient, settings: Settings, audit: Audit | None = None,
+                 stop: threading.Event | None = None):
+        self.client = client
+        self.settings = settings
+        self.audit = audit or Audit("")
+        self.stop = stop or threading.Event()
+        # system_id -> (status_name when fetched, power_address or None). Never power_pass.
+        self.known: dict[str, tuple[Any, str | None]] = {}
+        self.version: str | None = None
+        self._reported: set[tuple[str | None, str]] = set()
+
+    def check_version(self) -> None:
+        if self.version is None:
+            version = self.client.version()
+            for message in check_version(version):
+                warn(message)
+            self.version = version
+
+    def fetch_power(self, system_ids: list[str]) -> dict[str, str | None]:
+        """power_address for these machines (bulk: GET machines/?op=power_parameters&id=...)."""
+        return self.client.power_addresses(system_ids)
+
+    def power_addresses(self, machines: Sequence[Mapping[str, Any]]) -> dict[str, str | None]:
+        """power_address of every redfish machine, asking MAAS only about new or changed ones."""
+        current: dict[str, tuple[Any, str | None]] = {}
+        wanted: list[str] = []
+        for machine in machines:
+            if machine.get("power_type") != "redfish":
+                continue
+            system_id = machine.get("system_id")
+            if not isinstance(system_id, str):
+                continue
+            status = machine.get("status_name")
+            entry = self.known.get(system_id)
+            if entry is not None and entry[0] == status:
+                current[system_id] = entry
+            else:
+                wanted.append(system_id)
+        if wanted:
+            fetched = self.fetch_power(wanted)
+            statuses = {m.get("system_id"): m.get("status_name") for m in machines}
+            for system_id in wanted:
+                if system_id in fetched:
+                    current[system_id] = (statuses.get(system_id), fetched[system_id])
+        self.known = current
+        return {system_id: entry[1] for system_id, entry in current.items()}
+
+    def observe(self) -> tuple[list[dict], dict[str, str | None], list[Match]]:
+        machines = self.client.machines()
+        addresses = self.power_addresses(machines)
+        return machines, addresses, matching(machines, addresses, self.settings.domain)
+
+    def make_plan(self) -> list[Action]:
+        machines, addresses, matches = self.observe()
+        pools: list[Any] = self.client.pools() if needs_pools(matches) else []
+        return plan(machines, addresses, pools, self.settings)
+
+    def cycle(self, dry_run: bool = False) -> Cycle:
+        result = Cycle()
+        try:
+            self.check_version()
+            result.actions = self.make_plan()
+        except (MAASAuthError, MAASVersionError):
+            raise
+        except MAASError as failure:
+            result.error = str(failure)
+            if failure.kind != "interrupted":
+                error(f"cycle failed: {failure}")
+            return result
+        if dry_run:
+            return result
+        for action in result.actions:
+            if not action.changes and (action.system_id, action.note) not in self._reported:
+                self._reported.add((action.system_id, action.note))
+                note(f"{action.system_id} {action.hostname}: {action.note}")
+        result.outcome = apply(self.client, result.actions, self.audit, self.stop)
+        return result
+
+
+# --- output ---------------------------------------------------------------------------------
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    cells = [[("" if v is None else str(v)) for v in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        widths = [max(w, len(c)) for w, c in zip(widths, row)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    return "\n".join(lines)
+
+
+def plan_table(actions: Sequence[Action]) -> str:
+    rows = [
+        (a.kind, a.system_id or "-", a.hostname or "-", a.vm or "-", a.namespace or "-",
+         "-" if a.before is None else a.before, "-" if a.after is None else a.after, a.note)
+        for a in actions
+    ]
+    return table(("ACTION", "SYSTEM_ID", "HOSTNAME", "VM", "NAMESPACE", "BEFORE", "AFTER", "NOTE"), rows)
+
+
+# --- the CLI entry points -------------------------------------------------------------------
+
+
+def make_client(values: Mapping[str, Any], stop: threading.Event | None = None) -> MAASClient:
+    maas = values["maas"]
+    consumer, token, secret = load_api_key(maas, warn)
+    stop = stop or threading.Event()
+    return MAASClient(
+        maas["url"], Signer(consumer, token, secret), timeout=maas["timeout"],
+        retry=RETRY, sleep=stop.wait,
+    )
+
+
+class _Signals:
+    """SIGTERM/SIGINT set the stop event; the loop stops between actions and exits cleanly."""
+
+    def __init__(self, stop: threading.Event):
+        self.stop = stop
+        self.saved: dict[int, Any] = {}
+
+    def __enter__(self) -> "_Signals":
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self.saved[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.stop.set()
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, handler in self.saved.items():
+            signal.signal(signum, handler)
+
+
+def main_reconcile(values: dict, args: Any) -> int:
+    """``reconcile [--once | --interval S] [--dry-run]``: 0 converged, 1 failures, 2 config."""
+    dry_run = bool(getattr(args, "dry_run", False))
+    once = bool(getattr(args, "once", False)) or dry_run
+    interval = getattr(args, "interval", None) or values["maas"]["interval"]
+    settings = Settings.from_values(values)
+    stop = threading.Event()
+    audit = Audit("" if dry_run else values["maas"].get("audit_log", ""))
+    client = make_client(values, stop)
+    reconciler = Reconciler(client, settings, audit, stop)
+    try:
+        with _Signals(stop):
+            while True:
+                try:
+                    result = reconciler.cycle(dry_run=dry_run)
+                except MAASAuthError as failure:
+                    error(str(failure))
+                    return EXIT_USAGE
+                except MAASVersionError as failure:
+                    error(str(failure))
+                    return EXIT_USAGE
+                if dry_run:
+                    if result.error:
+                        return EXIT_FAILED
+                    changes = [a for a in result.actions if a.changes]
+                    if result.actions:
+                        print(plan_table(result.actions), flush=True)
+                    print(f"{len(changes)} change(s) planned for "
+                          f"{len({a.system_id for a in changes if a.system_id})} machine(s); "
+                          "dry run: nothing changed", flush=True)
+                    return EXIT_OK
+                if once:
+                    return EXIT_FAILED if result.failed else EXIT_OK
+                if stop.wait(interval):
+                    return EXIT_OK
+    finally:
+        client.close()
+
+
+def main_status(values: dict, args: Any) -> int:
+    """``status``: one row per matching machine."""
+    settings = Settings.from_values(values)
+    client = make_client(values)
+    try:
+        reconciler = Reconciler(client, settings)
+        try:
+            _, _, matches = reconciler.observe()
+        except MAASAuthError as failure:
+            error(str(failure))
+            return EXIT_USAGE
+        except MAASError as failure:
+            error(str(failure))
+            return EXIT_FAILED
+    finally:
+        client.close()
+    rows = [
+        (m.vm, m.namespace, m.machine.get("hostname"), m.machine.get("system_id"),
+         m.machine.get("status_name"), pool_of(m.machine)[0], m.machine.get("power_state"))
+        for m in matches
+    ]
+    if rows:
+        print(table(("VM", "NAMESPACE", "HOSTNAME", "SYSTEM_ID", "STATUS", "POOL", "POWER"), rows),
+              flush=True)
+    print(f"{len(rows)} MAAS machine(s) with a Redfish power address under {settings.domain}", flush=True)
+    return EXIT_OK
+
+
+def script_name(text: str, source: str = "script") -> str:
+    """The ``name`` from a MAAS script's metadata block (the YAML between the markers)."""
+    lines = text.splitlines()
+    try:
+        start = next(i for i, line in enumerate(lines) if line.strip() == START_MARK)
+        end = next(i for i, line in enumerate(lines) if i > start and line.strip() == END_MARK)
+    except StopIteration:
+        raise ValuesError([f"{source}: expected a MAAS script metadata block "
+                           f"({START_MARK!r} ... {END_MARK!r}), found none"]) from None
+    block = []
+    for line in lines[start + 1 : end]:
+        stripped = line.lstrip()
+        if not stripped.startswith("#"):
+            raise ValuesError([f"{source}: every metadata line must start with '#'"])
+        block.append(stripped[2:] if stripped.startswith("# ") else stripped[1:])
+    try:
+        metadata = yaml.safe_load("\n".join(block))
+    except yaml.YAMLError:
+        raise ValuesError([f"{source}: the script metadata is not valid YAML"]) from None
+    name = metadata.get("name") if isinstance(metadata, dict) else None
+    if not isinstance(name, str) or not name or shlex.quote(name) != name:
+        raise ValuesError([f"{source}: expected a metadata name without spaces or quotes, "
+                           f"found {name!r}"])
+    return name
+
+
+def main_upload_script(values: dict, args: Any) -> int:
+    """``upload-script [--script FILE]``: POST scripts/ when new, PUT scripts/{name} otherwise."""
+    path = Path(getattr(args, "script"))
+    try:
+        content = path.read_bytes()
+    except OSError as failure:
+        raise ValuesError([f"--script: expected a readable rendered script (run `{PROG} render` "
+                           f"first), found {str(path)!r}: {failure.strerror or failure}"]) from None
+    name = script_name(content.decode("utf-8", "replace"), str(path))
+    audit = Audit(values["maas"].get("audit_log", ""))
+    client = make_client(values)
+    comment = "uploaded by maas-kubevirt"
+    try:
+        try:
+            exists = client.script_exists(name)
+            if exists:
+                client.update_script(name, content, comment)
+            else:
+                try:
+                    client.create_script(name, content, comment)
+                except MAASError as failure:
+                    if failure.status != 400 or "already exist" not in failure.message.lower():
+                        raise
+                    exists = True
+                    client.update_script(name, content, comment)
+        except MAASAuthError as failure:
+            error(str(failure))
+            return EXIT_USAGE
+        except MAASError as failure:
+            audit.write("upload-script", None, None, None, name, "failed", str(failure))
+            error(str(failure))
+            return EXIT_FAILED
+    finally:
+        client.close()
+    audit.write("upload-script", None, None, "present" if exists else "absent", name, "ok")
+    note(f"{'updated' if exists else 'created'} the commissioning script {name} in MAAS "
+         f"({len(content)} bytes)")
+    return EXIT_OK

@@ -1,0 +1,384 @@
+"""The MAAS client: signing, URL building, retries, error lines, version check, API key."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from maas_double import MaasDouble, populate  # noqa: E402
+
+from maas_kubevirt import maas  # noqa: E402
+from maas_kubevirt.maas import (  # noqa: E402
+    MAASAuthError,
+    MAASClient,
+    MAASError,
+    MAASVersionError,
+    Response,
+    RetryPolicy,
+    Signer,
+    TransportError,
+)
+from maas_kubevirt.values import ValuesError  # noqa: E402
+
+FAST = RetryPolicy(attempts=4, backoff=0.01, max_backoff=0.05, max_retry_after=0.2)
+
+
+@pytest.fixture
+def double():
+    with MaasDouble() as running:
+        yield running
+
+
+def client_for(double: MaasDouble, **kw) -> MAASClient:
+    kw.setdefault("retry", FAST)
+    kw.setdefault("timeout", 1)
+    return MAASClient(double.url, Signer(*double.api_key), **kw)
+
+
+class Recorder:
+    def __init__(self):
+        self.sleeps: list[float] = []
+
+    def __call__(self, seconds: float) -> bool:
+        self.sleeps.append(seconds)
+        return False
+
+
+# --- signing and URLs ------------------------------------------------------------------------
+
+
+def test_signer_plaintext_header_fresh_nonce_and_hidden_key():
+    signer = Signer("ckey", "tkey", "tsecret")
+    first = signer.headers("GET", "http://maas/MAAS/api/2.0/machines/")["Authorization"]
+    second = signer.headers("GET", "http://maas/MAAS/api/2.0/machines/")["Authorization"]
+    assert first.startswith("OAuth ")
+    assert 'oauth_signature_method="PLAINTEXT"' in first
+    assert 'oauth_signature="%26tsecret"' in first
+    assert 'oauth_consumer_key="ckey"' in first and 'oauth_token="tkey"' in first
+    nonce = lambda header: [p for p in header.split(", ") if "oauth_nonce" in p][0]  # noqa: E731
+    assert nonce(first) != nonce(second)
+    assert "tsecret" not in repr(signer) and "tkey" not in repr(signer)
+
+
+@pytest.mark.parametrize("base", ["http://maas:5240/MAAS/", "http://maas:5240/MAAS", "http://maas:5240/MAAS/api/2.0/"])
+def test_url_building(base):
+    client = MAASClient(base, Signer("a", "b", "c"))
+    assert client.url("machines/") == "http://maas:5240/MAAS/api/2.0/machines/"
+    assert client.url("machines/", [("op", "power_parameters"), ("id", "a"), ("id", "b")]) == (
+        "http://maas:5240/MAAS/api/2.0/machines/?op=power_parameters&id=a&id=b"
+    )
+    assert client.url("machines/x/", {"op": "commission"}).endswith("machines/x/?op=commission")
+
+
+# --- readable errors -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body, ctype, expected",
+    [
+        (b'{"hostname": ["Node with this Hostname already exists."]}', "application/json",
+         "hostname: Node with this Hostname already exists."),
+        (b'{"__all__": ["Commission is not available because of the current state of the node."]}',
+         "application/json", "Commission is not available because of the current state of the node."),
+        (b'{"name": ["a", "b"], "pool": ["c"]}', "application/json", "name: a b; pool: c"),
+        (b"<html><head><title>Internal Server Error</title></head><body>x</body></html>", "text/html",
+         "Internal Server Error"),
+        (b"No Machine matches the given query.\n", "text/plain", "No Machine matches the given query."),
+        (b"", "text/plain", "(no message)"),
+        (b"line one\nline two", "text/plain", "line one line two"),
+    ],
+)
+def test_readable_message(body, ctype, expected):
+    assert maas.readable_message(body, ctype) == expected
+
+
+def test_error_line_names_method_path_status_and_message(double):
+    client = client_for(double)
+    a = double.add_machine("taken")
+    b = double.add_machine("other")
+    with pytest.raises(MAASError) as caught:
+        client.update_machine(b, hostname="taken")
+    assert str(caught.value) == f"PUT machines/{b}/: 400: hostname: Node with this Hostname already exists."
+    assert "\n" not in str(caught.value)
+    double.set_status(a, "Deployed")
+    with pytest.raises(MAASError) as caught:
+        client.commission(a)
+    assert str(caught.value) == (
+        f"POST machines/{a}/?op=commission: 400: "
+        "Commission is not available because of the current state of the node."
+    )
+    assert caught.value.is_race
+
+
+# --- auth ------------------------------------------------------------------------------------
+
+
+def test_bad_signature_is_401_auth_error(double):
+    consumer, token, _ = double.api_key
+    client = MAASClient(double.url, Signer(consumer, token, "wrong-secret"), retry=FAST, timeout=1)
+    with pytest.raises(MAASAuthError) as caught:
+        client.machines()
+    assert caught.value.status == 401
+    assert "wrong-secret" not in str(caught.value)
+    assert double.request_count == 1  # never retried
+
+
+def test_replayed_nonce_is_refused(double):
+    class Replay(Signer):
+        def headers(self, method, url):
+            if not hasattr(self, "fixed"):
+                self.fixed = super().headers(method, url)
+            return self.fixed
+
+    client = MAASClient(double.url, Replay(*double.api_key), retry=FAST, timeout=1)
+    client.machines()
+    with pytest.raises(MAASAuthError):
+        client.machines()
+
+
+def test_not_admin_is_403(double):
+    double.admin = False
+    sid = double.add_vm("web1", "vms")
+    with pytest.raises(MAASAuthError) as caught:
+        client_for(double).power_addresses([sid])
+    assert caught.value.status == 403
+
+
+# --- retries ---------------------------------------------------------------------------------
+
+
+def test_503_honours_retry_after(double):
+    sleep = Recorder()
+    client = client_for(double, sleep=sleep, retry=RetryPolicy(attempts=4, backoff=0.01, max_retry_after=60))
+    double.inject("503", retry_after="7", count=2)
+    assert client.machines() == []
+    assert sleep.sleeps == [7.0, 7.0]
+    assert double.request_count == 3
+
+
+def test_503_retry_after_is_capped_and_retries_are_bounded(double):
+    sleep = Recorder()
+    client = client_for(double, sleep=sleep, retry=RetryPolicy(attempts=3, backoff=0.01, max_retry_after=5))
+    double.inject("503", retry_after="100000", count=10)
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    assert caught.value.status == 503
+    assert sleep.sleeps == [5.0, 5.0]
+    assert double.request_count == 3
+
+
+def test_backoff_grows_without_retry_after(double):
+    sleep = Recorder()
+    client = client_for(double, sleep=sleep, retry=RetryPolicy(attempts=4, backoff=1.0, max_backoff=3))
+    double.inject("503", retry_after=None, count=3)
+    client.machines()
+    assert [round(s) for s in sleep.sleeps] == [1, 2, 3]
+
+
+def test_500_is_not_retried(double):
+    double.inject("500")
+    with pytest.raises(MAASError) as caught:
+        client_for(double).pools()
+    assert str(caught.value) == "GET resourcepools/: 500: Internal Server Error"
+    assert double.request_count == 1
+
+
+def test_hang_past_timeout_is_retried(double):
+    double.inject("hang", hang=1.6)
+    started = time.monotonic()
+    assert client_for(double, timeout=1).machines() == []
+    assert 0.9 < time.monotonic() - started < 5
+    assert double.request_count == 2
+
+
+def test_hang_every_time_reports_timeout(double):
+    double.inject("hang", hang=1.4, count=2)
+    client = client_for(double, timeout=1, retry=RetryPolicy(attempts=2, backoff=0.01))
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    assert caught.value.kind == "timeout"
+    assert str(caught.value) == "GET machines/: timeout: no answer in time"
+
+
+def test_reset_connection_is_retried(double):
+    double.inject("reset", count=2)
+    assert client_for(double).machines() == []
+    assert double.request_count == 3
+
+
+def test_connection_refused_is_one_line():
+    client = MAASClient("http://127.0.0.1:9/MAAS/", Signer("a", "b", "c"),
+                        retry=RetryPolicy(attempts=2, backoff=0.01), timeout=1)
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    assert str(caught.value) == "GET machines/: connection: connection refused"
+
+
+def test_stop_during_backoff_interrupts(double):
+    double.inject("503", retry_after="30")
+    client = client_for(double, sleep=lambda seconds: True,
+                        retry=RetryPolicy(attempts=3, max_retry_after=60))
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    assert caught.value.kind == "interrupted"
+
+
+def test_malformed_json_withholds_the_body(double):
+    sid = double.add_vm("web1", "vms", password="pw-VERY-SECRET-1")
+    double.inject("malformed", path="power_parameters")
+    with pytest.raises(MAASError) as caught:
+        client_for(double).power_addresses([sid])
+    assert caught.value.kind == "malformed"
+    assert "pw-VERY-SECRET-1" not in str(caught.value)
+    assert "power_pass" not in str(caught.value)
+
+
+def test_power_parameter_error_bodies_are_withheld():
+    class Echo:
+        def send(self, method, url, headers, files, timeout):
+            return Response(500, {"Content-Type": "application/json"},
+                            b'{"power_pass": ["hunter2-SECRET"]}')
+
+        def close(self):
+            pass
+
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=Echo(), retry=FAST)
+    with pytest.raises(MAASError) as caught:
+        client.power_addresses(["abc"])
+    assert "hunter2-SECRET" not in str(caught.value)
+
+
+def test_api_secret_echoed_by_maas_is_scrubbed():
+    class Echo:
+        def send(self, method, url, headers, files, timeout):
+            return Response(400, {"Content-Type": "text/plain"}, headers["Authorization"].encode())
+
+        def close(self):
+            pass
+
+    client = MAASClient("http://maas/MAAS/", Signer("consumerX", "tokenXY", "secretXYZ"),
+                        transport=Echo(), retry=FAST)
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    for part in ("consumerX", "tokenXY", "secretXYZ"):
+        assert part not in str(caught.value)
+
+
+def test_transport_errors_are_classified():
+    calls = []
+
+    class Flaky:
+        def send(self, method, url, headers, files, timeout):
+            calls.append(url)
+            if len(calls) == 1:
+                raise TransportError("connection", "connection closed by the server")
+            if len(calls) == 2:
+                raise TransportError("timeout", "no answer in time")
+            return Response(200, {}, b"[]")
+
+        def close(self):
+            pass
+
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=Flaky(), retry=FAST)
+    assert client.machines() == []
+    assert len(calls) == 3
+
+
+# --- bulk power parameters -------------------------------------------------------------------
+
+
+def test_power_addresses_in_bulk_chunks_without_passwords(double):
+    ids = populate(double, 1000, vm_fraction=0.5)
+    double.reset_counts()
+    found = client_for(double).power_addresses(ids)
+    assert len(found) == 500
+    assert all(isinstance(v, str) and "bmc.example.com" in v for v in found.values())
+    assert double.counts[("GET", "machines/?op=power_parameters")] == -(-500 // maas.POWER_PARAMETERS_CHUNK)
+    assert not any("S3CRET" in str(v) for v in found.values())
+
+
+def test_single_power_address(double):
+    sid = double.add_vm("web1", "vms")
+    assert client_for(double).power_address(sid) == "https://web1.vms.bmc.example.com/redfish/v1/Systems/1"
+
+
+# --- version ---------------------------------------------------------------------------------
+
+
+def test_version(double):
+    double.version = "3.5.4-16300-g.1234abcd"
+    assert client_for(double).version() == "3.5.4-16300-g.1234abcd"
+
+
+@pytest.mark.parametrize("version", ["2.9.0", "2.9.2", "3.0.0", "3.5.4", "3.6.5", "3.7.3", "3.8.0~alpha1-1-g"])
+def test_supported_versions_without_warning(version):
+    assert maas.check_version(version) == []
+
+
+@pytest.mark.parametrize("version", ["3.6.0", "3.6.2", "3.6.4", "3.7.0", "3.7.1", "3.7.2", "3.7.0~beta2"])
+def test_dns_name_versions_warn(version):
+    (warning,) = maas.check_version(version)
+    assert "LP:2150892" in warning and "DNS" in warning
+
+
+@pytest.mark.parametrize("version", ["2.8.2", "2.0", "1.9.5"])
+def test_old_versions_refused(version):
+    with pytest.raises(MAASVersionError, match="2.9.0 or later"):
+        maas.check_version(version)
+
+
+def test_minimum_version_is_one_constant():
+    assert maas.MIN_MAAS_VERSION == (2, 9, 0)
+    assert maas.check_version("garbage")[0].startswith("cannot read the MAAS version")
+
+
+# --- API key ---------------------------------------------------------------------------------
+
+
+def test_api_key_from_file_and_env(tmp_path, monkeypatch):
+    monkeypatch.delenv("MAAS_API_KEY", raising=False)
+    key = tmp_path / "api-key"
+    key.write_text("c1:t1:s1\n")
+    key.chmod(0o600)
+    warnings = []
+    assert maas.load_api_key({"api_key_file": str(key)}, warnings.append) == ("c1", "t1", "s1")
+    assert warnings == []
+    monkeypatch.setenv("MAAS_API_KEY", "c2:t2:s2")
+    assert maas.load_api_key({"api_key_file": str(key)}, warnings.append) == ("c2", "t2", "s2")
+
+
+def test_api_key_readable_by_others_warns(tmp_path, monkeypatch):
+    monkeypatch.delenv("MAAS_API_KEY", raising=False)
+    key = tmp_path / "api-key"
+    key.write_text("c1:t1:s1secret")
+    key.chmod(0o644)
+    warnings = []
+    maas.load_api_key({"api_key_file": str(key)}, warnings.append)
+    (warning,) = warnings
+    assert "0644" in warning and "chmod 600" in warning and "s1secret" not in warning
+
+
+def test_api_key_missing_file_is_a_values_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("MAAS_API_KEY", raising=False)
+    with pytest.raises(ValuesError) as caught:
+        maas.load_api_key({"api_key_file": str(tmp_path / "nope")}, print)
+    assert str(caught.value).startswith("maas.api_key_file: expected a readable file")
+
+
+@pytest.mark.parametrize("text", ["onlyone", "a:b", "a::c", "a:b:c:d", "a b:c:d"])
+def test_malformed_api_key_never_echoed(tmp_path, monkeypatch, text):
+    monkeypatch.delenv("MAAS_API_KEY", raising=False)
+    key = tmp_path / "api-key"
+    key.write_text(text)
+    os.chmod(key, 0o600)
+    with pytest.raises(ValuesError) as caught:
+        maas.load_api_key({"api_key_file": str(key)}, print)
+    message = str(caught.value)
+    assert message.startswith("maas.api_key_file: expected a MAAS API key of the form consumer:token:secret")
+    assert text not in message
