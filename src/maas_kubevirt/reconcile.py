@@ -620,10 +620,7 @@ def main_reconcile(values: dict, args: Any) -> int:
             while True:
                 try:
                     result = reconciler.cycle(dry_run=dry_run)
-                except MAASAuthError as failure:
-                    error(str(failure))
-                    return EXIT_USAGE
-                except MAASVersionError as failure:
+                except (MAASAuthError, MAASVersionError) as failure:
                     error(str(failure))
                     return EXIT_USAGE
                 if dry_run:
