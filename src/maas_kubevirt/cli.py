@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -102,11 +103,15 @@ def _render(values: dict, args: argparse.Namespace) -> int:
     written = render(values, args.output)
     if written:
         output = Path(args.output)
+        script = output / "commissioning" / SCRIPT_NAME
+        command = sys.argv[0] if sys.argv[0].endswith(PROG) else PROG
+        if args.values:
+            command += f" --values {shlex.quote(args.values)}"
         print(f"Rendered {len(written)} files into {output}/")
         print("Next steps:")
         print(f"  kubectl apply -k {output / 'kubernetes'}")
-        print(f"  {PROG} --values <your values> upload-script --script {output / 'commissioning' / SCRIPT_NAME}")
-        print(f"     (or: maas $PROFILE node-scripts create name={SCRIPT_NAME} script@={output / 'commissioning' / SCRIPT_NAME})")
+        print(f"  MAAS_API_KEY=... {command} upload-script --script {script}")
+        print(f"     (or: maas $PROFILE node-scripts create name={SCRIPT_NAME} script@={script})")
     return EXIT_OK
 
 
