@@ -8,12 +8,10 @@ import shlex
 import sys
 from pathlib import Path
 
-from maas_kubevirt import __version__
+from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG, __version__
 from maas_kubevirt.paths import SCRIPT_NAME
 from maas_kubevirt.values import DEFAULT_VALUES_PATH, ValuesError, load_values
 
-PROG = "maas-kubevirt"
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_OUTPUT = Path("build")
 
 

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import yaml
 
-from maas_kubevirt import identity
+from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG, identity
 from maas_kubevirt.maas import (
     MAASAuthError,
     MAASClient,
@@ -41,8 +41,6 @@ from maas_kubevirt.maas import (
 )
 from maas_kubevirt.values import ValuesError
 
-PROG = "maas-kubevirt"
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 DEFAULT_POOL = "default"
 DEFAULT_POOL_ID = 0
