@@ -322,8 +322,7 @@ class Audit:
         self.path = path
         if path:
             try:
-                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
-                os.close(fd)
+                self._append(b"")
             except OSError as error:
                 raise ValuesError(
                     [f"maas.audit_log: expected a file the reconciler can append to, "
@@ -350,16 +349,24 @@ class Audit:
         print(line, file=sys.stdout, flush=True)
         if self.path:
             try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
-                try:
-                    os.write(fd, (line + "\n").encode("utf-8"))
-                finally:
-                    os.close(fd)
+                self._append((line + "\n").encode("utf-8"))
             except OSError as error:
                 if not self.warned:
                     warn(f"cannot append to the audit log {self.path}: {error.strerror or error}")
                     self.warned = True
         return record
+
+    def record(self, action: "Action", outcome: str, reason: str = "") -> dict:
+        """The audit record of one attempted action."""
+        return self.write(action.kind, action.system_id, action.hostname, action.before, action.after,
+                          outcome, reason, action.note)
+
+    def _append(self, data: bytes) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
 
 
 def warn(message: str) -> None:
@@ -389,9 +396,7 @@ def _classify(action: Action, failure: MAASError) -> str:
     """"skipped" when MAAS moved on (the next cycle re-plans), else "failed"."""
     if failure.status == 404:
         return "skipped"
-    if action.kind == COMMISSION and failure.status in (400, 409):
-        return "skipped"
-    if action.kind == RENAME and failure.status in (400, 409):
+    if action.kind in (COMMISSION, RENAME) and failure.status in (400, 409):
         return "skipped"
     if action.kind == CREATE_POOL and failure.status == 400 and "already exist" in failure.message.lower():
         return "skipped"
@@ -423,8 +428,7 @@ def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
             outcome.interrupted = True
             break
         if action.kind == MOVE_POOL and action.after in failed_pools:
-            audit.write(action.kind, action.system_id, action.hostname, action.before, action.after,
-                        "failed", f"the pool {action.after} could not be created")
+            audit.record(action, "failed", f"the pool {action.after} could not be created")
             outcome.failed += 1
             continue
         try:
@@ -435,8 +439,7 @@ def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
             result = "failed" if failure.kind == "interrupted" else _classify(action, failure)
             if action.kind == CREATE_POOL and result == "failed":
                 failed_pools.add(action.after)
-            audit.write(action.kind, action.system_id, action.hostname, action.before, action.after,
-                        result, str(failure), action.note)
+            audit.record(action, result, str(failure))
             if result == "skipped":
                 outcome.skipped += 1
             else:
@@ -445,8 +448,7 @@ def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
                 outcome.interrupted = True
                 break
         else:
-            audit.write(action.kind, action.system_id, action.hostname, action.before, action.after, "ok",
-                        note=action.note)
+            audit.record(action, "ok")
             outcome.ok += 1
     return outcome
 
@@ -486,10 +488,6 @@ class Reconciler:
                 warn(message)
             self.version = version
 
-    def fetch_power(self, system_ids: list[str]) -> dict[str, str | None]:
-        """power_address for these machines (bulk: GET machines/?op=power_parameters&id=...)."""
-        return self.client.power_addresses(system_ids)
-
     def power_addresses(self, machines: Sequence[Mapping[str, Any]]) -> dict[str, str | None]:
         """power_address of every redfish machine, asking MAAS only about new or changed ones."""
         current: dict[str, tuple[Any, str | None]] = {}
@@ -507,7 +505,7 @@ class Reconciler:
             else:
                 wanted.append(system_id)
         if wanted:
-            fetched = self.fetch_power(wanted)
+            fetched = self.client.power_addresses(wanted)  # bulk: one op=power_parameters
             statuses = {m.get("system_id"): m.get("status_name") for m in machines}
             for system_id in wanted:
                 if system_id in fetched:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from maas_kubevirt.paths import SCRIPT_NAME, data_dir, write_atomic
+from maas_kubevirt.policies import KUSTOMIZATION_FILE, SEED_SECRET_FILE, render_kubernetes
 from maas_kubevirt.values import ValuesError
 
 SEED_FILE = "seed"
@@ -68,19 +69,12 @@ def read_seed(values: dict, output: Path | None) -> str:
     return seed
 
 
-def render_kubernetes(values: dict, seed: str) -> dict[str, str]:
-    """Kubernetes manifests by file name (the policies module renders them from templates/)."""
-    from maas_kubevirt.policies import render_kubernetes as render_policies
-
-    return render_policies(values, seed)
-
-
 def render(values: dict, output: str | Path) -> list[Path]:
     """Render the whole bundle into the output directory, or the manifests to stdout for '-'."""
     if str(output) == "-":
         seed = read_seed(values, None)
         manifests = render_kubernetes(values, seed)
-        documents = [text.rstrip("\n") + "\n" for name, text in manifests.items() if name != "kustomization.yaml"]
+        documents = [text.rstrip("\n") + "\n" for name, text in manifests.items() if name != KUSTOMIZATION_FILE]
         sys.stdout.write("---\n".join(documents))
         return []
     output = Path(output)
@@ -89,5 +83,6 @@ def render(values: dict, output: str | Path) -> list[Path]:
     script = render_commissioning(values, seed)
     written = [write_atomic(output / "commissioning" / SCRIPT_NAME, script, mode=0o700)]
     for name, text in manifests.items():
-        written.append(write_atomic(output / "kubernetes" / name, text, mode=0o600 if name == "seed-secret.yaml" or seed in text else 0o644))
+        private = name == SEED_SECRET_FILE or seed in text
+        written.append(write_atomic(output / "kubernetes" / name, text, mode=0o600 if private else 0o644))
     return written
