@@ -26,7 +26,7 @@ from reconcile_helpers import (  # noqa: E402
     write_values,
 )
 
-from maas_kubevirt import cli, identity, reconcile  # noqa: E402
+from maas_kubevirt import cli, identity, loop, maas, reconcile, status  # noqa: E402
 from maas_kubevirt.maas import MAASClient, RetryPolicy, Signer  # noqa: E402
 from maas_kubevirt.reconcile import (  # noqa: E402
     COMMISSION,
@@ -42,13 +42,12 @@ from maas_kubevirt.reconcile import (  # noqa: E402
 )
 from maas_kubevirt.values import ValuesError  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = Settings(domain=DOMAIN)
 
 
 @pytest.fixture(autouse=True)
 def fast_retries(monkeypatch):
-    monkeypatch.setattr(reconcile, "RETRY", RetryPolicy(attempts=3, backoff=0.01, max_backoff=0.05,
+    monkeypatch.setattr(maas, "RETRY", RetryPolicy(attempts=3, backoff=0.01, max_backoff=0.05,
                                                          max_retry_after=0.05))
     monkeypatch.delenv("MAAS_API_KEY", raising=False)
 
@@ -229,7 +228,7 @@ def test_commission_modes():
 
 def test_plan_table_is_readable():
     machines = [machine("aaa", "lucky-cat")]
-    text = reconcile.plan_table(plan(machines, {"aaa": addr("web1", "vms")}, [], SETTINGS))
+    text = loop.plan_table(plan(machines, {"aaa": addr("web1", "vms")}, [], SETTINGS))
     lines = text.splitlines()
     assert lines[0].split() == ["ACTION", "SYSTEM_ID", "HOSTNAME", "VM", "NAMESPACE", "BEFORE", "AFTER", "NOTE"]
     assert lines[1].split() == ["create-pool", "-", "-", "-", "vms", "-", "vms"]
@@ -249,7 +248,7 @@ def test_once_converges_and_audits(tmp_path, double, capsys):
     noise = add_noise(double)
     vms = [double.add_vm("web1", "vms"), double.add_vm("db.primary", "vms"), double.add_vm("web1", "team-b")]
     values = values_for(tmp_path, double)
-    code, out, err = run(capsys, reconcile.main_reconcile, values, Args(once=True))
+    code, out, err = run(capsys, loop.main, values, Args(once=True))
     assert code == 0, err
     records = audit_records(out)
     assert {r["action"] for r in records} == {CREATE_POOL, RENAME, MOVE_POOL, COMMISSION}
@@ -267,7 +266,7 @@ def test_once_converges_and_audits(tmp_path, double, capsys):
 
     # Second run: nothing to do, no records, at most 2 requests after the version check.
     double.reset_counts()
-    code, out, err = run(capsys, reconcile.main_reconcile, values, Args(once=True))
+    code, out, err = run(capsys, loop.main, values, Args(once=True))
     assert code == 0 and audit_records(out) == []
 
 
@@ -341,20 +340,20 @@ def test_failed_action_does_not_stop_the_rest(tmp_path, double, capsys):
     b = double.add_vm("web2", "vms", pool="vms", status="Ready")
     double.inject("500", method="PUT", path=f"machines/{a}/")
     values = values_for(tmp_path, double)
-    code, out, err = run(capsys, reconcile.main_reconcile, values, Args(once=True))
+    code, out, err = run(capsys, loop.main, values, Args(once=True))
     assert code == 1
     records = {r["system_id"]: r for r in audit_records(out)}
     assert records[a]["outcome"] == "failed"
     assert records[a]["reason"] == f"PUT machines/{a}/: 500: Internal Server Error"
     assert records[b]["outcome"] == "ok"
-    code, out, err = run(capsys, reconcile.main_reconcile, values, Args(once=True))
+    code, out, err = run(capsys, loop.main, values, Args(once=True))
     assert code == 0 and converged(double, [a, b])
 
 
 def test_failed_pool_creation_fails_its_moves_without_requests(tmp_path, double, capsys):
     a = double.add_vm("web1", "vms", hostname="web1-vms", status="Ready")
     double.inject("500", method="POST", path="resourcepools/")
-    code, out, err = run(capsys, reconcile.main_reconcile, values_for(tmp_path, double), Args(once=True))
+    code, out, err = run(capsys, loop.main, values_for(tmp_path, double), Args(once=True))
     assert code == 1
     outcomes = [(r["action"], r["outcome"]) for r in audit_records(out)]
     assert outcomes == [(CREATE_POOL, "failed"), (MOVE_POOL, "failed")]
@@ -379,7 +378,7 @@ def test_pool_created_meanwhile_is_fine(tmp_path, double, capsys):
 def test_dry_run_prints_a_table_and_changes_nothing(tmp_path, double, capsys):
     add_noise(double)
     double.add_vm("web1", "vms")
-    code, out, err = run(capsys, reconcile.main_reconcile, values_for(tmp_path, double),
+    code, out, err = run(capsys, loop.main, values_for(tmp_path, double),
                          Args(dry_run=True))
     assert code == 0
     assert double.writes == []
@@ -394,7 +393,7 @@ def test_status_table(tmp_path, double, capsys):
     add_noise(double)
     sid = double.add_vm("web1", "vms", hostname="web1-vms", pool="vms", status="Deployed")
     double.machines[sid]["power_state"] = "on"
-    code, out, err = run(capsys, reconcile.main_status, values_for(tmp_path, double), Args())
+    code, out, err = run(capsys, status.main, values_for(tmp_path, double), Args())
     assert code == 0
     lines = out.splitlines()
     assert lines[0].split() == ["VM", "NAMESPACE", "HOSTNAME", "SYSTEM_ID", "STATUS", "POOL", "POWER"]
@@ -407,7 +406,7 @@ def test_approved_mode_against_double(tmp_path, double, capsys):
     a = double.add_vm("web1", "vms", hostname="web1-vms", pool="vms")
     b = double.add_vm("web2", "vms", hostname="web2-vms", pool="vms", tag_names=["go-ahead"])
     values = values_for(tmp_path, double, commission="approved", approval_tag="go-ahead")
-    code, out, err = run(capsys, reconcile.main_reconcile, values, Args(once=True))
+    code, out, err = run(capsys, loop.main, values, Args(once=True))
     assert code == 0
     assert double.machines[a]["status_name"] == "New"
     assert double.machines[b]["status_name"] == "Commissioning"
@@ -417,20 +416,20 @@ def test_approved_mode_against_double(tmp_path, double, capsys):
 def test_version_too_old_is_a_config_error(tmp_path, double, capsys):
     double.version = "2.8.2"
     double.add_vm("web1", "vms")
-    code, out, err = run(capsys, reconcile.main_reconcile, values_for(tmp_path, double), Args(once=True))
+    code, out, err = run(capsys, loop.main, values_for(tmp_path, double), Args(once=True))
     assert code == 2 and "2.9.0 or later" in err and double.writes == []
 
 
 def test_dns_name_version_warns(tmp_path, double, capsys):
     double.version = "3.6.2"
-    code, out, err = run(capsys, reconcile.main_reconcile, values_for(tmp_path, double), Args(once=True))
+    code, out, err = run(capsys, loop.main, values_for(tmp_path, double), Args(once=True))
     assert code == 0 and "LP:2150892" in err
 
 
 def test_bad_key_is_a_config_error(tmp_path, double, capsys):
     (tmp_path / "api-key").write_text("a:b:wrong-secret-value")
     (tmp_path / "api-key").chmod(0o600)
-    code, out, err = run(capsys, reconcile.main_reconcile, values_for(tmp_path, double), Args(once=True))
+    code, out, err = run(capsys, loop.main, values_for(tmp_path, double), Args(once=True))
     assert code == 2 and "401" in err and "wrong-secret-value" not in out + err
 
 
@@ -445,7 +444,7 @@ def test_missing_key_file_via_cli(tmp_path, double, capsys):
 def test_key_file_mode_warns(tmp_path, double, capsys):
     values = values_for(tmp_path, double)
     (tmp_path / "api-key").chmod(0o640)
-    code, out, err = run(capsys, reconcile.main_reconcile, values, Args(once=True))
+    code, out, err = run(capsys, loop.main, values, Args(once=True))
     assert code == 0 and "readable by group or others (mode 0640)" in err
 
 
@@ -453,101 +452,22 @@ def test_env_key_overrides_file(tmp_path, double, capsys, monkeypatch):
     values = values_for(tmp_path, double)
     (tmp_path / "api-key").unlink()
     monkeypatch.setenv("MAAS_API_KEY", double.api_key_text)
-    code, out, err = run(capsys, reconcile.main_reconcile, values, Args(once=True))
+    code, out, err = run(capsys, loop.main, values, Args(once=True))
     assert code == 0, err
 
 
 def test_unwritable_audit_log_is_a_config_error(tmp_path, double):
     values = values_for(tmp_path, double, audit_log=str(tmp_path / "missing-dir" / "audit.log"))
     with pytest.raises(ValuesError, match="maas.audit_log: expected a file the reconciler can append to"):
-        reconcile.main_reconcile(values, Args(once=True))
+        loop.main(values, Args(once=True))
 
 
 def test_unreachable_maas_once_exits_1(tmp_path, double, capsys):
     values = values_for(tmp_path, double)
     values["maas"]["url"] = "http://127.0.0.1:9/MAAS/"
-    code, out, err = run(capsys, reconcile.main_reconcile, values, Args(once=True))
+    code, out, err = run(capsys, loop.main, values, Args(once=True))
     assert code == 1
     assert "cycle failed: GET version/: connection: connection refused" in err
-
-
-# --- upload-script ---------------------------------------------------------------------------
-
-SCRIPT = """#!/usr/bin/env python3
-# --- Start MAAS 1.0 script metadata ---
-# name: 31-kubevirt-bmc-config
-# title: KubeVirt BMC
-# tags: [bmc-config, enlisting]
-# script_type: commissioning
-# --- End MAAS 1.0 script metadata ---
-SETTINGS = {"seed": "SEED-S3CRET-0123456789"}  # replaced by maas-kubevirt render
-"""
-
-
-def test_upload_script_creates_then_updates(tmp_path, double, capsys):
-    script = tmp_path / "31-kubevirt-bmc-config"
-    script.write_text(SCRIPT)
-    values = values_for(tmp_path, double)
-    code, out, err = run(capsys, reconcile.main_upload_script, values, Args(script=str(script)))
-    assert code == 0, err
-    assert double.scripts["31-kubevirt-bmc-config"]["script"] == SCRIPT.encode()
-    assert "created the commissioning script 31-kubevirt-bmc-config" in err
-    (record,) = audit_records(out)
-    assert (record["action"], record["before"], record["outcome"]) == ("upload-script", "absent", "ok")
-    script.write_text(SCRIPT + "# v2\n")
-    code, out, err = run(capsys, reconcile.main_upload_script, values, Args(script=str(script)))
-    assert code == 0 and "updated" in err
-    assert double.scripts["31-kubevirt-bmc-config"]["script"].endswith(b"# v2\n")
-    assert [w[:2] for w in double.writes] == [("POST", "scripts/"), ("PUT", "scripts/31-kubevirt-bmc-config")]
-    assert "SEED-S3CRET" not in out + err + (tmp_path / "audit.log").read_text()
-
-
-def test_upload_script_race_falls_back_to_update(tmp_path, double, capsys):
-    script = tmp_path / "s"
-    script.write_text(SCRIPT)
-    values = values_for(tmp_path, double)
-    real = reconcile.MAASClient.script_exists
-    try:
-        reconcile.MAASClient.script_exists = lambda self, name: False
-        double.scripts["31-kubevirt-bmc-config"] = {"id": 1, "name": "31-kubevirt-bmc-config",
-                                                    "script": b"old", "history": []}
-        code, out, err = run(capsys, reconcile.main_upload_script, values, Args(script=str(script)))
-    finally:
-        reconcile.MAASClient.script_exists = real
-    assert code == 0 and double.scripts["31-kubevirt-bmc-config"]["script"] == SCRIPT.encode()
-
-
-def test_upload_script_missing_file_is_usage_error(tmp_path, double):
-    with pytest.raises(ValuesError, match="--script: expected a readable rendered script"):
-        reconcile.main_upload_script(values_for(tmp_path, double), Args(script=str(tmp_path / "nope")))
-
-
-@pytest.mark.parametrize("text, problem", [
-    ("#!/bin/sh\necho hi\n", "metadata block"),
-    ("#!/bin/sh\n# --- Start MAAS 1.0 script metadata ---\n# title: x\n# --- End MAAS 1.0 script metadata ---\n",
-     "metadata name"),
-    ("#!/bin/sh\n# --- Start MAAS 1.0 script metadata ---\n# name: 'a b'\n# --- End MAAS 1.0 script metadata ---\n",
-     "metadata name"),
-])
-def test_script_name_errors(text, problem):
-    with pytest.raises(ValuesError, match=problem):
-        reconcile.script_name(text)
-
-
-def test_upload_failure_exit_1(tmp_path, double, capsys):
-    script = tmp_path / "s"
-    script.write_text(SCRIPT)
-    double.inject("500", method="POST", path="scripts/")
-    code, out, err = run(capsys, reconcile.main_upload_script, values_for(tmp_path, double),
-                         Args(script=str(script)))
-    assert code == 1 and "POST scripts/: 500: Internal Server Error" in err
-
-
-def test_rendered_script_if_present_has_a_name():
-    rendered = ROOT / "commissioning" / "31-kubevirt-bmc-config"
-    if not rendered.exists():
-        pytest.skip("the commissioning script is not written yet")
-    assert reconcile.script_name(rendered.read_text()) == "31-kubevirt-bmc-config"
 
 
 # --- the loop as a process: SIGTERM / SIGINT -------------------------------------------------

@@ -21,7 +21,7 @@ from reconcile_helpers import (  # noqa: E402
     write_values,
 )
 
-from maas_kubevirt import cli, reconcile  # noqa: E402
+from maas_kubevirt import cli, maas  # noqa: E402
 from maas_kubevirt.maas import MAASClient, RetryPolicy, Signer  # noqa: E402
 from maas_kubevirt.reconcile import Audit, Reconciler, Settings  # noqa: E402
 
@@ -43,7 +43,7 @@ FAULTS = [
 
 @pytest.fixture(autouse=True)
 def fast_retries(monkeypatch):
-    monkeypatch.setattr(reconcile, "RETRY", RetryPolicy(attempts=3, backoff=0.01, max_backoff=0.05,
+    monkeypatch.setattr(maas, "RETRY", RetryPolicy(attempts=3, backoff=0.01, max_backoff=0.05,
                                                          max_retry_after=0.05))
     monkeypatch.delenv("MAAS_API_KEY", raising=False)
     monkeypatch.delenv("MAAS_KUBEVIRT_DEBUG", raising=False)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
-import shlex
 import sys
 from pathlib import Path
+from types import ModuleType
 
-from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG, __version__
+from maas_kubevirt import EXIT_FAILED, EXIT_USAGE, PROG, __version__
+from maas_kubevirt.console import error
 from maas_kubevirt.paths import SCRIPT_NAME
 from maas_kubevirt.values import DEFAULT_VALUES_PATH, ValuesError, load_values
 
@@ -90,55 +92,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _error(message: str) -> None:
-    for line in str(message).splitlines() or [""]:
-        print(f"{PROG}: error: {line}", file=sys.stderr)
-
-
-def _render(values: dict, args: argparse.Namespace) -> int:
-    from maas_kubevirt.render import render
-
-    written = render(values, args.output)
-    if written:
-        output = Path(args.output)
-        script = output / "commissioning" / SCRIPT_NAME
-        command = sys.argv[0] if sys.argv[0].endswith(PROG) else PROG
-        if args.values:
-            command += f" --values {shlex.quote(args.values)}"
-        print(f"Rendered {len(written)} files into {output}/")
-        print("Next steps:")
-        print(f"  kubectl apply -k {output / 'kubernetes'}")
-        print(f"  MAAS_API_KEY=... {command} upload-script --script {script}")
-        print(f"     (or: maas $PROFILE node-scripts create name={SCRIPT_NAME} script@={script})")
-    return EXIT_OK
+def _command(name: str) -> ModuleType:
+    """The module of one command; imported on use, so `render` never loads the MAAS client."""
+    module = {
+        "render": "render",
+        "reconcile": "loop",
+        "status": "status",
+        "upload-script": "upload",
+    }[name]
+    return importlib.import_module(f"maas_kubevirt.{module}")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         values = load_values(args.values)
-        if args.command == "render":
-            return _render(values, args)
-        from maas_kubevirt import reconcile
-
-        handler = {
-            "reconcile": reconcile.main_reconcile,
-            "status": reconcile.main_status,
-            "upload-script": reconcile.main_upload_script,
-        }[args.command]
-        return handler(values, args)
-    except ValuesError as error:
-        _error(error)
+        return _command(args.command).main(values, args)
+    except ValuesError as failure:
+        error(str(failure))
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_FAILED
-    except OSError as error:
-        _error(f"{error.filename or ''}: {error.strerror or error}".lstrip(": "))
+    except OSError as failure:
+        error(f"{failure.filename or ''}: {failure.strerror or failure}".lstrip(": "))
         return EXIT_FAILED
-    except Exception as error:  # noqa: BLE001 - a traceback could carry secrets; say what failed instead
+    except Exception as failure:  # noqa: BLE001 - a traceback could carry secrets; say what failed instead
         if os.environ.get("MAAS_KUBEVIRT_DEBUG"):
             raise
-        _error(f"internal error: {type(error).__name__}: {error} (set MAAS_KUBEVIRT_DEBUG=1 for a traceback)")
+        error(f"internal error: {type(failure).__name__}: {failure} (set MAAS_KUBEVIRT_DEBUG=1 for a traceback)")
         return EXIT_FAILED
 
 

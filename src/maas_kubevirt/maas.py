@@ -22,6 +22,7 @@ import os
 import random
 import re
 import stat
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
@@ -473,6 +474,23 @@ class MAASClient:
 
     def close(self) -> None:
         self.transport.close()
+
+
+# The retry policy of clients made from the values (tests shorten it).
+RETRY = RetryPolicy()
+
+
+def client_from_values(values: Mapping[str, Any], warn: Callable[[str], None],
+                       stop: threading.Event | None = None) -> MAASClient:
+    """A client for maas.url with the API key from $MAAS_API_KEY or maas.api_key_file.
+
+    Waits between retries end early when ``stop`` is set.
+    """
+    maas = values["maas"]
+    consumer, token, secret = load_api_key(maas, warn)
+    stop = stop or threading.Event()
+    return MAASClient(maas["url"], Signer(consumer, token, secret), timeout=maas["timeout"],
+                      retry=RETRY, sleep=stop.wait)
 
 
 def _op(params: Iterable[tuple[str, str]] | Mapping[str, Any]) -> str:

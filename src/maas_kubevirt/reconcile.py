@@ -7,39 +7,26 @@ are renamed ``<vm>-<namespace>``, filed in the pool ``<namespace>`` and, in New,
 - ``Reconciler`` runs cycles: one ``GET machines/``, power parameters in bulk only for redfish
   machines not seen before (remembered per system_id: only the power_address), the pools only
   when a machine may need moving. An idle cycle costs at most 2 requests.
-- ``main_reconcile``, ``main_status`` and ``main_upload_script`` are what the CLI calls.
 
-Exit codes: 0 converged or nothing to do, 1 some actions (or the cycle) failed, 2 usage or
-configuration error (bad values, unreadable API key, key refused, MAAS too old).
+The commands that run it live elsewhere: ``loop`` (reconcile), ``status``.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import shlex
-import signal
-import sys
 import threading
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-import yaml
-
-from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG, identity
+from maas_kubevirt import identity
+from maas_kubevirt.audit import Audit
+from maas_kubevirt.console import error, note, warn
 from maas_kubevirt.maas import (
     MAASAuthError,
     MAASClient,
     MAASError,
     MAASVersionError,
-    RetryPolicy,
-    Signer,
     check_version,
-    load_api_key,
 )
-from maas_kubevirt.values import ValuesError
 
 
 DEFAULT_POOL = "default"
@@ -49,13 +36,6 @@ NEW = "New"
 # Create, rename, move, commission: the kinds of action that change MAAS. "skip" only explains.
 CREATE_POOL, RENAME, MOVE_POOL, COMMISSION, SKIP = "create-pool", "rename", "move-pool", "commission", "skip"
 CHANGES = (CREATE_POOL, RENAME, MOVE_POOL, COMMISSION)
-
-# Retry policy of the MAAS client (tests shorten it).
-RETRY = RetryPolicy()
-
-START_MARK = "# --- Start MAAS 1.0 script metadata ---"
-END_MARK = "# --- End MAAS 1.0 script metadata ---"
-
 
 # --- plan -----------------------------------------------------------------------------------
 
@@ -308,79 +288,6 @@ def plan(
     return created + actions
 
 
-# --- audit ----------------------------------------------------------------------------------
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-class Audit:
-    """One JSON line per change: to stdout and, if configured, appended to maas.audit_log."""
-
-    def __init__(self, path: str = ""):
-        self.path = path
-        if path:
-            try:
-                self._append(b"")
-            except OSError as error:
-                raise ValuesError(
-                    [f"maas.audit_log: expected a file the reconciler can append to, "
-                     f"found {path!r}: {error.strerror or error}"]
-                ) from None
-        self.warned = False
-
-    def write(self, action: str, system_id: str | None, hostname: str | None,
-              before: Any, after: Any, outcome: str, reason: str = "", note: str = "") -> dict:
-        record = {
-            "time": _now(),
-            "system_id": system_id,
-            "hostname": hostname,
-            "action": action,
-            "before": before,
-            "after": after,
-            "outcome": outcome,
-        }
-        if reason:
-            record["reason"] = reason
-        if note:
-            record["note"] = note
-        line = json.dumps(record, sort_keys=False)
-        print(line, file=sys.stdout, flush=True)
-        if self.path:
-            try:
-                self._append((line + "\n").encode("utf-8"))
-            except OSError as error:
-                if not self.warned:
-                    warn(f"cannot append to the audit log {self.path}: {error.strerror or error}")
-                    self.warned = True
-        return record
-
-    def record(self, action: "Action", outcome: str, reason: str = "") -> dict:
-        """The audit record of one attempted action."""
-        return self.write(action.kind, action.system_id, action.hostname, action.before, action.after,
-                          outcome, reason, action.note)
-
-    def _append(self, data: bytes) -> None:
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-
-
-def warn(message: str) -> None:
-    print(f"{PROG}: warning: {message}", file=sys.stderr, flush=True)
-
-
-def error(message: str) -> None:
-    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
-
-
-def note(message: str) -> None:
-    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
-
-
 # --- apply ----------------------------------------------------------------------------------
 
 
@@ -543,189 +450,3 @@ class Reconciler:
                 note(f"{action.system_id} {action.hostname}: {action.note}")
         result.outcome = apply(self.client, result.actions, self.audit, self.stop)
         return result
-
-
-# --- output ---------------------------------------------------------------------------------
-
-
-def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    cells = [[("" if v is None else str(v)) for v in row] for row in rows]
-    widths = [len(h) for h in headers]
-    for row in cells:
-        widths = [max(w, len(c)) for w, c in zip(widths, row)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
-    return "\n".join(lines)
-
-
-def plan_table(actions: Sequence[Action]) -> str:
-    rows = [
-        (a.kind, a.system_id or "-", a.hostname or "-", a.vm or "-", a.namespace or "-",
-         "-" if a.before is None else a.before, "-" if a.after is None else a.after, a.note)
-        for a in actions
-    ]
-    return table(("ACTION", "SYSTEM_ID", "HOSTNAME", "VM", "NAMESPACE", "BEFORE", "AFTER", "NOTE"), rows)
-
-
-# --- the CLI entry points -------------------------------------------------------------------
-
-
-def make_client(values: Mapping[str, Any], stop: threading.Event | None = None) -> MAASClient:
-    maas = values["maas"]
-    consumer, token, secret = load_api_key(maas, warn)
-    stop = stop or threading.Event()
-    return MAASClient(
-        maas["url"], Signer(consumer, token, secret), timeout=maas["timeout"],
-        retry=RETRY, sleep=stop.wait,
-    )
-
-
-class _Signals:
-    """SIGTERM/SIGINT set the stop event; the loop stops between actions and exits cleanly."""
-
-    def __init__(self, stop: threading.Event):
-        self.stop = stop
-        self.saved: dict[int, Any] = {}
-
-    def __enter__(self) -> "_Signals":
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                self.saved[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.stop.set()
-
-    def __exit__(self, *exc: Any) -> None:
-        for signum, handler in self.saved.items():
-            signal.signal(signum, handler)
-
-
-def main_reconcile(values: dict, args: Any) -> int:
-    """``reconcile [--once | --interval S] [--dry-run]``: 0 converged, 1 failures, 2 config."""
-    dry_run = bool(getattr(args, "dry_run", False))
-    once = bool(getattr(args, "once", False)) or dry_run
-    interval = getattr(args, "interval", None) or values["maas"]["interval"]
-    settings = Settings.from_values(values)
-    stop = threading.Event()
-    audit = Audit("" if dry_run else values["maas"].get("audit_log", ""))
-    client = make_client(values, stop)
-    reconciler = Reconciler(client, settings, audit, stop)
-    try:
-        with _Signals(stop):
-            while True:
-                try:
-                    result = reconciler.cycle(dry_run=dry_run)
-                except (MAASAuthError, MAASVersionError) as failure:
-                    error(str(failure))
-                    return EXIT_USAGE
-                if dry_run:
-                    if result.error:
-                        return EXIT_FAILED
-                    changes = [a for a in result.actions if a.changes]
-                    if result.actions:
-                        print(plan_table(result.actions), flush=True)
-                    print(f"{len(changes)} change(s) planned for "
-                          f"{len({a.system_id for a in changes if a.system_id})} machine(s); "
-                          "dry run: nothing changed", flush=True)
-                    return EXIT_OK
-                if once:
-                    return EXIT_FAILED if result.failed else EXIT_OK
-                if stop.wait(interval):
-                    return EXIT_OK
-    finally:
-        client.close()
-
-
-def main_status(values: dict, args: Any) -> int:
-    """``status``: one row per matching machine."""
-    settings = Settings.from_values(values)
-    client = make_client(values)
-    try:
-        reconciler = Reconciler(client, settings)
-        try:
-            _, _, matches = reconciler.observe()
-        except MAASAuthError as failure:
-            error(str(failure))
-            return EXIT_USAGE
-        except MAASError as failure:
-            error(str(failure))
-            return EXIT_FAILED
-    finally:
-        client.close()
-    rows = [
-        (m.vm, m.namespace, m.machine.get("hostname"), m.machine.get("system_id"),
-         m.machine.get("status_name"), pool_of(m.machine)[0], m.machine.get("power_state"))
-        for m in matches
-    ]
-    if rows:
-        print(table(("VM", "NAMESPACE", "HOSTNAME", "SYSTEM_ID", "STATUS", "POOL", "POWER"), rows),
-              flush=True)
-    print(f"{len(rows)} MAAS machine(s) with a Redfish power address under {settings.domain}", flush=True)
-    return EXIT_OK
-
-
-def script_name(text: str, source: str = "script") -> str:
-    """The ``name`` from a MAAS script's metadata block (the YAML between the markers)."""
-    lines = text.splitlines()
-    try:
-        start = next(i for i, line in enumerate(lines) if line.strip() == START_MARK)
-        end = next(i for i, line in enumerate(lines) if i > start and line.strip() == END_MARK)
-    except StopIteration:
-        raise ValuesError([f"{source}: expected a MAAS script metadata block "
-                           f"({START_MARK!r} ... {END_MARK!r}), found none"]) from None
-    block = []
-    for line in lines[start + 1 : end]:
-        stripped = line.lstrip()
-        if not stripped.startswith("#"):
-            raise ValuesError([f"{source}: every metadata line must start with '#'"])
-        block.append(stripped[2:] if stripped.startswith("# ") else stripped[1:])
-    try:
-        metadata = yaml.safe_load("\n".join(block))
-    except yaml.YAMLError:
-        raise ValuesError([f"{source}: the script metadata is not valid YAML"]) from None
-    name = metadata.get("name") if isinstance(metadata, dict) else None
-    if not isinstance(name, str) or not name or shlex.quote(name) != name:
-        raise ValuesError([f"{source}: expected a metadata name without spaces or quotes, "
-                           f"found {name!r}"])
-    return name
-
-
-def main_upload_script(values: dict, args: Any) -> int:
-    """``upload-script [--script FILE]``: POST scripts/ when new, PUT scripts/{name} otherwise."""
-    path = Path(getattr(args, "script"))
-    try:
-        content = path.read_bytes()
-    except OSError as failure:
-        raise ValuesError([f"--script: expected a readable rendered script (run `{PROG} render` "
-                           f"first), found {str(path)!r}: {failure.strerror or failure}"]) from None
-    name = script_name(content.decode("utf-8", "replace"), str(path))
-    audit = Audit(values["maas"].get("audit_log", ""))
-    client = make_client(values)
-    comment = "uploaded by maas-kubevirt"
-    try:
-        try:
-            exists = client.script_exists(name)
-            if exists:
-                client.update_script(name, content, comment)
-            else:
-                try:
-                    client.create_script(name, content, comment)
-                except MAASError as failure:
-                    if failure.status != 400 or "already exist" not in failure.message.lower():
-                        raise
-                    exists = True
-                    client.update_script(name, content, comment)
-        except MAASAuthError as failure:
-            error(str(failure))
-            return EXIT_USAGE
-        except MAASError as failure:
-            audit.write("upload-script", None, None, None, name, "failed", str(failure))
-            error(str(failure))
-            return EXIT_FAILED
-    finally:
-        client.close()
-    audit.write("upload-script", None, None, "present" if exists else "absent", name, "ok")
-    note(f"{'updated' if exists else 'created'} the commissioning script {name} in MAAS "
-         f"({len(content)} bytes)")
-    return EXIT_OK

@@ -5,9 +5,12 @@ from __future__ import annotations
 import ast
 import re
 import secrets
+import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
+from maas_kubevirt import EXIT_OK, PROG
 from maas_kubevirt.paths import SCRIPT_NAME, data_dir, write_atomic
 from maas_kubevirt.policies import KUSTOMIZATION_FILE, SEED_SECRET_FILE, render_kubernetes
 from maas_kubevirt.values import ValuesError
@@ -86,3 +89,20 @@ def render(values: dict, output: str | Path) -> list[Path]:
         private = name == SEED_SECRET_FILE or seed in text
         written.append(write_atomic(output / "kubernetes" / name, text, mode=0o600 if private else 0o644))
     return written
+
+
+def main(values: dict, args: Any) -> int:
+    """``render [--output DIR | -]``: render the bundle and print the next commands."""
+    written = render(values, args.output)
+    if written:
+        output = Path(args.output)
+        script = output / "commissioning" / SCRIPT_NAME
+        command = sys.argv[0] if sys.argv[0].endswith(PROG) else PROG
+        if getattr(args, "values", None):
+            command += f" --values {shlex.quote(args.values)}"
+        print(f"Rendered {len(written)} files into {output}/")
+        print("Next steps:")
+        print(f"  kubectl apply -k {output / 'kubernetes'}")
+        print(f"  MAAS_API_KEY=... {command} upload-script --script {script}")
+        print(f"     (or: maas $PROFILE node-scripts create name={SCRIPT_NAME} script@={script})")
+    return EXIT_OK
