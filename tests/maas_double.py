@@ -1,16 +1,21 @@
 """A MAAS region API double: a real HTTP server on 127.0.0.1 (ephemeral port, in a thread).
 
-It follows DESIGN.md section 4: the REST API 2.0 paths under /MAAS/api/2.0/, OAuth 1.0
-PLAINTEXT checked on every request (401 on a bad signature, a replayed nonce or a wrong token),
-the machine status machine (commission only from New, Failed commissioning, Ready, Broken;
-otherwise 400 ``{"__all__": [...]}``), unique hostnames (400 ``{"hostname": [...]}``),
-resource pools (duplicate name 400), bulk and per-machine power parameters (admin only),
-scripts (POST scripts/, GET/PUT scripts/{name}) and version/.
+It follows DESIGN.md section 4 and, where it names a MAAS file, that file (canonical/maas,
+3.5 unless said otherwise): the REST API 2.0 paths under /MAAS/api/2.0/, OAuth 1.0 PLAINTEXT
+checked on every request but version/ (401 on a bad signature, a replayed nonce or a wrong
+token), the machine status machine (commission only from New, Failed commissioning, Ready,
+Broken; otherwise 400 ``{"__all__": [...]}``), hostnames unique over all nodes, devices and
+controllers included (400 ``{"hostname": [...]}``; nodes/ lists them all), resource pools
+(duplicate name 400), bulk and per-machine power parameters, admin-only writes (403 with
+MAAS's message for a user who is not an administrator), scripts parsed as MAAS's ScriptForm
+parses them (POST scripts/, GET/PUT scripts/{name}, op=download) and version/.
 
-It counts requests and injects faults into the next matching requests: "503" (with
-Retry-After), "500", "hang" (past the client's timeout, then the connection is dropped),
-"reset" (TCP RST), "malformed" (a truncated JSON body), "race-commission" (someone else
-commissions the machine first) and "race-rename" (someone else takes the hostname first).
+It counts requests and injects faults into the next matching requests: "503" (Retry-After:
+10, as MAAS sends), "409" (Retry-After: 5: MAAS ran out of database retries), "500", "hang"
+(past the client's timeout, then the connection is dropped), "reset" (TCP RST), "malformed" (a
+truncated JSON body), "race-commission" (someone else commissions the machine first) and
+"race-rename" (someone else takes the hostname first) and "reply" (a given status and body).
+``extra_records`` are appended, as they are, to every machines/ list.
 
 Run as a program (`python tests/maas_double.py --machines 1000`) it serves until killed and
 prints its URL; GET /_double/stats (not counted, no auth) returns the request counts.
@@ -19,12 +24,14 @@ prints its URL; GET /_double/stats (not counted, no auth) returns the request co
 from __future__ import annotations
 
 import argparse
+import datetime
 import email.parser
 import email.policy
 import itertools
 import json
 import random
 import re
+import shlex
 import socket
 import struct
 import threading
@@ -34,6 +41,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
+
+import yaml
 
 API_PREFIX = "/MAAS/api/2.0/"
 DEFAULT_KEY = ("dblConsumerKey1", "dblTokenKey0001", "dblTokenSecretXyZ9876543210")
@@ -48,6 +57,25 @@ STATUS = {
 }
 COMMISSION_FROM = ("New", "Failed commissioning", "Ready", "Broken")
 NOT_AVAILABLE = "Commission is not available because of the current state of the node."
+# src/maasserver/api/support.py: METHOD_RESERVED_ADMIN, raised by @admin_method (3.5: scripts
+# create/update and the bulk machines/?op=power_parameters of src/maasserver/api/nodes.py).
+# Per-node checks (get_node_or_404 in src/maasserver/models/node.py) and model forms raise a
+# bare PermissionDenied(), which src/maasserver/middleware.py turns into an empty 403 body.
+RESERVED_ADMIN = "This method is reserved for admin users."
+# src/maasserver/middleware.py: RETRY_AFTER_SERVICE_UNAVAILABLE; src/maasserver/utils/views.py:
+# RETRY_AFTER_CONFLICT with the body of src/maasserver/templates/409.html.
+RETRY_AFTER = {"503": "10", "409": "5"}
+CONFLICT_PAGE = ("<!DOCTYPE html><html><head><title>Error: Conflict Error</title></head><body>"
+                 "<h2>Conflict error. Try your request again, as it will most likely succeed.</h2>"
+                 "</body></html>")
+MAAS_DEFAULT = "maas-default"
+# src/maasserver/forms/script.py, ScriptForm._read_script: the metadata delimiters.
+_SCRIPT_DELIMITER = re.compile(r"\s*#\s*-+\s*(Start|End) MAAS (?P<version>\d+\.\d+) script metadata\s+-+",
+                               re.I)
+# ScriptForm fields that embedded metadata fills in (Meta.fields).
+_SCRIPT_FIELDS = ("name", "title", "description", "tags", "script_type", "hardware_type", "parallel",
+                  "packages", "timeout", "destructive", "for_hardware", "may_reboot", "recommission",
+                  "apply_configured_networking")
 _HOSTNAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z", re.IGNORECASE)
 _POOL = re.compile(r"^\w[ \w-]*\Z")
 
@@ -58,8 +86,10 @@ class Fault:
     method: str | None = None
     path: str | None = None          # regex searched in the path (after /MAAS/api/2.0/) + "?" + query
     count: int = 1
-    retry_after: str | None = "1"
+    retry_after: str | None = MAAS_DEFAULT   # MAAS's own value for the kind (RETRY_AFTER)
     hang: float = 3.0
+    status: int = 400                         # "reply": this status and body instead of the answer
+    body: Any = None
 
 
 @dataclass
@@ -84,13 +114,18 @@ class MaasDouble:
         self.auto_advance = auto_advance
         self.lock = threading.RLock()
         self.machines: dict[str, dict] = {}
+        # Devices and controllers: nodes that machines/ does not list but whose hostnames count.
+        self.other_nodes: dict[str, dict] = {}
         self._hostnames: dict[str, str] = {}   # lower-cased hostname -> system_id (an index)
         self.power: dict[str, dict] = {}
         self.pools: dict[str, dict] = {"default": {"id": 0, "name": "default",
                                                    "description": "Default pool"}}
         self.scripts: dict[str, dict] = {}
         self.faults: list[Fault] = []
+        # Raw records appended to every machines/ list: what a broken or newer MAAS might send.
+        self.extra_records: list[Any] = []
         self.log: list[tuple[str, str, str | None]] = []
+        self.urls: list[str] = []                      # each request's path and query, as sent
         self.counts: Counter = Counter()
         self.nonces: set[str] = set()
         self.writes: list[tuple[str, str, dict]] = []   # (method, system_id or path, fields)
@@ -193,6 +228,20 @@ class MaasDouble:
             self.power[system_id] = params
             return system_id
 
+    def add_node(self, hostname: str, node_type: str = "device", system_id: str | None = None) -> str:
+        """A device or controller: not a machine, but its hostname is taken for every node
+        (src/maasserver/models/node.py: Node.hostname is unique across node types)."""
+        types = {"device": 1, "rack_controller": 2, "region_controller": 3, "region_and_rack_controller": 4}
+        with self.lock:
+            system_id = system_id or self.new_system_id()
+            self.other_nodes[system_id] = {
+                "system_id": system_id, "hostname": hostname, "fqdn": f"{hostname}.maas",
+                "node_type": types[node_type], "node_type_name": node_type.replace("_", " ").title(),
+                "resource_uri": f"/MAAS/api/2.0/nodes/{system_id}/",
+            }
+            self._hostnames[hostname.lower()] = system_id
+            return system_id
+
     def add_vm(self, vm: str, namespace: str, domain: str = "bmc.example.com", *,
                scheme: str = "https", password: str | None = None, **kw: Any) -> str:
         address = f"{scheme}://{vm}.{namespace}.{domain}/redfish/v1/Systems/1" if scheme else \
@@ -225,9 +274,10 @@ class MaasDouble:
             return moved
 
     def hostname_holder(self, hostname: str) -> str | None:
+        """The node (machine, device or controller) holding hostname."""
         system_id = self._hostnames.get(hostname.lower())
-        machine = self.machines.get(system_id) if system_id else None
-        if machine is not None and machine["hostname"].lower() == hostname.lower():
+        node = (self.machines.get(system_id) or self.other_nodes.get(system_id)) if system_id else None
+        if node is not None and node["hostname"].lower() == hostname.lower():
             return system_id
         return None
 
@@ -236,9 +286,10 @@ class MaasDouble:
 
     # --- faults and counts -----------------------------------------------------------------
     def inject(self, kind: str, *, method: str | None = None, path: str | None = None,
-               count: int = 1, retry_after: str | None = "1", hang: float = 3.0) -> None:
+               count: int = 1, retry_after: str | None = MAAS_DEFAULT, hang: float = 3.0,
+               status: int = 400, body: Any = None) -> None:
         with self.lock:
-            self.faults.append(Fault(kind, method, path, count, retry_after, hang))
+            self.faults.append(Fault(kind, method, path, count, retry_after, hang, status, body))
 
     def clear_faults(self) -> None:
         with self.lock:
@@ -247,6 +298,7 @@ class MaasDouble:
     def reset_counts(self) -> None:
         with self.lock:
             self.log.clear()
+            self.urls.clear()
             self.counts.clear()
 
     @property
@@ -303,17 +355,24 @@ class MaasDouble:
             if path == "version/" and method == "GET":
                 return 200, {"capabilities": ["networks-management", "static-ipaddresses"],
                              "version": self.version, "subversion": ""}, {}
+            if path == "nodes/" and method == "GET" and op is None:
+                # src/maasserver/api/nodes.py: every node type, hostname filter exact (hostname__in).
+                nodes = [{**m, "node_type": 0, "node_type_name": "Machine"} for m in self.machines.values()]
+                nodes += list(self.other_nodes.values())
+                if "hostname" in request.query:
+                    nodes = [n for n in nodes if n["hostname"] in request.query["hostname"]]
+                return 200, nodes, {}
             if path == "machines/":
                 if method == "GET" and op == "power_parameters":
-                    if not self.admin:
-                        return 403, "You do not have permission to view power parameters.", {}
+                    if not self.admin:  # @admin_method (src/maasserver/api/nodes.py)
+                        return 403, RESERVED_ADMIN, {}
                     ids = request.query.get("id")
                     chosen = ids if ids is not None else list(self.machines)
                     return 200, {sid: self.power[sid] for sid in chosen if sid in self.machines}, {}
                 if method == "GET" and op is None:
                     if self.auto_advance:
                         self.advance()
-                    return 200, self._list_machines(request.query), {}
+                    return 200, self._list_machines(request.query) + list(self.extra_records), {}
                 return 400, f"Unrecognised signature: method={method} op={op}", {}
             match = re.fullmatch(r"machines/([^/]+)/", path)
             if match:
@@ -322,6 +381,8 @@ class MaasDouble:
                 if method == "GET":
                     return 200, [self._pool_json(p) for p in self.pools.values()], {}
                 if method == "POST":
+                    if not self.admin:  # ResourcePoolForm permission: bare PermissionDenied()
+                        return 403, "", {}
                     name = request.fields.get("name", "")
                     if not name or not _POOL.match(name):
                         return 400, {"name": ["This field is required." if not name else
@@ -332,15 +393,21 @@ class MaasDouble:
                     self.writes.append(("POST", "resourcepools/", dict(request.fields)))
                     return 200, self._pool_json(pool), {}
             if path == "scripts/" and method == "POST":
+                if not self.admin:  # @admin_method (src/maasserver/api/scripts.py, 3.5)
+                    return 403, RESERVED_ADMIN, {}
                 return self._script_write(request, None)
             match = re.fullmatch(r"scripts/([^/]+)", path)
             if match:
                 name = match[1]
                 if name not in self.scripts:
                     return 404, "No Script matches the given query.", {}
-                if method == "GET":
-                    return 200, {k: v for k, v in self.scripts[name].items() if k != "script"}, {}
-                if method == "PUT":
+                if method == "GET" and op == "download":
+                    return 200, self.scripts[name]["script"], {"Content-Type": "application/binary"}
+                if method == "GET" and op is None:
+                    return 200, self._script_json(self.scripts[name]), {}
+                if method == "PUT" and op is None:
+                    if not self.admin:  # @admin_method (src/maasserver/api/scripts.py, 3.5)
+                        return 403, RESERVED_ADMIN, {}
                     return self._script_write(request, name)
             return 404, "Unknown API endpoint", {}
 
@@ -368,9 +435,13 @@ class MaasDouble:
         if machine is None:
             return 404, "No Machine matches the given query.", {}
         method, op = request.method, request.op
+        # get_node_or_404 with NodePermission.admin / admin_read (src/maasserver/api/machines.py
+        # update and commission, src/maasserver/api/nodes.py power_parameters): an empty 403.
+        admin_only = (method == "GET" and op == "power_parameters") or \
+            (method == "PUT" and op is None) or (method == "POST" and op == "commission")
+        if admin_only and not self.admin:
+            return 403, "", {}
         if method == "GET" and op == "power_parameters":
-            if not self.admin:
-                return 403, "You do not have permission to view power parameters.", {}
             return 200, self.power[system_id], {}
         if method == "GET" and op is None:
             return 200, machine, {}
@@ -406,27 +477,127 @@ class MaasDouble:
         return 400, f"Unrecognised signature: method={method} op={op}", {}
 
     def _script_write(self, request: Request, name: str | None) -> tuple[int, Any, dict[str, str]]:
+        """POST scripts/ (name None) or PUT scripts/{name}, as src/maasserver/api/scripts.py hands
+        the upload to ScriptForm (src/maasserver/forms/script.py)."""
+        data = dict(request.fields)
         content = request.files.get("script")
-        new_name = request.fields.get("name") or name
         if content is None and len(request.files) == 1:
-            new_name, content = next(iter(request.files.items()))
-        if name is None:
-            if not new_name:
-                return 400, {"name": ["This field is required."]}, {}
-            if new_name in self.scripts:
-                return 400, {"name": ["Script with this Name already exists."]}, {}
-            if content is None:
-                return 400, {"script": ["This field is required."]}, {}
-            self.scripts[new_name] = {"id": len(self.scripts) + 1, "name": new_name, "script": content,
-                                      "history": [{"comment": request.fields.get("comment", "")}]}
-            self.writes.append(("POST", "scripts/", {"name": new_name}))
-            return 200, {k: v for k, v in self.scripts[new_name].items() if k != "script"}, {}
-        script = self.scripts[name]
+            data["name"], content = next(iter(request.files.items()))
+        instance = self.scripts.get(name) if name is not None else None
+        errors: dict[str, list[str]] = {}
+        if "comment" in data and content is None:
+            errors["comment"] = ['"comment" may only be used when specifying a "script" as well.']
+        comment = data.pop("comment", "")
+        if content is not None:
+            self._read_script(content.decode("utf-8", "replace"), data, instance is None, errors)
+        if instance is None:
+            for key in ("name", "script"):
+                if not (content if key == "script" else data.get(key)):
+                    errors.setdefault(key, ["This field is required."])
+        new_name = data.get("name")
+        if new_name is not None and not errors:
+            if new_name.isdigit():
+                errors["name"] = ["Cannot be a number."]
+            elif shlex.quote(new_name) != new_name:
+                errors["name"] = [f"Name '{new_name}' contains disallowed characters, e.g. space or quotes."]
+            elif new_name != name and new_name in self.scripts:
+                errors["name"] = ["Script with this Name already exists."]
+        tags = data.get("tags")
+        if tags is not None and not errors:
+            tags = [t.strip() for t in str(tags).split(",") if t.strip()]  # SimpleArrayField
+        if errors:
+            return 400, errors, {}
+        script = instance or {"id": len(self.scripts) + 1, "tags": [], "timeout": "0:00:00",
+                              "history": [], "default": False}
+        for key in ("name", "title", "description", "script_type", "hardware_type", "parallel"):
+            if key in data:
+                script[key] = data[key]
+        script.setdefault("title", "")
+        script.setdefault("description", "")
+        if tags is not None:
+            script["tags"] = tags
+        if "timeout" in data:
+            script["timeout"] = _duration(data["timeout"])
+        # Script.save adds the hardware type's label as a tag (src/maasserver/models/script.py).
+        if "node" not in script["tags"]:
+            script["tags"] = script["tags"] + ["node"]
         if content is not None:
             script["script"] = content
-        script["history"].append({"comment": request.fields.get("comment", "")})
-        self.writes.append(("PUT", f"scripts/{name}", {}))
-        return 200, {k: v for k, v in script.items() if k != "script"}, {}
+            script["history"].insert(0, {"id": len(script["history"]) + 1, "comment": comment})
+        if instance is not None and script["name"] != name:
+            del self.scripts[name]
+        self.scripts[script["name"]] = script
+        self.writes.append(("POST", "scripts/", {"name": script["name"]}) if instance is None
+                           else ("PUT", f"scripts/{name}", {k: v for k, v in data.items()
+                                                            if k in ("tags", "timeout")}))
+        return 200, self._script_json(script), {}
+
+    @staticmethod
+    def _script_json(script: dict) -> dict:
+        return {k: v for k, v in script.items() if k != "script"}
+
+    @staticmethod
+    def _read_script(text: str, data: dict[str, Any], creating: bool, errors: dict[str, list[str]]) -> None:
+        """ScriptForm._read_script and _clean_script: a shebang on line 1; the metadata block's
+        values fill the fields not given; tags and timeout only when the script is created; a
+        given field that differs from the embedded value is refused."""
+        lines = text.splitlines()
+        if lines and not lines[0].startswith("#!/"):
+            errors.setdefault("script", []).append("Must start with shebang.")
+        found, block = None, ""
+        for line in lines[1:]:
+            mark = _SCRIPT_DELIMITER.search(line)
+            if mark is not None:
+                if found is None and mark["version"] == "1.0":
+                    found = mark["version"]
+                    continue
+                if found == mark["version"]:
+                    break
+            elif found is not None and line.strip() != "":
+                if "#" not in line:
+                    errors.setdefault("script", []).append('Missing "#" on YAML line.')
+                    return
+                block += line.split("#", 1)[1] + "\n"
+        try:
+            parsed = yaml.safe_load(block)
+        except yaml.YAMLError as error:
+            errors.setdefault("script", []).append(f"Invalid YAML: {error}")
+            return
+        if not isinstance(parsed, dict):
+            return
+        parsed.pop("results", None)
+        parsed.pop("parameters", None)
+        for key in ("tags", "timeout"):
+            value = parsed.pop(key, None)
+            if value is None or not creating or key in data:
+                continue  # PUT keeps the stored tags and timeout unless the form gives them
+            if key == "tags" and isinstance(value, list):
+                if not all(isinstance(t, str) for t in value):
+                    errors.setdefault("tags", []).append(
+                        "Embedded tags must be a string of comma seperated values, or a list of strings.")
+                    continue
+                value = ",".join(value)
+            data[key] = str(value)
+        for key in ("packages", "for_hardware"):
+            value = parsed.pop(key, None)
+            if value is not None and key not in data:
+                data[key] = json.dumps(value)
+        for key, value in parsed.items():
+            if key not in _SCRIPT_FIELDS:
+                continue  # unknown keys are ignored
+            if key not in data:
+                data[key] = value
+            elif value != data[key]:
+                errors.setdefault(key, []).append("May not override values defined in embedded YAML.")
+
+
+def _duration(text: Any) -> str:
+    """A Django DurationField value ("00:05:00", "300") as MAAS shows it ("0:05:00")."""
+    parts = [int(p) for p in str(text).split(":")]
+    seconds = 0
+    for part in parts:
+        seconds = seconds * 60 + part
+    return str(datetime.timedelta(seconds=seconds))
 
 
 _ADJ = ["able", "brave", "calm", "eager", "fair", "gentle", "happy", "jolly", "keen", "lively"]
@@ -491,10 +662,10 @@ class _Handler(BaseHTTPRequestHandler):
             data, ctype = body, "application/json"
         else:
             data, ctype = str(body).encode(), "text/plain; charset=utf-8"
+        headers = {"Content-Type": ctype, **(headers or {})}
         self.send_response(status)
-        self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))
-        for key, value in (headers or {}).items():
+        for key, value in headers.items():
             self.send_header(key, value)
         self.end_headers()
         self.wfile.write(data)
@@ -519,12 +690,18 @@ class _Handler(BaseHTTPRequestHandler):
         op = request.op
         with double.lock:
             double.log.append((method, path, op))
+            double.urls.append(self.path)
             double.counts[(method, _shape(path) + (f"?op={op}" if op else ""))] += 1
         fault = double._take_fault(request, path + ("?" + split.query if split.query else ""))
-        if fault and fault.kind in ("503", "500", "hang", "reset"):
+        if fault and fault.kind == "reply":
+            self._send(fault.status, fault.body)
+            return
+        if fault and fault.kind in ("503", "409", "500", "hang", "reset"):
             return self._fault(fault)
-        problem = double.check_auth(self.headers.get("Authorization"))
-        if problem and not (path == "version/" and self.headers.get("Authorization") is None):
+        # version/ is an OperationsResource without authentication (src/maasserver/urls_api.py,
+        # "Allow anon."): whatever the Authorization header says, it answers.
+        problem = None if path == "version/" else double.check_auth(self.headers.get("Authorization"))
+        if problem:
             self._send(401, problem)
             return
         if fault and fault.kind == "race-commission":
@@ -543,9 +720,12 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, payload, headers)
 
     def _fault(self, fault: Fault) -> None:
+        retry_after = RETRY_AFTER.get(fault.kind) if fault.retry_after == MAAS_DEFAULT else fault.retry_after
+        headers = {"Retry-After": retry_after} if retry_after is not None else {}
         if fault.kind == "503":
-            headers = {"Retry-After": fault.retry_after} if fault.retry_after is not None else {}
             self._send(503, "Unable to connect to any rack controller; please try again later.", headers)
+        elif fault.kind == "409":
+            self._send(409, CONFLICT_PAGE.encode(), {"Content-Type": "text/html; charset=utf-8", **headers})
         elif fault.kind == "500":
             self._send(500, "<html><head><title>Internal Server Error</title></head><body>boom</body></html>")
         elif fault.kind == "hang":

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from maas_kubevirt.maas import (  # noqa: E402
     MAASAuthError,
     MAASClient,
     MAASError,
+    MAASTooLarge,
     MAASVersionError,
     Response,
     RetryPolicy,
@@ -147,7 +150,37 @@ def test_not_admin_is_403(double):
     sid = double.add_vm("web1", "vms")
     with pytest.raises(MAASAuthError) as caught:
         client_for(double).power_addresses([sid])
-    assert caught.value.status == 403
+    assert caught.value.status == 403 and "withheld" in str(caught.value)
+    # @admin_method's message (src/maasserver/api/support.py, METHOD_RESERVED_ADMIN), seen when
+    # the body is not withheld.
+    with pytest.raises(MAASAuthError) as caught:
+        client_for(double).call("GET", "machines/", [("op", "power_parameters"), ("id", sid)])
+    assert str(caught.value) == ("GET machines/?op=power_parameters: 403: This method is reserved for "
+                                 "admin users. (the API key's user is not a MAAS administrator)")
+
+
+@pytest.mark.parametrize("call", ["update", "commission", "power", "pool"])
+def test_admin_only_writes_are_403_with_an_empty_body(double, call):
+    """get_node_or_404 and the pool form raise a bare PermissionDenied (empty 403 body)."""
+    sid = double.add_vm("web1", "vms")
+    double.admin = False
+    client = client_for(double)
+    action = {"update": lambda: client.update_machine(sid, hostname="x"),
+              "commission": lambda: client.commission(sid),
+              "power": lambda: client.call("GET", f"machines/{sid}/", [("op", "power_parameters")]),
+              "pool": lambda: client.create_pool("vms")}[call]
+    with pytest.raises(MAASAuthError) as caught:
+        action()
+    assert caught.value.status == 403 and "(no message)" in str(caught.value)
+    assert double.writes == [] and double.request_count == 1
+
+
+def test_version_needs_no_authentication(double):
+    consumer, token, _ = double.api_key
+    client = MAASClient(double.url, Signer(consumer, token, "wrong-secret"), retry=FAST, timeout=1)
+    assert client.version() == double.version
+    with pytest.raises(MAASAuthError):
+        client.machines()
 
 
 # --- retries ---------------------------------------------------------------------------------
@@ -171,6 +204,41 @@ def test_503_retry_after_is_capped_and_retries_are_bounded(double):
     assert caught.value.status == 503
     assert sleep.sleeps == [5.0, 5.0]
     assert double.request_count == 3
+
+
+def test_503_from_the_double_says_retry_after_10(double):
+    sleep = Recorder()
+    client = client_for(double, sleep=sleep, retry=RetryPolicy(attempts=2, backoff=0.01, max_retry_after=60))
+    double.inject("503")
+    assert client.machines() == []
+    assert sleep.sleeps == [10.0]  # src/maasserver/middleware.py: RETRY_AFTER_SERVICE_UNAVAILABLE
+
+
+def test_409_with_retry_after_is_retried_like_503(double):
+    sleep = Recorder()
+    client = client_for(double, sleep=sleep, retry=RetryPolicy(attempts=3, backoff=0.01, max_retry_after=60))
+    sid = double.add_vm("web1", "vms")
+    double.inject("409", method="PUT", count=2)
+    client.update_machine(sid, hostname="web1-vms")
+    assert sleep.sleeps == [5.0, 5.0]  # src/maasserver/utils/views.py: RETRY_AFTER_CONFLICT
+    assert double.machines[sid]["hostname"] == "web1-vms"
+
+
+def test_409_with_retry_after_every_time_is_bounded(double):
+    client = client_for(double, retry=RetryPolicy(attempts=3, backoff=0.01, max_retry_after=0.01))
+    double.inject("409", count=5)
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    assert str(caught.value) == "GET machines/: 409: Error: Conflict Error"
+    assert double.request_count == 3
+
+
+def test_409_without_retry_after_is_not_retried(double):
+    double.inject("409", retry_after=None)
+    with pytest.raises(MAASError) as caught:
+        client_for(double).machines()
+    assert caught.value.status == 409 and caught.value.is_race
+    assert double.request_count == 1
 
 
 def test_backoff_grows_without_retry_after(double):
@@ -270,6 +338,26 @@ def test_api_secret_echoed_by_maas_is_scrubbed():
         assert part not in str(caught.value)
 
 
+@pytest.mark.parametrize("body, ctype", [
+    (b"taken\x1b[2J\x1b]0;owned\x07 name", "text/plain"),
+    (b'{"hostname": ["taken\\u001b[31m red \\u202e evil"]}', "application/json"),
+])
+def test_control_characters_in_maas_text_are_escaped(body, ctype):
+    class Hostile:
+        def send(self, method, url, headers, files, timeout):
+            return Response(400, {"Content-Type": ctype}, body)
+
+        def close(self):
+            pass
+
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=Hostile(), retry=FAST)
+    with pytest.raises(MAASError) as caught:
+        client.update_machine("abc", hostname="x")
+    text = str(caught.value)
+    assert text.isprintable(), text
+    assert "\\x1b" in text
+
+
 def test_transport_errors_are_classified():
     calls = []
 
@@ -338,6 +426,118 @@ def test_minimum_version_is_one_constant():
     assert maas.check_version("garbage")[0].startswith("cannot read the MAAS version")
 
 
+# --- limits: body cap, deadline, stop mid-request --------------------------------------------
+
+
+def test_body_over_the_cap_is_refused_and_not_retried(double):
+    populate(double, 300, vm_fraction=0.1)
+    client = client_for(double, max_body=64 * 1024)
+    with pytest.raises(MAASTooLarge) as caught:
+        client.machines()
+    assert caught.value.kind == "too-large" and "maas.max_response_mib" in str(caught.value)
+    assert double.request_count == 1
+    assert len(client_for(double).machines()) == 300  # the default cap is far above it
+
+
+def test_body_without_content_length_is_capped_while_read():
+    """A body sent without Content-Length (read until close) is counted as it arrives."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    sent = []
+
+    def serve():
+        connection, _ = server.accept()
+        connection.recv(65536)
+        connection.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n[")
+        try:
+            for _ in range(4096):
+                connection.sendall(b'"x",' * 256)
+                sent.append(1)
+        except OSError:
+            pass
+        connection.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    client = MAASClient(f"http://127.0.0.1:{server.getsockname()[1]}/MAAS/", Signer("a", "b", "c"),
+                        retry=FAST, timeout=5, max_body=256 * 1024)
+    with pytest.raises(MAASTooLarge):
+        client.machines()
+    thread.join(5)
+    server.close()
+    assert len(sent) < 4096  # the client hung up instead of reading 4 MiB
+
+
+def test_deadline_ends_a_hanging_request(double):
+    double.inject("hang", hang=6)
+    client = client_for(double, timeout=30)
+    started = time.monotonic()
+    with client.within(1.0):
+        with pytest.raises(MAASError) as caught:
+            client.machines()
+    assert caught.value.kind == "deadline" and "maas.cycle_deadline" in str(caught.value)
+    assert time.monotonic() - started < 2
+    assert client.deadline is None and client.machines() == []
+
+
+def test_deadline_stops_retrying(double):
+    double.inject("503", retry_after="5", count=3)
+    client = client_for(double, retry=RetryPolicy(attempts=4, max_retry_after=60))
+    started = time.monotonic()
+    with client.within(2.0), pytest.raises(MAASError) as caught:
+        client.machines()
+    assert caught.value.status == 503 and time.monotonic() - started < 1
+    assert double.request_count == 1
+
+
+def test_stop_ends_a_request_in_flight(double):
+    double.inject("hang", hang=6)
+    stop = threading.Event()
+    client = client_for(double, timeout=30, stop=stop)
+    threading.Timer(0.3, stop.set).start()
+    started = time.monotonic()
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    assert caught.value.kind == "interrupted"
+    assert time.monotonic() - started < 1.0
+
+
+# --- hostnames over all nodes ----------------------------------------------------------------
+
+
+def test_taken_hostnames_cover_devices_and_controllers_in_one_request(double):
+    machine = double.add_machine("web1-vms")
+    device = double.add_node("web2-vms", "device")
+    rack = double.add_node("web3-vms", "rack_controller")
+    double.add_node("WEB4-VMS", "device")
+    double.reset_counts()
+    taken = client_for(double).taken_hostnames(["web1-vms", "web2-vms", "web3-vms", "web4-vms", "free-vms"])
+    # MAAS filters by exact hostname (hostname__in, src/maasserver/api/nodes.py).
+    assert taken == {"web1-vms": machine, "web2-vms": device, "web3-vms": rack}
+    assert double.counts == {("GET", "nodes/"): 1}
+
+
+def test_taken_hostnames_split_only_past_the_query_budget(double):
+    names = [f"{i:03d}-" + "x" * 58 for i in range(300)]
+    for name in names[::7]:
+        double.add_node(name)
+    double.reset_counts()
+    taken = client_for(double).taken_hostnames(names)
+    assert set(taken) == set(names[::7])
+    requests = double.counts[("GET", "nodes/")]
+    assert 1 < requests <= len(names) * 70 // maas.MAX_QUERY + 1
+    assert all(len(entry) < 8192 for entry in double.urls)
+
+
+def test_double_refuses_a_hostname_held_by_a_device(double):
+    sid = double.add_vm("web1", "vms")
+    double.add_node("web1-vms", "device")
+    with pytest.raises(MAASError) as caught:
+        client_for(double).update_machine(sid, hostname="web1-vms")
+    assert str(caught.value) == f"PUT machines/{sid}/: 400: hostname: Node with this Hostname already exists."
+
+
 # --- API key ---------------------------------------------------------------------------------
 
 
@@ -381,4 +581,68 @@ def test_malformed_api_key_never_echoed(tmp_path, monkeypatch, text):
         maas.load_api_key({"api_key_file": str(key)}, print)
     message = str(caught.value)
     assert message.startswith("maas.api_key_file: expected a MAAS API key of the form consumer:token:secret")
+    assert str(key) in message
     assert text not in message
+
+
+def test_several_keys_in_the_file_say_how_to_choose(tmp_path, monkeypatch):
+    monkeypatch.delenv("MAAS_API_KEY", raising=False)
+    key = tmp_path / "api-key"
+    key.write_text("c1:t1:s1secret\nc2:t2:s2secret\n")  # `maas apikey --username admin` with two keys
+    key.chmod(0o600)
+    with pytest.raises(ValuesError) as caught:
+        maas.load_api_key({"api_key_file": str(key)}, print)
+    message = str(caught.value)
+    assert message.startswith(f"maas.api_key_file: expected one MAAS API key in {key}, found 2 lines")
+    assert "--with-names" in message and "--generate" in message
+    assert "s1secret" not in message and "s2secret" not in message
+
+
+def test_key_with_its_name_says_to_remove_the_name(tmp_path, monkeypatch):
+    monkeypatch.delenv("MAAS_API_KEY", raising=False)
+    key = tmp_path / "api-key"
+    key.write_text("c1:t1:s1secret maas-kubevirt\n")  # `--with-names` output
+    key.chmod(0o600)
+    with pytest.raises(ValuesError, match="remove the key's name"):
+        maas.load_api_key({"api_key_file": str(key)}, print)
+
+
+@pytest.mark.parametrize("text", ["garbage", "a:b", "c1:t1:s1\nc2:t2:s2", "   "])
+def test_bad_env_key_names_the_variable_not_the_file(tmp_path, monkeypatch, text):
+    key = tmp_path / "api-key"
+    key.write_text("c1:t1:s1\n")
+    key.chmod(0o600)
+    monkeypatch.setenv("MAAS_API_KEY", text)
+    with pytest.raises(ValuesError) as caught:
+        maas.load_api_key({"api_key_file": str(key)}, print)
+    message = str(caught.value)
+    assert message.startswith("MAAS_API_KEY: expected") and "environment variable" in message
+    assert "api_key_file" not in message and str(key) not in message
+
+
+def test_refused_env_key_names_the_variable(double, monkeypatch):
+    consumer, token, _ = double.api_key
+    monkeypatch.setenv("MAAS_API_KEY", f"{consumer}:{token}:wrong-secret")
+    values = {"maas": {"url": double.url, "api_key_file": "/nonexistent", "timeout": 1,
+                       "max_response_mib": 1}}
+    client = maas.client_from_values(values, print)
+    with pytest.raises(MAASAuthError) as caught:
+        client.machines()
+    assert str(caught.value).endswith("(the API key was refused: check MAAS_API_KEY)")
+
+
+@pytest.mark.parametrize("url, warns", [
+    ("http://maas.example.com:5240/MAAS/", True),
+    ("http://10.0.0.5:5240/MAAS/", True),
+    ("http://[2001:db8::1]:5240/MAAS/", True),
+    ("http://localhost:5240/MAAS/", False),
+    ("http://127.0.0.1:5240/MAAS/", False),
+    ("http://127.8.9.10:5240/MAAS/", False),
+    ("http://[::1]:5240/MAAS/", False),
+    ("https://maas.example.com:5443/MAAS/", False),
+])
+def test_cleartext_warning(url, warns):
+    warning = maas.cleartext_warning(url)
+    assert bool(warning) == warns
+    if warns:
+        assert "PLAINTEXT" in warning and "token secret" in warning and "https://" in warning

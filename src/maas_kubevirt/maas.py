@@ -6,8 +6,13 @@ Three separate pieces, so tests can replace any of them:
   ``consumer:token:secret``; a fresh nonce and timestamp on every attempt.
 - ``Transport`` sends one HTTP request with requests and returns status, headers and body.
 - ``MAASClient`` builds the URLs (``<url>/api/2.0/<path>``), retries what is worth retrying
-  (connection errors, timeouts, 503 honouring Retry-After; bounded) and turns every failure
-  into a ``MAASError`` whose message is one line: ``METHOD path: status: MAAS's message``.
+  (connection errors, timeouts, 503 and 409 honouring Retry-After; bounded) and turns every
+  failure into a ``MAASError`` whose message is one line: ``METHOD path: status: MAAS's
+  message``, control characters escaped.
+
+Limits: each response body is capped (``maas.max_response_mib``); a ``deadline`` bounds a whole
+cycle of requests; each request runs in a worker thread so a ``stop`` event (SIGTERM) ends it
+within a fraction of a second, even while MAAS has not answered yet.
 
 Secrets: the API key is only ever held by the Signer (its repr hides it); the power
 parameters MAAS returns are reduced to ``power_address`` at once and ``power_pass`` is never
@@ -28,9 +33,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 from urllib.parse import urlencode
 
+import ipaddress
+from contextlib import contextmanager
+from urllib.parse import urlsplit
+
 import oauthlib.oauth1
 import requests
 
+from maas_kubevirt.console import escape_controls
 from maas_kubevirt.values import ValuesError
 
 API_PATH = "api/2.0/"
@@ -45,6 +55,15 @@ DNS_NAME_REJECTED = (((3, 6, 0), (3, 6, 4)), ((3, 7, 0), (3, 7, 2)))
 POWER_PARAMETERS_CHUNK = 200
 
 MAX_MESSAGE = 300
+
+# A response body larger than this is refused. A real MAAS machine object is tens of KB, so
+# 10,000 machines make a list of several hundred MB: the default (maas.max_response_mib) is
+# 1 GiB.
+DEFAULT_MAX_RESPONSE = 1024 * 1024 * 1024
+# How often a request in flight looks at the stop event and the deadline.
+POLL = 0.1
+# A query string longer than this is split over several requests (proxies accept 8 KiB lines).
+MAX_QUERY = 6000
 
 
 class MAASError(Exception):
@@ -68,6 +87,10 @@ class MAASError(Exception):
         return self.status in (400, 404, 409)
 
 
+class MAASTooLarge(MAASError):
+    """A response body over the cap: asking again gets the same; raise maas.max_response_mib."""
+
+
 class MAASAuthError(MAASError):
     """401 (bad API key) or 403 (not an administrator): retrying cannot help."""
 
@@ -77,7 +100,8 @@ class MAASVersionError(Exception):
 
 
 def _one_line(text: str, limit: int = MAX_MESSAGE) -> str:
-    text = " ".join(str(text).split())
+    """Whitespace runs as one space, other control characters escaped, at most ``limit`` long."""
+    text = escape_controls(" ".join(str(text).split()))
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -110,13 +134,38 @@ def readable_message(body: bytes, content_type: str = "") -> str:
 # --- API key --------------------------------------------------------------------------------
 
 
-def parse_api_key(text: str, source: str) -> tuple[str, str, str]:
-    """(consumer, token, secret) from ``consumer:token:secret``; the error never shows the key."""
-    parts = text.strip().split(":")
-    if len(parts) != 3 or not all(parts) or any(c.isspace() for c in text.strip()):
+ENV_KEY = "MAAS_API_KEY"
+KEY_FILE = "maas.api_key_file"
+
+
+def parse_api_key(text: str, source: str, where: str = "") -> tuple[str, str, str]:
+    """(consumer, token, secret) from ``consumer:token:secret``; the error never shows the key.
+
+    ``source`` names where the text came from (``MAAS_API_KEY`` or ``maas.api_key_file``):
+    the error names it, so the operator fixes the right one; ``where`` says more (" in PATH").
+    """
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise ValuesError([f"{source}: expected a MAAS API key of the form consumer:token:secret{where} "
+                           "(from `maas apikey --username USER`), found nothing"])
+    if len(lines) > 1:
+        # `maas apikey --username USER` prints every key of that user, one per line
+        # (src/maasserver/management/commands/apikey.py, _print_token per token).
+        raise ValuesError([
+            f"{source}: expected one MAAS API key{where}, found {len(lines)} lines: keep only the key "
+            "maas-kubevirt should use (`maas apikey --username USER --with-names` names each "
+            "key; `maas apikey --username USER --generate --name maas-kubevirt` makes a "
+            "dedicated one)"
+        ])
+    line = lines[0]
+    parts = line.split(":")
+    if len(parts) != 3 or not all(parts) or any(c.isspace() for c in line):
+        hint = (" (text after the key: remove the key's name that `--with-names` prints)"
+                if len(line.split()) == 2 and len(line.split()[0].split(":")) == 3 else "")
         raise ValuesError(
-            [f"{source}: expected a MAAS API key of the form consumer:token:secret "
-             f"(from `maas apikey` or the MAAS UI), found {len(parts)} colon-separated part(s)"]
+            [f"{source}: expected a MAAS API key of the form consumer:token:secret{where} "
+             f"(from `maas apikey --username USER`), found {len(parts)} colon-separated "
+             f"part(s){hint}"]
         )
     return parts[0], parts[1], parts[2]
 
@@ -126,9 +175,16 @@ def load_api_key(maas_values: Mapping[str, Any], warn: Callable[[str], None]) ->
 
     Warns, without failing, when the file is readable by group or others.
     """
-    env = os.environ.get("MAAS_API_KEY")
+    return load_api_key_with_source(maas_values, warn)[0]
+
+
+def load_api_key_with_source(
+    maas_values: Mapping[str, Any], warn: Callable[[str], None]
+) -> tuple[tuple[str, str, str], str]:
+    """(the key, where it came from: ``MAAS_API_KEY`` or ``maas.api_key_file (PATH)``)."""
+    env = os.environ.get(ENV_KEY)
     if env:
-        return parse_api_key(env, "MAAS_API_KEY")
+        return parse_api_key(env, ENV_KEY, " in the environment variable"), ENV_KEY
     path = maas_values.get("api_key_file") or ""
     try:
         with open(path, encoding="utf-8") as handle:
@@ -137,13 +193,36 @@ def load_api_key(maas_values: Mapping[str, Any], warn: Callable[[str], None]) ->
     except (OSError, UnicodeDecodeError) as error:
         reason = getattr(error, "strerror", None) or type(error).__name__
         raise ValuesError(
-            [f"maas.api_key_file: expected a readable file holding the MAAS API key "
-             f"(consumer:token:secret), found {path!r}: {reason} (or set MAAS_API_KEY)"]
+            [f"{KEY_FILE}: expected a readable file holding the MAAS API key "
+             f"(consumer:token:secret), found {path!r}: {reason} (or set {ENV_KEY})"]
         ) from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         warn(f"{path} is readable by group or others (mode {stat.S_IMODE(mode):04o}): "
              f"run `chmod 600 {path}`; it holds an administrator's MAAS API key")
-    return parse_api_key(text, "maas.api_key_file")
+    return parse_api_key(text, KEY_FILE, f" in {path}"), f"{KEY_FILE} ({path})"
+
+
+def cleartext_warning(url: str) -> str | None:
+    """A warning when maas.url is http:// to a host other than this one, else None.
+
+    OAuth 1.0 PLAINTEXT puts the token secret itself in every request's Authorization header
+    (the signature is ``&<secret>``), so without TLS anyone on the path can read and reuse it.
+    """
+    parts = urlsplit(url)
+    if parts.scheme != "http":
+        return None
+    host = (parts.hostname or "").rstrip(".").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return None
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return None
+    except ValueError:
+        pass
+    return (f"maas.url is http:// on {host}: OAuth PLAINTEXT sends the API key's token secret "
+            "in clear with every request; use https:// (MAAS serves TLS on port 5443 after "
+            "`maas config-tls enable`) or run maas-kubevirt on the region host with "
+            "http://localhost:5240/MAAS/")
 
 
 # --- the three pieces -----------------------------------------------------------------------
@@ -152,7 +231,9 @@ def load_api_key(maas_values: Mapping[str, Any], warn: Callable[[str], None]) ->
 class Signer:
     """OAuth 1.0 PLAINTEXT signing (oauthlib) for one API key."""
 
-    def __init__(self, consumer: str, token: str, secret: str):
+    def __init__(self, consumer: str, token: str, secret: str, source: str = "the MAAS API key"):
+        # Where the key came from, for "refused: check ..." (MAAS_API_KEY or the key file).
+        self.source = source
         self._client = oauthlib.oauth1.Client(
             consumer,
             client_secret="",
@@ -190,12 +271,22 @@ class TransportError(Exception):
 
 
 class Transport:
-    """One HTTP request over a requests Session (keep-alive), TLS verified by default."""
+    """One HTTP request over a requests Session (keep-alive), TLS verified by default.
 
-    def __init__(self, verify: bool | str = True):
-        self.session = requests.Session()
-        self.session.trust_env = True
+    The body is read in chunks and refused past ``max_body`` bytes (counted after decoding, so
+    a compressed answer cannot grow past the cap either).
+    """
+
+    def __init__(self, verify: bool | str = True, max_body: int = DEFAULT_MAX_RESPONSE):
         self.verify = verify
+        self.max_body = max_body
+        self.session = self._session()
+
+    @staticmethod
+    def _session() -> requests.Session:
+        session = requests.Session()
+        session.trust_env = True
+        return session
 
     def send(
         self,
@@ -206,7 +297,7 @@ class Transport:
         timeout: float,
     ) -> Response:
         try:
-            reply = self.session.request(
+            with self.session.request(
                 method,
                 url,
                 headers=dict(headers),
@@ -214,8 +305,9 @@ class Transport:
                 timeout=(min(timeout, 10.0), timeout),
                 allow_redirects=False,
                 verify=self.verify,
-            )
-            body = reply.content
+                stream=True,
+            ) as reply:
+                body = self._read(reply)
         except requests.Timeout:
             raise TransportError("timeout", "no answer in time") from None
         except requests.ConnectionError as error:
@@ -224,8 +316,30 @@ class Transport:
             raise TransportError("connection", type(error).__name__) from None
         return Response(reply.status_code, reply.headers, body)
 
+    def _read(self, reply: requests.Response) -> bytes:
+        declared = reply.headers.get("Content-Length", "")
+        if declared.isdigit() and int(declared) > self.max_body:
+            raise TransportError("too-large", _too_large(self.max_body, int(declared)))
+        chunks, size = [], 0
+        for chunk in reply.iter_content(256 * 1024):
+            size += len(chunk)
+            if size > self.max_body:
+                raise TransportError("too-large", _too_large(self.max_body))
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def abandon(self) -> None:
+        """Leave a request still in flight to its worker thread; later requests get a new session."""
+        self.session = self._session()
+
     def close(self) -> None:
         self.session.close()
+
+
+def _too_large(limit: int, size: int | None = None) -> str:
+    found = f"{size / 2**20:.0f} MiB" if size is not None else "more"
+    return (f"response body larger than maas.max_response_mib ({limit / 2**20:g} MiB; found {found}): "
+            "raise maas.max_response_mib if this MAAS really has that much to say")
 
 
 def _connection_reason(error: BaseException) -> str:
@@ -310,25 +424,89 @@ class MAASClient:
         timeout: float = 30.0,
         transport: Transport | None = None,
         retry: RetryPolicy | None = None,
-        sleep: Callable[[float], bool | None] = time.sleep,
+        sleep: Callable[[float], bool | None] | None = None,
+        stop: threading.Event | None = None,
+        max_body: int = DEFAULT_MAX_RESPONSE,
     ):
         base = url.rstrip("/") + "/"
         self.base = base if base.endswith("/" + API_PATH) else base + API_PATH
         self.signer = signer
         self.timeout = float(timeout)
-        self.transport = transport or Transport()
+        self.max_body = max_body
+        self.transport = transport or Transport(max_body=max_body)
         self.retry = retry or RetryPolicy()
+        # Set by a signal handler: a request in flight and a wait between retries end at once.
+        self.stop = stop or threading.Event()
         # sleep(seconds) may return True to say "stop now" (a signal arrived).
-        self.sleep = sleep
+        self.sleep = sleep or self.stop.wait
+        # time.monotonic() by which the current cycle's requests must be done (None: no limit).
+        self.deadline: float | None = None
         self.requests = 0
 
     def __repr__(self) -> str:
         return f"MAASClient({self.base!r})"
 
+    @contextmanager
+    def within(self, seconds: float | None):
+        """Requests made inside end with kind "deadline" once ``seconds`` have passed."""
+        saved = self.deadline
+        self.deadline = None if seconds is None else time.monotonic() + seconds
+        try:
+            yield self
+        finally:
+            self.deadline = saved
+
     # URL building -----------------------------------------------------------------------
     def url(self, path: str, params: Iterable[tuple[str, str]] | Mapping[str, Any] | None = None) -> str:
         query = urlencode(list(params.items()) if isinstance(params, Mapping) else list(params or []), doseq=True)
         return self.base + path.lstrip("/") + (f"?{query}" if query else "")
+
+    # one attempt, interruptible -------------------------------------------------------------
+    def _send(self, method: str, shown: str, url: str, multipart: dict[str, Any] | None) -> Response:
+        """One attempt in a worker thread, so that the stop event and the deadline end it even
+        while a DNS lookup, a connect or a read blocks. An abandoned attempt finishes (or
+        times out) on its own; its result is dropped."""
+        remaining = self._remaining(method, shown)
+        outcome: dict[str, Any] = {}
+        done = threading.Event()
+        headers = self.signer.headers(method, url)
+        transport = self.transport
+
+        def attempt() -> None:
+            try:
+                outcome["reply"] = transport.send(method, url, headers, multipart,
+                                                  min(self.timeout, remaining))
+            except BaseException as error:  # noqa: BLE001 - handed to the caller's thread
+                outcome["error"] = error
+            finally:
+                done.set()
+
+        worker = threading.Thread(target=attempt, name="maas-request", daemon=True)
+        worker.start()
+        while not done.wait(POLL):
+            if self.stop.is_set():
+                self.transport.abandon()
+                raise MAASError(method, shown, None, "stopped by a signal during the request",
+                                "interrupted")
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                self.transport.abandon()
+                raise MAASError(method, shown, None, "the cycle's deadline (maas.cycle_deadline) "
+                                "passed during the request", "deadline")
+        if "error" in outcome:
+            raise outcome["error"]
+        reply = outcome["reply"]
+        if len(reply.body) > self.max_body:
+            raise TransportError("too-large", _too_large(self.max_body, len(reply.body)))
+        return reply
+
+    def _remaining(self, method: str, shown: str) -> float:
+        if self.deadline is None:
+            return self.timeout
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise MAASError(method, shown, None, "the cycle's deadline (maas.cycle_deadline) passed",
+                            "deadline")
+        return remaining
 
     # one call, with retries ---------------------------------------------------------------
     def call(
@@ -355,10 +533,10 @@ class MAASClient:
             delay: float | None = None
             try:
                 self.requests += 1
-                reply = self.transport.send(
-                    method, url, self.signer.headers(method, url), multipart, self.timeout
-                )
+                reply = self._send(method, shown, url, multipart)
             except TransportError as error:
+                if error.kind == "too-large":
+                    raise MAASTooLarge(method, shown, None, str(error), error.kind) from None
                 failure = MAASError(method, shown, None, str(error), error.kind)
             else:
                 if reply.status in ok_statuses:
@@ -380,13 +558,18 @@ class MAASClient:
                 )
                 message = self._scrub(message)
                 if reply.status in (401, 403):
-                    hint = ("the API key was refused: check maas.api_key_file" if reply.status == 401
+                    hint = (f"the API key was refused: check {self.signer.source}" if reply.status == 401
                             else "the API key's user is not a MAAS administrator")
                     raise MAASAuthError(method, shown, reply.status, f"{message} ({hint})")
                 failure = MAASError(method, shown, reply.status, message)
-                if reply.status != 503:
-                    raise failure
                 after = _retry_after(reply.headers.get("Retry-After"))
+                # 503: no rack controller answered (src/maasserver/middleware.py, Retry-After
+                # 10). 409 with Retry-After: the region ran out of database retries on a
+                # serialisation conflict and asks the client to repeat (MAAS 3.4 and later,
+                # src/maasserver/utils/views.py, HttpResponseConflict). A 409 without it is a
+                # state conflict: the caller decides (a race).
+                if reply.status != 503 and not (reply.status == 409 and after is not None):
+                    raise failure
                 if after is not None:
                     delay = min(after, self.retry.max_retry_after)
             if attempt >= self.retry.attempts:
@@ -394,6 +577,8 @@ class MAASClient:
             if delay is None:
                 delay = min(self.retry.backoff * 2 ** (attempt - 1), self.retry.max_backoff)
                 delay *= 1 + random.uniform(0, 0.1)
+            if self.deadline is not None and time.monotonic() + delay >= self.deadline:
+                raise failure
             if self.sleep(delay):
                 raise MAASError(method, shown, None, "stopped by a signal while waiting to retry",
                                 "interrupted")
@@ -411,11 +596,34 @@ class MAASClient:
             raise MAASError("GET", "version/", 200, "no version in the response", "malformed")
         return str(data["version"])
 
-    def machines(self) -> list[dict]:
+    def machines(self) -> list[Any]:
+        """Every machine, as MAAS sent it: a list is checked, each record is the caller's to check
+        (one malformed record must not hide the others)."""
         data = self.call("GET", "machines/")
-        if not isinstance(data, list) or not all(isinstance(m, dict) and "system_id" in m for m in data):
+        if not isinstance(data, list):
             raise MAASError("GET", "machines/", 200, "expected a list of machines", "malformed")
         return data
+
+    def taken_hostnames(self, hostnames: Iterable[str]) -> dict[str, str]:
+        """hostname -> system_id of the node holding it, for those of ``hostnames`` held.
+
+        Hostnames are unique over every node, machines, devices and controllers alike
+        (src/maasserver/models/node.py: Node.hostname is unique), but machines/ lists machines
+        only; nodes/ lists them all and filters by exact hostname
+        (src/maasserver/api/nodes.py: filtered_nodes_list_from_request, hostname__in).
+        One request, split only when the query would pass MAX_QUERY characters.
+        """
+        wanted = sorted(set(hostnames))
+        taken: dict[str, str] = {}
+        for chunk in _chunks(wanted, lambda name: len(name) + len("&hostname=")):
+            data = self.call("GET", "nodes/", [("hostname", name) for name in chunk])
+            if not isinstance(data, list):
+                raise MAASError("GET", "nodes/", 200, "expected a list of nodes", "malformed")
+            for node in data:
+                if isinstance(node, dict) and isinstance(node.get("hostname"), str) \
+                        and node["hostname"] in chunk:
+                    taken[node["hostname"]] = str(node.get("system_id"))
+        return taken
 
     def power_addresses(self, system_ids: Iterable[str]) -> dict[str, str | None]:
         """power_address per system_id, fetched in bulk; every other parameter is dropped at once."""
@@ -455,21 +663,34 @@ class MAASClient:
     def commission(self, system_id: str) -> dict:
         return self.call("POST", f"machines/{system_id}/", [("op", "commission")], fields={})
 
-    def script_exists(self, name: str) -> bool:
+    def script(self, name: str) -> dict | None:
+        """The script's metadata (tags, timeout, history ...), or None when MAAS has none by that name."""
         try:
-            self.call("GET", f"scripts/{name}")
+            data = self.call("GET", f"scripts/{name}")
         except MAASError as error:
             if error.status == 404:
-                return False
+                return None
             raise
-        return True
+        if not isinstance(data, dict):
+            raise MAASError("GET", f"scripts/{name}", 200, "expected a script object", "malformed")
+        return data
 
-    def create_script(self, name: str, content: bytes, comment: str = "") -> dict:
-        return self.call("POST", "scripts/", fields={"name": name, "comment": comment},
+    def script_exists(self, name: str) -> bool:
+        return self.script(name) is not None
+
+    def script_text(self, name: str) -> bytes:
+        """The stored text of the script's current revision (GET scripts/{name}?op=download)."""
+        return self.call("GET", f"scripts/{name}", [("op", "download")], json_reply=False)
+
+    def create_script(self, name: str, content: bytes, comment: str = "",
+                      **fields: str) -> dict:
+        return self.call("POST", "scripts/", fields={"name": name, "comment": comment, **fields},
                          files={"script": (name, content)})
 
-    def update_script(self, name: str, content: bytes, comment: str = "") -> dict:
-        return self.call("PUT", f"scripts/{name}", fields={"comment": comment},
+    def update_script(self, name: str, content: bytes, comment: str = "", **fields: str) -> dict:
+        """PUT scripts/{name}. MAAS applies the tags and timeout embedded in a script only when it
+        creates it (src/maasserver/forms/script.py, ScriptForm._clean_script): pass them here."""
+        return self.call("PUT", f"scripts/{name}", fields={"comment": comment, **fields},
                          files={"script": (name, content)})
 
     def close(self) -> None:
@@ -484,13 +705,15 @@ def client_from_values(values: Mapping[str, Any], warn: Callable[[str], None],
                        stop: threading.Event | None = None) -> MAASClient:
     """A client for maas.url with the API key from $MAAS_API_KEY or maas.api_key_file.
 
-    Waits between retries end early when ``stop`` is set.
+    A request in flight, or a wait between retries, ends at once when ``stop`` is set.
     """
     maas = values["maas"]
-    consumer, token, secret = load_api_key(maas, warn)
-    stop = stop or threading.Event()
-    return MAASClient(maas["url"], Signer(consumer, token, secret), timeout=maas["timeout"],
-                      retry=RETRY, sleep=stop.wait)
+    (consumer, token, secret), source = load_api_key_with_source(maas, warn)
+    plaintext = cleartext_warning(maas["url"])
+    if plaintext:
+        warn(plaintext)
+    return MAASClient(maas["url"], Signer(consumer, token, secret, source), timeout=maas["timeout"],
+                      retry=RETRY, stop=stop, max_body=maas["max_response_mib"] * 2**20)
 
 
 def _op(params: Iterable[tuple[str, str]] | Mapping[str, Any]) -> str:
@@ -498,3 +721,19 @@ def _op(params: Iterable[tuple[str, str]] | Mapping[str, Any]) -> str:
     items = list(params.items()) if isinstance(params, Mapping) else list(params)
     ops = [f"op={value}" for key, value in items if key == "op"]
     return ops[0] if ops else ""
+
+
+def _chunks(items: list[str], cost: Callable[[str], int], budget: int = MAX_QUERY) -> list[list[str]]:
+    """items split so that each chunk's total cost stays within budget (at least one item each)."""
+    chunks: list[list[str]] = []
+    current: list[str] = []
+    spent = 0
+    for item in items:
+        if current and spent + cost(item) > budget:
+            chunks.append(current)
+            current, spent = [], 0
+        current.append(item)
+        spent += cost(item)
+    if current:
+        chunks.append(current)
+    return chunks

@@ -46,6 +46,7 @@ class Settings:
     commission: str = "auto"            # auto | approved | never
     approval_tag: str = "kubevirt-approved"
     on_hostname_taken: str = "fallback"  # fallback | skip
+    cycle_deadline: float | None = None  # seconds a whole cycle may take (None: no limit)
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any]) -> "Settings":
@@ -55,6 +56,7 @@ class Settings:
             commission=maas["commission"],
             approval_tag=maas["approval_tag"],
             on_hostname_taken=maas["on_hostname_taken"],
+            cycle_deadline=maas["cycle_deadline"],
         )
 
 
@@ -109,6 +111,36 @@ def is_new(machine: Mapping[str, Any]) -> bool:
     return code == 0
 
 
+def machine_problem(machine: Any) -> str | None:
+    """What makes a MAAS machine record unusable, or None. The plan reads these fields only."""
+    if not isinstance(machine, Mapping):
+        return "not an object"
+    checks = (
+        ("system_id", lambda v: isinstance(v, str) and v != ""),
+        ("hostname", lambda v: isinstance(v, str)),
+        ("power_type", lambda v: isinstance(v, str)),
+        ("status_name", lambda v: isinstance(v, str)),
+        ("status", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+        ("pool", lambda v: isinstance(v, Mapping) and isinstance(v.get("name"), str)),
+        # A list of names: a string would let "kubevirt-approved" match "not-kubevirt-approved".
+        ("tag_names", lambda v: isinstance(v, list) and all(isinstance(t, str) for t in v)),
+    )
+    wrong = [name for name, valid in checks if not valid(machine.get(name))]
+    return f"unusable {', '.join(wrong)}" if wrong else None
+
+
+def names_to_check(matches: Iterable[Match]) -> set[str]:
+    """The names a rename might take: each matching machine not yet on its primary or fallback."""
+    names: set[str] = set()
+    for match in matches:
+        hostname = match.machine.get("hostname")
+        primary = identity.maas_hostname(match.vm, match.namespace)
+        fallback = identity.fallback_hostname(match.vm, match.namespace)
+        if not isinstance(hostname, str) or hostname.lower() not in (primary, fallback):
+            names |= {primary, fallback}
+    return names
+
+
 def matching(
     machines: Iterable[Mapping[str, Any]], power_parameters: Mapping[str, Any], domain: str
 ) -> list[Match]:
@@ -136,7 +168,8 @@ def needs_pools(matches: Iterable[Match]) -> bool:
 
 
 def assign_hostnames(
-    machines: Sequence[Mapping[str, Any]], matches: Sequence[Match], on_hostname_taken: str
+    machines: Sequence[Mapping[str, Any]], matches: Sequence[Match], on_hostname_taken: str,
+    taken: Mapping[str, str] | None = None,
 ) -> tuple[list[str], dict[str, tuple[str, str]], dict[str, str]]:
     """Which matching machines get which name, and in which order to rename them.
 
@@ -144,6 +177,8 @@ def assign_hostnames(
     machine renamed away frees its old name for a later one (renames are ordered that way).
     Primary names are handed out first; the fallback (``on_hostname_taken: fallback``) only to
     a machine whose primary stays held. A machine already on its primary or fallback keeps it.
+    ``taken`` (hostname -> system_id) adds the names held by nodes that are not in
+    ``machines``: devices and controllers (MAAS keeps hostnames unique over all nodes).
     Returns (order, system_id -> (new name, note), system_id -> reason for not renaming).
     """
     names: dict[str, str] = {}          # lower-cased name -> system_id, as it will be
@@ -151,6 +186,8 @@ def assign_hostnames(
         hostname = machine.get("hostname")
         if isinstance(hostname, str):
             names.setdefault(hostname.lower(), str(machine.get("system_id")))
+    for hostname, holder in (taken or {}).items():
+        names.setdefault(hostname.lower(), holder)
     first_holder = dict(names)
     pending: list[tuple[str, Any, str, str]] = []
     for match in matches:
@@ -219,19 +256,21 @@ def plan(
     power_parameters: Mapping[str, Any],
     pools: Iterable[Any],
     settings: Settings,
+    taken: Mapping[str, str] | None = None,
 ) -> list[Action]:
     """The actions that bring the matching machines to their names, pools and commissioning.
 
     machines: MAAS machine objects (system_id, hostname, status, status_name, power_type, pool,
     tag_names). power_parameters: system_id -> power_address (or a mapping holding it);
     machines without an entry are not ours. pools: pool names or objects with a name.
+    taken: hostname -> system_id of other nodes holding names (``GET nodes/?hostname=``).
     Order: pool creations, then each machine's actions, machines in the order their renames
     must happen (one that frees a name before the one that takes it).
     """
     existing = {p.get("name") if isinstance(p, Mapping) else p for p in pools}
     existing |= {pool_of(m)[0] for m in machines}
     matches = matching(machines, power_parameters, settings.domain)
-    order, renames, rename_skips = assign_hostnames(machines, matches, settings.on_hostname_taken)
+    order, renames, rename_skips = assign_hostnames(machines, matches, settings.on_hostname_taken, taken)
     rank = {system_id: index for index, system_id in enumerate(order)}
     matches = sorted(matches, key=lambda m: rank.get(str(m.machine["system_id"]), len(rank)))
     created: list[Action] = []
@@ -273,8 +312,8 @@ def plan(
             if settings.commission == "auto":
                 actions.append(Action(COMMISSION, before=status, after="Commissioning", **common))
             elif settings.commission == "approved":
-                tags = machine.get("tag_names") or []
-                if settings.approval_tag in tags:
+                tags = machine.get("tag_names")
+                if isinstance(tags, list) and settings.approval_tag in tags:
                     actions.append(Action(COMMISSION, before=status, after="Commissioning",
                                           note=f"tagged {settings.approval_tag}", **common))
                 else:
@@ -343,7 +382,8 @@ def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
         except MAASAuthError:
             raise
         except MAASError as failure:
-            result = "failed" if failure.kind == "interrupted" else _classify(action, failure)
+            stopped = failure.kind in ("interrupted", "deadline")  # every later request fails alike
+            result = "failed" if stopped else _classify(action, failure)
             if action.kind == CREATE_POOL and result == "failed":
                 failed_pools.add(action.after)
             audit.record(action, result, str(failure))
@@ -351,7 +391,7 @@ def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
                 outcome.skipped += 1
             else:
                 outcome.failed += 1
-            if failure.kind == "interrupted":
+            if stopped:
                 outcome.interrupted = True
                 break
         else:
@@ -387,6 +427,7 @@ class Reconciler:
         self.known: dict[str, tuple[Any, str | None]] = {}
         self.version: str | None = None
         self._reported: set[tuple[str | None, str]] = set()
+        self._malformed: set[tuple[str, str]] = set()
 
     def check_version(self) -> None:
         if self.version is None:
@@ -420,17 +461,41 @@ class Reconciler:
         self.known = current
         return {system_id: entry[1] for system_id, entry in current.items()}
 
+    def well_formed(self, records: Sequence[Any]) -> list[dict]:
+        """The usable machine records; each unusable one is skipped with one warning naming it."""
+        usable = []
+        for index, record in enumerate(records):
+            problem = machine_problem(record)
+            if problem is None:
+                usable.append(record)
+                continue
+            system_id = record.get("system_id") if isinstance(record, Mapping) else None
+            name = system_id if isinstance(system_id, str) and system_id else \
+                f"record {index + 1} of {len(records)} (no system_id)"
+            if (name, problem) not in self._malformed:
+                self._malformed.add((name, problem))
+                warn(f"machine {name}: skipped, MAAS sent a malformed record ({problem})")
+        return usable
+
     def observe(self) -> tuple[list[dict], dict[str, str | None], list[Match]]:
-        machines = self.client.machines()
+        machines = self.well_formed(self.client.machines())
         addresses = self.power_addresses(machines)
         return machines, addresses, matching(machines, addresses, self.settings.domain)
 
     def make_plan(self) -> list[Action]:
         machines, addresses, matches = self.observe()
         pools: list[Any] = self.client.pools() if needs_pools(matches) else []
-        return plan(machines, addresses, pools, self.settings)
+        # Only when a rename is possible: an idle cycle asks nothing more.
+        wanted = names_to_check(matches)
+        taken = self.client.taken_hostnames(wanted) if wanted else {}
+        return plan(machines, addresses, pools, self.settings, taken)
 
     def cycle(self, dry_run: bool = False) -> Cycle:
+        """One cycle, all of its requests within settings.cycle_deadline."""
+        with self.client.within(self.settings.cycle_deadline):
+            return self._cycle(dry_run)
+
+    def _cycle(self, dry_run: bool) -> Cycle:
         result = Cycle()
         try:
             self.check_version()

@@ -1,7 +1,15 @@
-"""``maas-kubevirt upload-script``: create or update the commissioning script in MAAS."""
+"""``maas-kubevirt upload-script``: create or update the commissioning script in MAAS.
+
+The script must be the one ``render`` writes from the same values. MAAS applies the tags and
+timeout embedded in a script only when it creates the script (src/maasserver/forms/script.py,
+ScriptForm._clean_script), so an update sends them as form fields; then the script is read
+back: its tags hold bmc-config and enlisting, and its stored text is the rendered one.
+"""
 
 from __future__ import annotations
 
+import ast
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -11,37 +19,140 @@ import yaml
 from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG
 from maas_kubevirt.audit import Audit
 from maas_kubevirt.console import error, note, warn
-from maas_kubevirt.maas import MAASAuthError, MAASError, client_from_values
+from maas_kubevirt.maas import MAASAuthError, MAASClient, MAASError, client_from_values
+from maas_kubevirt.paths import SCRIPT_NAME, data_dir
+from maas_kubevirt.render import render_commissioning, script_settings
 from maas_kubevirt.values import ValuesError
 
-START_MARK = "# --- Start MAAS 1.0 script metadata ---"
-END_MARK = "# --- End MAAS 1.0 script metadata ---"
+# src/maasserver/forms/script.py, ScriptForm._read_script: the delimiters of the metadata block.
+_DELIMITER = re.compile(r"\s*#\s*-+\s*(Start|End) MAAS (?P<version>\d+\.\d+) script metadata\s+-+", re.I)
+# Scripts run at enlistment: tagged enlisting (enlist_commissioning on) or bmc-config (off)
+# (src/maasserver/models/scriptset.py); DESIGN.md section 4.
+REQUIRED_TAGS = ("bmc-config", "enlisting")
+COMMENT = "uploaded by maas-kubevirt"
 
 
-def script_name(text: str, source: str = "script") -> str:
-    """The ``name`` from a MAAS script's metadata block (the YAML between the markers)."""
+def script_metadata(text: str, source: str = "script") -> dict:
+    """The metadata block of a MAAS script, read as MAAS reads it: line 1 a shebang, then the
+    YAML between the 1.0 delimiters, each line after its first '#'. Raises ValuesError."""
     lines = text.splitlines()
-    try:
-        start = next(i for i, line in enumerate(lines) if line.strip() == START_MARK)
-        end = next(i for i, line in enumerate(lines) if i > start and line.strip() == END_MARK)
-    except StopIteration:
-        raise ValuesError([f"{source}: expected a MAAS script metadata block "
-                           f"({START_MARK!r} ... {END_MARK!r}), found none"]) from None
-    block = []
-    for line in lines[start + 1 : end]:
-        stripped = line.lstrip()
-        if not stripped.startswith("#"):
-            raise ValuesError([f"{source}: every metadata line must start with '#'"])
-        block.append(stripped[2:] if stripped.startswith("# ") else stripped[1:])
+    if not lines or not lines[0].startswith("#!/"):
+        raise ValuesError([f"{source}: expected a shebang (#!/...) on line 1, as MAAS requires"])
+    block, found, ended = [], False, False
+    for line in lines[1:]:
+        mark = _DELIMITER.search(line)
+        if mark is not None and mark["version"] == "1.0":
+            if found:
+                ended = True
+                break
+            found = True
+        elif found and line.strip():
+            if "#" not in line:
+                raise ValuesError([f"{source}: every metadata line must start with '#'"])
+            block.append(line.split("#", 1)[1])
+    if not (found and ended):
+        raise ValuesError([f"{source}: expected a MAAS script metadata block (the lines between "
+                           "'# --- Start MAAS 1.0 script metadata ---' and '# --- End ...'), found none"])
     try:
         metadata = yaml.safe_load("\n".join(block))
     except yaml.YAMLError:
         raise ValuesError([f"{source}: the script metadata is not valid YAML"]) from None
-    name = metadata.get("name") if isinstance(metadata, dict) else None
+    if not isinstance(metadata, dict):
+        raise ValuesError([f"{source}: expected the script metadata to be a YAML mapping"])
+    return metadata
+
+
+def script_name(text: str, source: str = "script") -> str:
+    """The ``name`` from a MAAS script's metadata block."""
+    name = script_metadata(text, source).get("name")
     if not isinstance(name, str) or not name or shlex.quote(name) != name:
         raise ValuesError([f"{source}: expected a metadata name without spaces or quotes, "
                            f"found {name!r}"])
     return name
+
+
+def script_tags(metadata: dict) -> list[str]:
+    """The embedded tags as a list (MAAS takes a comma-separated string or a list of strings)."""
+    tags = metadata.get("tags")
+    if isinstance(tags, str):
+        return [t.strip() for t in tags.split(",") if t.strip()]
+    if isinstance(tags, list) and all(isinstance(t, str) for t in tags):
+        return [t.strip() for t in tags if t.strip()]
+    return []
+
+
+def _embedded_settings(text: str) -> dict | None:
+    """The literal assigned to SETTINGS at the top level of the script, if there is one."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["SETTINGS"]:
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                return None
+            return value if isinstance(value, dict) else None
+    return None
+
+
+def rendering_problem(text: str, values: dict, source: str) -> str | None:
+    """Why text is not what ``render`` writes from these values, or None when it is.
+
+    Secrets stay out of the answer: the seed is taken from the script itself (it is not a
+    value to compare) and only the names of differing settings are given.
+    """
+    render_again = f"run `{PROG} --values FILE render` with the values you pass here"
+    settings = _embedded_settings(text)
+    if settings is None:
+        return f"{source}: not a script rendered by {PROG} (no SETTINGS): {render_again}"
+    seed = settings.get("seed", "")
+    template = (data_dir() / "commissioning" / SCRIPT_NAME).read_text(encoding="utf-8")
+    if not isinstance(seed, str) or not seed:
+        if text == template:
+            return f"{source}: the unrendered commissioning script from the source tree: {render_again}"
+        return f"{source}: its SETTINGS hold no seed, so it was not rendered: {render_again}"
+    if text == render_commissioning(values, seed):
+        return None
+    expected = script_settings(values, seed)
+    differing = sorted(key for key in set(expected) | set(settings) if expected.get(key) != settings.get(key))
+    if differing:
+        return (f"{source}: rendered from other values ({', '.join(differing)} differ from these): "
+                f"{render_again}")
+    return (f"{source}: its code differs from what {PROG} renders (another version, or edited): "
+            f"{render_again}")
+
+
+def _upload(client: MAASClient, name: str, content: bytes, metadata: dict) -> bool:
+    """Create or update; True when the script existed."""
+    existing = client.script(name)
+    if existing is None:
+        try:
+            client.create_script(name, content, COMMENT)
+            return False
+        except MAASError as failure:
+            if failure.status != 400 or "already exist" not in failure.message.lower():
+                raise
+        existing = client.script(name) or {}  # created meanwhile: update it
+    stored = existing.get("tags") if isinstance(existing.get("tags"), list) else []
+    # The union keeps tags an operator added; the form replaces the list with what it is given.
+    tags = list(dict.fromkeys([*stored, *script_tags(metadata)]))
+    client.update_script(name, content, COMMENT, tags=",".join(tags),
+                         timeout=str(metadata.get("timeout", "")))
+    return True
+
+
+def _read_back_problem(client: MAASClient, name: str, content: bytes) -> str | None:
+    stored = client.script(name) or {}
+    tags = stored.get("tags") if isinstance(stored.get("tags"), list) else []
+    missing = [tag for tag in REQUIRED_TAGS if tag not in tags]
+    if missing:
+        return (f"MAAS stored the script {name} without the tag(s) {', '.join(missing)}: "
+                f"add them (`maas $PROFILE node-script add-tag {name} tag=...`) or upload again")
+    if client.script_text(name) != content:
+        return f"MAAS stored a text of the script {name} other than the rendered one: upload again"
+    return None
 
 
 def main(values: dict, args: Any) -> int:
@@ -52,23 +163,25 @@ def main(values: dict, args: Any) -> int:
     except OSError as failure:
         raise ValuesError([f"--script: expected a readable rendered script (run `{PROG} render` "
                            f"first), found {str(path)!r}: {failure.strerror or failure}"]) from None
-    name = script_name(content.decode("utf-8", "replace"), str(path))
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValuesError([f"--script: {path} is not UTF-8 text: not a rendered script"]) from None
+    metadata = script_metadata(text, str(path))
+    name = script_name(text, str(path))
+    missing = [tag for tag in REQUIRED_TAGS if tag not in script_tags(metadata)]
+    if missing:
+        raise ValuesError([f"--script: {path} is not tagged {', '.join(missing)}: MAAS would not run "
+                           "it at enlistment; render it again"])
+    problem = rendering_problem(text, values, f"--script: {path}")
+    if problem:
+        raise ValuesError([problem])
     audit = Audit(values["maas"].get("audit_log", ""))
     client = client_from_values(values, warn)
-    comment = "uploaded by maas-kubevirt"
     try:
         try:
-            exists = client.script_exists(name)
-            if exists:
-                client.update_script(name, content, comment)
-            else:
-                try:
-                    client.create_script(name, content, comment)
-                except MAASError as failure:
-                    if failure.status != 400 or "already exist" not in failure.message.lower():
-                        raise
-                    exists = True
-                    client.update_script(name, content, comment)
+            existed = _upload(client, name, content, metadata)
+            problem = _read_back_problem(client, name, content)
         except MAASAuthError as failure:
             error(str(failure))
             return EXIT_USAGE
@@ -78,7 +191,12 @@ def main(values: dict, args: Any) -> int:
             return EXIT_FAILED
     finally:
         client.close()
-    audit.write("upload-script", None, None, "present" if exists else "absent", name, "ok")
-    note(f"{'updated' if exists else 'created'} the commissioning script {name} in MAAS "
-         f"({len(content)} bytes)")
+    before = "present" if existed else "absent"
+    if problem:
+        audit.write("upload-script", None, None, before, name, "failed", problem)
+        error(problem)
+        return EXIT_FAILED
+    audit.write("upload-script", None, None, before, name, "ok")
+    note(f"{'updated' if existed else 'created'} the commissioning script {name} in MAAS "
+         f"({len(content)} bytes, tagged {', '.join(REQUIRED_TAGS)}; read back and verified)")
     return EXIT_OK

@@ -130,6 +130,15 @@ def _seconds(low: int, high: int) -> Callable[[Any], str | None]:
     return check
 
 
+def _whole(low: int, high: int, unit: str) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
+            return None
+        return f"a whole number of {unit} from {low} to {high}"
+
+    return check
+
+
 def _maas_tag(value: Any) -> str | None:
     if isinstance(value, str) and 0 < len(value) <= 256 and _MAAS_TAG.match(value):
         return None
@@ -193,6 +202,8 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "on_hostname_taken": _choice("fallback", "skip"),
         "interval": _seconds(1, 86400),
         "timeout": _seconds(1, 600),
+        "cycle_deadline": _seconds(10, 86400),
+        "max_response_mib": _whole(1, 65536, "MiB"),
         "audit_log": _optional(_absolute_path),
     },
 }
