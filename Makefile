@@ -6,7 +6,7 @@ BUILD ?= build
 VALUES ?=
 CLI = $(BIN)/maas-kubevirt $(if $(VALUES),--values $(VALUES))
 
-.PHONY: all render venv deps kyverno test bench deb clean
+.PHONY: all render venv deps kyverno test bench mutate deb clean
 
 all: render
 
@@ -32,6 +32,15 @@ test: deps venv
 
 bench: venv
 	$(BIN)/python tools/bench.py
+
+# Mutation testing of the core modules against the fast tests (slow: not part of `make test`).
+# MODULES picks some of: identity values render reconcile maas script.
+mutate: $(VENV)/.mutate-installed
+	nice $(BIN)/python tools/mutate $(MODULES)
+
+$(VENV)/.mutate-installed: $(VENV)/.installed
+	$(BIN)/pip install --quiet -e '.[test,mutate]'
+	@touch $@
 
 deb:
 	tools/build-deb $(BUILD)/deb

@@ -12,6 +12,8 @@ settings.register_profile("default", max_examples=100, deadline=None)
 settings.register_profile(
     "ci", max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
+# `make mutate` runs the fast tests once per mutant: fewer examples, the same ones every run.
+settings.register_profile("mutate", max_examples=30, deadline=None, derandomize=True, database=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 IN_CI = os.environ.get("CI", "").lower() == "true"

@@ -7,18 +7,27 @@ import re
 import uuid
 
 import pytest
-from hypothesis import assume, given, strategies as st
+from hypothesis import assume, example, given, strategies as st
 
 from maas_kubevirt import identity
 from maas_kubevirt.identity import IdentityError
-from strategies import dns_labels, namespaces, short_vm_names, vm_names
+from branches import branch, branches_taken
+from strategies import dns_labels, namespaces, readable_collisions, serials, short_vm_names, vm_names
 
 MAAS_HOSTNAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")  # one DNS label
 MAAS_POOL = re.compile(r"^\w[ \w-]*$")
 DOMAIN = "bmc.example.com"
+VM_253 = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 61])  # the longest DNS-1123 subdomain
+DOMAIN_249 = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 57])  # HOST_MAX - len("v.n.")
+
+
+def readable(vm: str, namespace: str) -> str:
+    return f"{vm}-{namespace}".replace(".", "-")
 
 
 @given(vm_names(), namespaces)
+@example(VM_253, "vms")
+@example("a", "n" * 63)
 def test_serial_round_trips(vm, namespace):
     assert identity.parse_serial(identity.format_serial(vm, namespace)) == (vm, namespace)
 
@@ -37,12 +46,16 @@ def test_distinct_vms_get_distinct_hosts(vm1, ns1, vm2, ns2):
     assert identity.redfish_host(vm1, ns1, DOMAIN) != identity.redfish_host(vm2, ns2, DOMAIN)
 
 
-@given(vm_names(), namespaces, vm_names(), namespaces)
-def test_primary_hostnames_collide_only_where_the_readable_form_does(vm1, ns1, vm2, ns2):
+@branches_taken(collide=0.3)
+@given(readable_collisions() | st.tuples(st.tuples(vm_names(), namespaces), st.tuples(vm_names(), namespaces)))
+@example((("web-1", "vms"), ("web", "1-vms")))
+@example((("db.primary", "team-a"), ("db-primary", "team-a")))
+def test_primary_hostnames_collide_exactly_where_the_readable_form_does(pair):
     # <vm>-<ns> cannot tell web-1/vms from web/1-vms; the reconciler then uses the fallback.
+    (vm1, ns1), (vm2, ns2) = pair
     assume((vm1, ns1) != (vm2, ns2))
-    if identity.maas_hostname(vm1, ns1) == identity.maas_hostname(vm2, ns2):
-        assert f"{vm1}-{ns1}".replace(".", "-") == f"{vm2}-{ns2}".replace(".", "-")
+    same = readable(vm1, ns1) == readable(vm2, ns2) and len(readable(vm1, ns1)) <= 63
+    assert (identity.maas_hostname(vm1, ns1) == identity.maas_hostname(vm2, ns2)) == branch("collide", same)
 
 
 @given(vm_names(), namespaces)
@@ -51,11 +64,32 @@ def test_hostnames_are_valid_maas_hostnames(vm, namespace):
         assert MAAS_HOSTNAME.match(name), name
 
 
+@branches_taken(readable=0.1)
 @given(vm_names(), namespaces)
+@example("a" * 59, "vms")  # <vm>-<ns> of exactly 63 characters: still readable
+@example("a" * 60, "vms")  # 64: hashed
+@example("a.b" * 10 + "c", "n" * 31)
 def test_short_names_keep_the_readable_hostname(vm, namespace):
-    plain = f"{vm}-{namespace}".replace(".", "-")
-    expected = plain if len(plain) <= 63 else identity.fallback_hostname(vm, namespace)
+    plain = readable(vm, namespace)
+    expected = plain if branch("readable", len(plain) <= 63) else identity.fallback_hostname(vm, namespace)
     assert identity.maas_hostname(vm, namespace) == expected
+
+
+@branches_taken(cut_at_dash=0.2)
+@given(vm_names() | st.builds("{}{}{}".format, st.text("abc123", min_size=53, max_size=53), st.sampled_from(".-"), dns_labels(9)), namespaces)
+@example("a" * 53 + "-b", "vms")  # the 54-character cut ends in '-'
+@example("a" * 53 + ".b", "vms")  # a dot there reads as a dash too
+def test_fallback_hostname_is_the_cut_readable_form_without_trailing_dashes_and_a_hash(vm, namespace):
+    cut = readable(vm, namespace)[:54]
+    branch("cut_at_dash", cut.endswith("-"))
+    digest = hashlib.sha256(f"{vm}.{namespace}".encode()).hexdigest()[:8]
+    assert identity.fallback_hostname(vm, namespace) == cut.rstrip("-") + "-" + digest
+
+
+def test_fallback_hostname_drops_the_dash_the_cut_leaves():
+    vm = "a" * 53 + "-b"
+    digest = hashlib.sha256(f"{vm}.vms".encode()).hexdigest()[:8]
+    assert identity.fallback_hostname(vm, "vms") == "a" * 53 + "-" + digest
 
 
 def test_the_readable_hostname_examples():
@@ -132,6 +166,7 @@ def test_password_differs_by_serial_and_seed():
         ("web1.vms\n", "DNS-1123 label"),
         ("web1." + "v" * 64, "longer than 63"),
         ("w" * 254 + ".vms", "longer than 253"),
+        (VM_253 + "d.vms", "longer than 253"),
         ("wéb1.vms", "DNS-1123 subdomain"),
         ("$(reboot).vms", "DNS-1123 subdomain"),
         ("Not Specified", "no dot"),
@@ -143,7 +178,12 @@ def test_invalid_serials_are_rejected_naming_the_rule(serial, rule):
         identity.parse_serial(serial)
 
 
-@given(st.text(max_size=80))
+@branches_taken(accepted=0.2, refused=0.2)
+@given(serials())
+@example(VM_253 + ".vms")
+@example(VM_253 + "d.vms")
+@example("web1." + "n" * 63)
+@example("web1." + "n" * 64)
 def test_parse_serial_accepts_exactly_the_kubernetes_names(text):
     vm, dot, namespace = text.rpartition(".")
     label = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -155,10 +195,11 @@ def test_parse_serial_accepts_exactly_the_kubernetes_names(text):
         and len(vm) <= 253
         and all(len(part) <= 63 for part in vm.split("."))
     )
-    try:
-        assert identity.parse_serial(text) == (vm, namespace) and valid
-    except IdentityError:
-        assert not valid
+    if branch("accepted", valid):
+        assert identity.parse_serial(text) == (vm, namespace)
+    elif branch("refused", True):
+        with pytest.raises(IdentityError):
+            identity.parse_serial(text)
 
 
 @pytest.mark.parametrize(
@@ -169,6 +210,9 @@ def test_parse_serial_accepts_exactly_the_kubernetes_names(text):
         ("web1.vms.bmc.example.com", ("web1", "vms")),
         ("HTTPS://WEB1.VMS.BMC.EXAMPLE.COM/", ("web1", "vms")),
         ("https://db.primary.vms.bmc.example.com:443/redfish/v1/Systems/1", ("db.primary", "vms")),
+        ("  https://web1.vms.bmc.example.com/ \n", ("web1", "vms")),
+        ("\thttps://web1.vms.bmc.example.com", ("web1", "vms")),
+        ("https://web1.vms.bmc.example.com.", ("web1", "vms")),
         ("https://web1.vms.bmc.example.com.evil.io", None),
         ("https://web1.vms.xbmc.example.com", None),
         ("https://vms.bmc.example.com", None),
@@ -195,3 +239,20 @@ def test_lookalike_domains_never_match(vm, namespace, evil):
 def test_bad_domains_are_rejected(domain):
     with pytest.raises(IdentityError, match="domain"):
         identity.validate_domain(domain)
+
+
+def test_domain_length_limit_leaves_room_for_the_shortest_vm_and_namespace():
+    assert len(DOMAIN_249) == 249
+    assert identity.validate_domain(DOMAIN_249) == DOMAIN_249
+    assert identity.validate_domain(DOMAIN_249.upper() + ".") == DOMAIN_249
+    assert identity.redfish_host("v", "n", DOMAIN_249) == "v.n." + DOMAIN_249
+    with pytest.raises(IdentityError, match="too long to leave room"):
+        identity.validate_domain("e" + DOMAIN_249)
+
+
+def test_redfish_host_of_exactly_253_characters_is_accepted():
+    domain = DOMAIN_249[: 249 - 2]  # "v.n." + 247 characters = 251; add one to each of vm and namespace
+    host = identity.redfish_host("vv", "nn", domain)
+    assert len(host) == 253
+    with pytest.raises(IdentityError, match="254 characters"):
+        identity.redfish_host("vvv", "nn", domain)
