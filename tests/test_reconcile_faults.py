@@ -3,7 +3,11 @@ is not ours, converges once the fault clears, and no secret reaches any output c
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -181,3 +185,216 @@ def test_dry_run_under_fault_changes_nothing(tmp_path, capsys):
         code, out, err2 = run_cli(capsys, ["--values", str(values), "reconcile", "--dry-run"])
         assert code == 0 and double.writes == [] and "web1-vms" in out
         assert_no_secrets(double, out, err, err2)
+
+
+# --- issue 10: MAAS as it is, and a bad MAAS -------------------------------------------------
+
+
+def test_hostname_held_by_a_device_takes_the_fallback_at_once(tmp_path, capsys):
+    """machines/ does not list devices; nodes/ does: the first cycle plans the fallback."""
+    with MaasDouble() as double:
+        sid = double.add_vm("web1", "vms")
+        device = double.add_node("web1-vms", "device")
+        values = write_values(tmp_path, double)
+        code, out, err = run_cli(capsys, ["--values", str(values), "reconcile", "--once"])
+        assert code == 0, err
+        (rename,) = [r for r in audit_records(out) if r["action"] == "rename"]
+        assert rename["outcome"] == "ok" and rename["after"].startswith("web1-vms-")
+        assert f"web1-vms is held by {device}" in rename["note"]
+        assert double.counts[("GET", "nodes/")] == 1
+        assert not any(w for w in double.writes if w[2].get("hostname") == "web1-vms")
+        # Idle: no nodes/ request.
+        double.reset_counts()
+        code, out, err = run_cli(capsys, ["--values", str(values), "reconcile", "--once"])
+        assert code == 0 and ("GET", "nodes/") not in double.counts
+        assert double.machines[sid]["hostname"] == rename["after"]
+
+
+def test_hostname_held_by_a_controller_with_skip_is_skipped_never_tried(tmp_path, capsys):
+    with MaasDouble() as double:
+        sid = double.add_vm("web1", "vms")
+        rack = double.add_node("web1-vms", "rack_controller")
+        values = write_values(tmp_path, double, on_hostname_taken="skip")
+        for _ in range(2):
+            double.reset_counts()
+            code, out, err = run_cli(capsys, ["--values", str(values), "reconcile", "--once"])
+            assert code == 0 and not [r for r in audit_records(out) if r["action"] == "rename"]
+            assert f"rename: web1-vms is held by {rack} (maas.on_hostname_taken: skip)" in err
+            assert double.counts[("GET", "nodes/")] == 1
+        assert not [w for w in double.writes if "hostname" in w[2]]
+        assert double.machines[sid]["hostname"] != "web1-vms"
+
+
+def test_409_retry_after_is_retried_within_the_cycle(tmp_path, capsys):
+    with MaasDouble() as double:
+        vms, _ = fleet(double)
+        values = write_values(tmp_path, double)
+        double.inject("409", method="PUT", count=2)
+        code, out, err = run_cli(capsys, ["--values", str(values), "reconcile", "--once"])
+        assert code == 0, err
+        assert all(r["outcome"] == "ok" for r in audit_records(out))
+        assert not double.faults and converged(double, vms[:4])
+
+
+@pytest.mark.parametrize("record, problem", [
+    ({"hostname": "ghost"}, "(no system_id)"),
+    ("not a machine", "(no system_id)"),
+    ({"system_id": "bad001", "hostname": "x", "power_type": "redfish", "status_name": "New", "status": 0,
+      "pool": None, "tag_names": []}, "machine bad001: skipped"),
+    ({"system_id": "bad002", "hostname": "x", "power_type": "redfish", "status_name": "New", "status": "0",
+      "pool": {"name": "default", "id": 0}, "tag_names": []}, "machine bad002: skipped"),
+])
+def test_a_malformed_record_never_aborts_the_cycle(tmp_path, capsys, record, problem):
+    with MaasDouble() as double:
+        vms, _ = fleet(double)
+        double.extra_records.append(record)
+        values = write_values(tmp_path, double)
+        code, out, err = run_cli(capsys, ["--values", str(values), "reconcile", "--once"])
+        assert code == 0, err
+        assert converged(double, vms[:4])
+        (warning,) = [line for line in err.splitlines() if "malformed record" in line]
+        assert warning.startswith("maas-kubevirt: warning: ") and problem in warning
+
+
+def test_a_malformed_record_is_warned_about_once(tmp_path, capsys):
+    with MaasDouble() as double:
+        double.add_vm("web1", "vms")
+        sid = double.add_vm("web2", "vms")
+        double.machines[sid]["tag_names"] = "kubevirt-approved"
+        client = MAASClient(double.url, Signer(*double.api_key), timeout=2)
+        reconciler = Reconciler(client, Settings(domain=DOMAIN), Audit(""))
+        for _ in range(3):
+            assert not reconciler.cycle().failed
+        err = capsys.readouterr().err
+        assert err.count(f"machine {sid}: skipped") == 1 and "unusable tag_names" in err
+        assert double.machines[sid]["hostname"] != "web2-vms"  # never touched
+
+
+def test_tag_names_as_a_string_never_approves(tmp_path, capsys):
+    """"not-kubevirt-approved" holds "kubevirt-approved" as a substring, not as a tag."""
+    with MaasDouble() as double:
+        sid = double.add_vm("web1", "vms")
+        double.machines[sid]["tag_names"] = "not-kubevirt-approved"
+        values = write_values(tmp_path, double, commission="approved")
+        code, out, err = run_cli(capsys, ["--values", str(values), "reconcile", "--once"])
+        assert code == 0 and double.machines[sid]["status_name"] == "New"
+        assert not [w for w in double.writes if w[2].get("op") == "commission"]
+
+
+def test_response_over_the_cap_fails_the_cycle_with_the_key_to_raise(tmp_path, capsys):
+    with MaasDouble() as double:
+        for i in range(3000):
+            double.add_machine(power_type="ipmi", status="Deployed")
+        values = write_values(tmp_path, double, max_response_mib=1)
+        code, out, err = run_cli(capsys, ["--values", str(values), "reconcile", "--once"])
+        assert code == 1
+        assert "GET machines/: too-large: response body larger than maas.max_response_mib (1 MiB" in err
+        assert double.counts[("GET", "machines/")] == 1   # never retried
+
+
+def test_cycle_deadline_bounds_a_hanging_maas():
+    with MaasDouble() as double:
+        double.add_vm("web1", "vms")
+        double.inject("hang", path=r"^machines/$", hang=8)
+        client = MAASClient(double.url, Signer(*double.api_key), timeout=30)
+        reconciler = Reconciler(client, Settings(domain=DOMAIN, cycle_deadline=1), Audit(""))
+        started = time.monotonic()
+        result = reconciler.cycle()
+        assert time.monotonic() - started < 2.5
+        assert result.failed and "deadline" in result.error
+        double.clear_faults()
+        assert not reconciler.cycle().failed  # the next cycle has its own deadline
+
+
+HOSTILE = "bad\x1b[2J\x1b]0;pwned\x07 \u202eevil"
+
+
+def test_maas_error_text_is_printed_escaped(tmp_path, capsys):
+    with MaasDouble() as double:
+        double.add_vm("web1", "vms")
+        values = write_values(tmp_path, double)
+        double.inject("reply", path=r"^machines/$", status=400, body=HOSTILE)
+        code, out, err = run_cli(capsys, ["--values", str(values), "reconcile", "--once"])
+        assert code == 1 and all(line.isprintable() for line in err.splitlines())
+        assert "cycle failed: GET machines/: 400: bad\\x1b[2J\\x1b]0;pwned\\x07 \\u202eevil" in err
+        # In an audit record's reason too (the JSON line then carries the escape as text).
+        double.inject("reply", method="POST", path="resourcepools/", status=400, body={"name": [HOSTILE]})
+        code, out, err = run_cli(capsys, ["--values", str(values), "reconcile", "--once"])
+        (record,) = [r for r in audit_records(out) if r["action"] == "create-pool"]
+        assert record["reason"] == "POST resourcepools/: 400: name: bad\\x1b[2J\\x1b]0;pwned\\x07 \\u202eevil"
+
+
+def test_not_admin_exits_2_with_maas_message(tmp_path, capsys):
+    with MaasDouble() as double:
+        double.add_vm("web1", "vms")
+        double.admin = False
+        values = write_values(tmp_path, double)
+        code, out, err = run_cli(capsys, ["--values", str(values), "reconcile", "--once"])
+        assert code == 2 and double.writes == []
+        assert "403: This method is reserved for admin users." in err or "403: response body withheld" in err
+        assert "not a MAAS administrator" in err
+
+
+def test_key_file_with_several_keys_exits_2_saying_how_to_choose(tmp_path, capsys):
+    with MaasDouble() as double:
+        values = write_values(tmp_path, double)
+        key = tmp_path / "api-key"
+        key.write_text(double.api_key_text + "\nc2:t2:other-S3CRET\n")
+        code, out, err = run_cli(capsys, ["--values", str(values), "status"])
+        assert code == 2 and double.request_count == 0
+        assert "expected one MAAS API key" in err and "--with-names" in err
+        assert_no_secrets(double, out, err)
+        assert "other-S3CRET" not in err
+
+
+def test_bad_env_key_exits_2_naming_the_variable(tmp_path, capsys, monkeypatch):
+    with MaasDouble() as double:
+        values = write_values(tmp_path, double)
+        monkeypatch.setenv("MAAS_API_KEY", "not-a-key")
+        code, out, err = run_cli(capsys, ["--values", str(values), "status"])
+        assert code == 2 and err.startswith("maas-kubevirt: error: MAAS_API_KEY: expected")
+        assert "api_key_file" not in err and "not-a-key" not in err
+
+
+def test_plaintext_url_off_loopback_warns(tmp_path, capsys):
+    with MaasDouble() as double:
+        # TEST-NET-1: never answers; the warning comes before the first request.
+        values = write_values(tmp_path, double, url="http://192.0.2.1:5240/MAAS/", timeout=1)
+        code, out, err = run_cli(capsys, ["--values", str(values), "status"])
+        assert code == 1
+        (warning,) = [line for line in err.splitlines() if "PLAINTEXT" in line]
+        assert "maas.url is http:// on 192.0.2.1" in warning and "token secret" in warning
+        values = write_values(tmp_path, double)
+        code, out, err = run_cli(capsys, ["--values", str(values), "status"])
+        assert code == 0 and "PLAINTEXT" not in err
+
+
+def test_sigterm_during_a_hanging_request_exits_within_two_seconds(tmp_path):
+    """The real thing: a subprocess in the middle of a request that MAAS never answers."""
+    with MaasDouble() as double:
+        double.add_vm("web1", "vms")
+        values = write_values(tmp_path, double, timeout=60, interval=1)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.pop("MAAS_API_KEY", None)
+        double.inject("hang", path=r"^machines/$", hang=30)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "maas_kubevirt", "--values", str(values), "reconcile"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while ("GET", "machines/") not in double.counts and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert ("GET", "machines/") in double.counts, "the request never started"
+            time.sleep(0.3)  # well inside the request: MAAS has not answered
+            sent = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            out, err = process.communicate(timeout=10)
+            took = time.monotonic() - sent
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        assert took < 2.0, took
+        assert process.returncode == 0, err
+        assert "Traceback" not in err and "cycle failed" not in err

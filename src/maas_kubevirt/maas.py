@@ -578,7 +578,9 @@ class MAASClient:
                 delay = min(self.retry.backoff * 2 ** (attempt - 1), self.retry.max_backoff)
                 delay *= 1 + random.uniform(0, 0.1)
             if self.deadline is not None and time.monotonic() + delay >= self.deadline:
-                raise failure
+                raise MAASError(method, shown, failure.status,
+                                f"{failure.message}; not retried: the cycle's deadline "
+                                "(maas.cycle_deadline) comes first", "deadline")
             if self.sleep(delay):
                 raise MAASError(method, shown, None, "stopped by a signal while waiting to retry",
                                 "interrupted")
