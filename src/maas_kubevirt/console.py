@@ -7,7 +7,6 @@ error bodies, versions) cannot carry terminal escapes or line breaks into the ou
 from __future__ import annotations
 
 import sys
-import unicodedata
 from typing import Any, Iterable, Sequence
 
 from maas_kubevirt import PROG
@@ -38,10 +37,11 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
 
 
 def escape_controls(text: str) -> str:
-    """Control, format and unassigned characters as ``\\xNN``/``\\uNNNN``, so text from MAAS
-    cannot move the cursor, recolour a terminal or reorder what follows (bidi overrides)."""
+    """Every character Python does not call printable (controls, format characters such as bidi
+    overrides, line and paragraph separators, unassigned code points, spaces other than " ") as
+    ``\\xNN``/``\\uNNNN``: text from MAAS cannot move the cursor, recolour a terminal, break a
+    line or reorder what follows."""
     return "".join(
-        char.encode("unicode_escape").decode("ascii")
-        if unicodedata.category(char)[0] == "C" else char
+        char if char.isprintable() else char.encode("unicode_escape").decode("ascii")
         for char in str(text)
     )

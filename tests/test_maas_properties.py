@@ -1,0 +1,181 @@
+"""Properties (hypothesis) of what issue 10 added: API key parsing, escaping MAAS text, the
+cleartext check, script metadata as MAAS reads it, record checks, and the plan's taken names."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from maas_kubevirt import identity, upload
+from maas_kubevirt.console import escape_controls
+from maas_kubevirt.maas import cleartext_warning, parse_api_key
+from maas_kubevirt.reconcile import RENAME, SKIP, Settings, machine_problem, names_to_check, matching, plan
+from maas_kubevirt.values import ValuesError
+
+DOMAIN = "bmc.example.com"
+KEY_PART = st.text(st.characters(categories=("L", "N"), include_characters="-_."), min_size=1, max_size=40)
+
+
+# --- API keys --------------------------------------------------------------------------------
+
+
+@given(KEY_PART, KEY_PART, KEY_PART, st.sampled_from(["", "\n", "  \n\n", "\r\n"]))
+def test_one_key_round_trips(consumer, token, secret, trailer):
+    assert parse_api_key(f"{consumer}:{token}:{secret}{trailer}", "MAAS_API_KEY") == (consumer, token, secret)
+
+
+@given(st.lists(st.tuples(KEY_PART, KEY_PART, KEY_PART.filter(lambda p: len(p) >= 6) | st.text("abcdef0123", min_size=6, max_size=30)),
+                min_size=2, max_size=5))
+def test_several_keys_are_refused_without_showing_any(keys):
+    text = "\n".join(":".join(key) for key in keys)
+    with pytest.raises(ValuesError) as caught:
+        parse_api_key(text, "maas.api_key_file", " in /etc/maas-kubevirt/api-key")
+    message = str(caught.value)
+    assert f"found {len(keys)} lines" in message
+    for _, _, secret in keys:
+        assert secret not in message
+
+
+@given(st.text(max_size=80))
+def test_any_text_is_a_key_or_a_one_line_error_naming_the_source(text):
+    try:
+        parts = parse_api_key(text, "MAAS_API_KEY", " in the environment variable")
+    except ValuesError as error:
+        message = str(error)
+        assert message.startswith("MAAS_API_KEY: expected") and "\n" not in message
+        secret = text.strip().split(":")[-1]
+        if len(secret) >= 8:
+            assert secret not in message
+    else:
+        assert ":".join(parts) == text.strip()
+
+
+# --- escaping --------------------------------------------------------------------------------
+
+
+@given(st.text())
+def test_escaped_text_has_no_control_characters(text):
+    escaped = escape_controls(text)
+    assert escaped.isprintable()
+    assert "\x1b" not in escaped and "\n" not in escaped and "\u202e" not in escaped
+
+
+@given(st.text().filter(str.isprintable))
+def test_printable_text_is_unchanged(text):
+    assert escape_controls(text) == text
+
+
+# --- cleartext -------------------------------------------------------------------------------
+
+
+@given(st.ip_addresses(), st.sampled_from(["http", "https"]), st.integers(1, 65535))
+def test_cleartext_warns_for_http_off_loopback_only(address, scheme, port):
+    host = f"[{address}]" if address.version == 6 else str(address)
+    warning = cleartext_warning(f"{scheme}://{host}:{port}/MAAS/")
+    assert bool(warning) == (scheme == "http" and not ipaddress.ip_address(address).is_loopback)
+
+
+# --- script metadata as MAAS reads it --------------------------------------------------------
+
+METADATA = st.fixed_dictionaries({
+    "name": st.from_regex(r"[a-z0-9][a-z0-9-]{0,30}", fullmatch=True),
+    "title": st.text(st.characters(categories=("L", "N", "Zs")), min_size=1, max_size=30).map(str.strip)
+    .filter(bool),
+    "tags": st.lists(st.from_regex(r"[a-z][a-z0-9-]{0,15}", fullmatch=True), min_size=1, max_size=4),
+    "timeout": st.sampled_from(["00:05:00", "00:10:00", "01:00:00"]),
+})
+
+
+@given(METADATA, st.sampled_from(["#", "# ", "  #  "]), st.booleans())
+def test_metadata_round_trips(metadata, prefix, blank_line):
+    block = yaml.safe_dump(metadata, default_flow_style=False, sort_keys=False).splitlines()
+    lines = ["#!/usr/bin/env python3", "# --- Start MAAS 1.0 script metadata ---"]
+    lines += [prefix + line for line in block]
+    if blank_line:
+        lines.insert(3, "")
+    lines += ["# --- End MAAS 1.0 script metadata ---", "print('hi')"]
+    text = "\n".join(lines) + "\n"
+    assert upload.script_metadata(text) == metadata
+    assert upload.script_name(text) == metadata["name"]
+    assert upload.script_tags(upload.script_metadata(text)) == metadata["tags"]
+
+
+@given(st.text(max_size=200))
+def test_any_text_is_metadata_or_a_values_error(text):
+    try:
+        upload.script_metadata(text)
+    except ValuesError as error:
+        assert str(error).startswith("script: ")
+    else:
+        assert text.startswith("#!/")
+
+
+# --- machine records -------------------------------------------------------------------------
+
+GOOD = {"system_id": "abc123", "hostname": "h", "power_type": "redfish", "status_name": "New",
+        "status": 0, "pool": {"name": "default", "id": 0}, "tag_names": ["a"]}
+JUNK = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=5), st.lists(st.integers(), max_size=2),
+                 st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+
+
+@given(st.sampled_from(sorted(GOOD)), JUNK)
+def test_a_wrong_field_makes_a_record_unusable(key, value):
+    record = dict(GOOD, **{key: value})
+    valid = machine_problem(record) is None
+    if valid:  # only values of the right shape pass
+        assert type(value) is type(GOOD[key]) or (key == "pool" and isinstance(value, dict))
+    else:
+        assert key in machine_problem(record)
+
+
+def test_a_good_record_is_usable():
+    assert machine_problem(GOOD) is None
+    assert machine_problem(dict(GOOD, tag_names="a")) == "unusable tag_names"
+
+
+# --- the plan with names held by other nodes -------------------------------------------------
+
+VMS = ["web1", "web2", "db.primary", "x"]
+
+
+def vm_machine(index: int, vm: str, hostname: str) -> tuple[dict, str]:
+    sid = f"m{index:04d}"
+    return ({"system_id": sid, "hostname": hostname, "power_type": "redfish", "status_name": "Ready",
+             "status": 4, "pool": {"name": "vms", "id": 3}, "tag_names": []},
+            f"https://{vm}.vms.{DOMAIN}/redfish/v1/Systems/1")
+
+
+@given(st.lists(st.sampled_from(VMS), min_size=1, max_size=4, unique=True),
+       st.sets(st.sampled_from([identity.maas_hostname(vm, "vms") for vm in VMS]
+                               + [identity.fallback_hostname(vm, "vms") for vm in VMS])),
+       st.sampled_from(["fallback", "skip"]))
+def test_no_rename_targets_a_name_another_node_holds(vms, taken_names, mode):
+    machines, power = [], {}
+    for index, vm in enumerate(vms):
+        machine, address = vm_machine(index, vm, f"random-{index}")
+        machines.append(machine)
+        power[machine["system_id"]] = address
+    settings = Settings(domain=DOMAIN, on_hostname_taken=mode)
+    wanted = names_to_check(matching(machines, power, DOMAIN))
+    taken = {name: "device1" for name in taken_names if name in wanted}
+    actions = plan(machines, power, [], settings, taken)
+    renames = {a.system_id: a.after for a in actions if a.kind == RENAME}
+    assert not set(renames.values()) & set(taken)
+    assert len(set(renames.values())) == len(renames)
+    for vm, machine in zip(vms, machines):
+        primary, fallback = identity.maas_hostname(vm, "vms"), identity.fallback_hostname(vm, "vms")
+        sid = machine["system_id"]
+        if primary not in taken:
+            assert renames.get(sid) == primary
+        elif mode == "fallback" and fallback not in taken:
+            assert renames.get(sid) == fallback
+        else:
+            assert sid not in renames
+            assert any(a.kind == SKIP and a.system_id == sid and "rename" in a.note for a in actions)
+    # Without the taken names the plan would have walked into a held primary: the input matters.
+    if any(identity.maas_hostname(vm, "vms") in taken for vm in vms):
+        assert plan(machines, power, [], settings) != actions
