@@ -26,7 +26,8 @@ def test_version_from_console_script_and_module(command):
         (["render"], ["--output DIR", "kubectl apply -f -", "seed"]),
         (["reconcile"], ["--once", "--interval SECONDS", "--dry-run", "audit record", "Exit status"]),
         (["status"], ["power state"]),
-        (["upload-script"], ["--script FILE", "POST scripts/"]),
+        (["upload-script"], ["--script FILE", "POST scripts/", "read it back", "bmc-config and enlisting",
+                             "not rendered from these values"]),
     ],
 )
 def test_help_describes_every_command(sub, mentions, capsys):
@@ -57,3 +58,59 @@ def test_once_and_interval_exclude_each_other(capsys):
     with pytest.raises(SystemExit) as exited:
         cli.main(["reconcile", "--once", "--interval", "5"])
     assert exited.value.code == 2
+
+
+# --- layout: one module per command, arrows one way ------------------------------------------
+
+PACKAGE = Path(cli.__file__).parent
+# Higher imports lower, never the reverse: cli -> commands -> reconciler -> maas/kube -> identity.
+RANK = {
+    "__main__": 7,
+    "cli": 6,
+    "loop": 5, "status": 5, "upload": 5, "doctor": 5,   # the commands' entry points
+    "render": 4,                  # the render command, and what upload (and doctor) compare with
+    "reconcile": 3, "policies": 3,
+    "maas": 2, "kube": 2, "audit": 2,
+    "values": 1, "console": 1,
+    "identity": 0, "paths": 0,
+    "__init__": -1,               # PROG, the version and the exit codes: anyone may import them
+}
+COMMANDS = {"render": "render", "reconcile": "loop", "status": "status", "upload-script": "upload"}
+
+
+def _imports(path: Path) -> set[str]:
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("maas_kubevirt"):
+            module = node.module.split(".")[1] if "." in node.module else None
+            if module is None:  # from maas_kubevirt import x, y
+                found |= {alias.name for alias in node.names if (PACKAGE / f"{alias.name}.py").exists()}
+                found.add("__init__")
+            else:
+                found.add(module)
+        elif isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[1] for alias in node.names
+                      if alias.name.startswith("maas_kubevirt.")}
+    return found
+
+
+@pytest.mark.parametrize("path", sorted(PACKAGE.glob("*.py")), ids=lambda p: p.stem)
+def test_imports_point_one_way(path):
+    module = path.stem
+    assert module in RANK, f"{module}.py: give it a rank in RANK (which layer is it?)"
+    for imported in _imports(path):
+        assert RANK[imported] < RANK[module], f"{module} imports {imported}: an arrow pointing back"
+
+
+def test_each_command_has_its_own_module_with_main():
+    import importlib
+
+    parser_commands = set(cli.build_parser()._subparsers._group_actions[0].choices)
+    assert set(COMMANDS) <= parser_commands
+    for command, module in COMMANDS.items():
+        assert cli._command(command).__name__ == f"maas_kubevirt.{module}"
+        assert callable(importlib.import_module(f"maas_kubevirt.{module}").main)
+    reconcile_source = (PACKAGE / "reconcile.py").read_text()
+    assert "def main" not in reconcile_source and "argparse" not in reconcile_source

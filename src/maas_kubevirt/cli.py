@@ -82,8 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     upload = commands.add_parser(
         "upload-script",
         help="create or update the commissioning script in MAAS",
-        description="Upload the rendered commissioning script to MAAS through its API "
-        "(POST scripts/ or PUT scripts/{name}).",
+        description="Upload the commissioning script that render wrote from the same values "
+        "to MAAS through its API (POST scripts/, or PUT scripts/{name} with the tags and timeout, "
+        "which MAAS takes from a script only when creating it), then read it back: its tags must "
+        "hold bmc-config and enlisting and its text must be the rendered one.",
+        epilog="Exit status: 0 uploaded and verified, 1 MAAS failed or stored something else, "
+        "2 usage or configuration error (a script not rendered from these values, a refused key).",
     )
     upload.add_argument(
         "--script", metavar="FILE", default=str(DEFAULT_OUTPUT / "commissioning" / SCRIPT_NAME),
