@@ -1,12 +1,15 @@
 """The reconciler: MAAS machines whose Redfish power address is ``<vm>.<namespace>.<domain>``
 are renamed ``<vm>-<namespace>``, filed in the pool ``<namespace>`` and, in New, commissioned.
 
-- ``plan(machines, power_parameters, pools, settings)`` is pure: it returns the actions.
+- ``plan(machines, power_parameters, pools, settings, taken)`` is pure: it returns the actions
+  (``taken``: hostnames other nodes hold, devices and controllers included).
 - ``apply(client, actions, audit, stop)`` carries them out one by one; each is independent,
   each change is one JSON audit record, a 400 because MAAS moved the machine on is a skip.
 - ``Reconciler`` runs cycles: one ``GET machines/``, power parameters in bulk only for redfish
   machines not seen before (remembered per system_id: only the power_address), the pools only
-  when a machine may need moving. An idle cycle costs at most 2 requests.
+  when a machine may need moving, ``nodes/?hostname=`` only when a rename may happen. An idle
+  cycle costs at most 2 requests. A malformed machine record is skipped with one warning; the
+  whole cycle runs within ``maas.cycle_deadline``.
 
 The commands that run it live elsewhere: ``loop`` (reconcile), ``status``.
 """
