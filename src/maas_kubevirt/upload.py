@@ -100,19 +100,17 @@ def _embedded_settings(text: str) -> dict | None:
 def rendering_problem(text: str, values: dict, source: str) -> str | None:
     """Why text is not what ``render`` writes from these values, or None when it is.
 
-    Secrets stay out of the answer: the seed is taken from the script itself (it is not a
-    value to compare) and only the names of differing settings are given.
+    Only the names of differing settings are given, never a value: a secret must not be echoed.
     """
     render_again = f"run `{PROG} --values FILE render` with the values you pass here"
     settings = _embedded_settings(text)
     if settings is None:
         return f"{source}: not a script rendered by {PROG} (no SETTINGS): {render_again}"
-    seed = settings.get("seed", "")
     template = (data_dir() / "commissioning" / SCRIPT_NAME).read_text(encoding="utf-8")
-    if not isinstance(seed, str) or not seed:
-        if text == template:
-            return f"{source}: the unrendered commissioning script from the source tree: {render_again}"
-        return f"{source}: its SETTINGS hold no seed, so it was not rendered: {render_again}"
+    if text == template:
+        return f"{source}: the unrendered commissioning script from the source tree: {render_again}"
+    # While the script carries the seed, it is the script's own: the seed is not a value.
+    seed = settings.get("seed") if isinstance(settings.get("seed"), str) else ""
     if text == render_commissioning(values, seed):
         return None
     expected = script_settings(values, seed)
