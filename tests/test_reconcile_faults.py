@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import sys
 import time
 from pathlib import Path
@@ -398,3 +399,21 @@ def test_sigterm_during_a_hanging_request_exits_within_two_seconds(tmp_path):
         assert took < 2.0, took
         assert process.returncode == 0, err
         assert "Traceback" not in err and "cycle failed" not in err
+
+
+def test_a_write_abandoned_in_flight_is_audited_as_unknown(tmp_path, capsys):
+    """SIGTERM during a PUT: MAAS may still carry it out, so the record says so, not "failed"."""
+    with MaasDouble() as double:
+        double.add_vm("web1", "vms", pool="vms", status="Ready")
+        double.inject("hang", method="PUT", hang=4)
+        stop = threading.Event()
+        client = MAASClient(double.url, Signer(*double.api_key), timeout=30, stop=stop)
+        reconciler = Reconciler(client, Settings(domain=DOMAIN), Audit(""), stop)
+        threading.Timer(0.5, stop.set).start()
+        started = time.monotonic()
+        result = reconciler.cycle()
+        assert time.monotonic() - started < 1.5
+        assert result.outcome.interrupted
+        (record,) = audit_records(capsys.readouterr().out)
+        assert (record["action"], record["outcome"]) == ("rename", "unknown")
+        assert record["reason"].endswith("interrupted: stopped by a signal during the request")

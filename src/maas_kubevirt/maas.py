@@ -73,12 +73,15 @@ class MAASError(Exception):
     "connection", "timeout", "malformed", "interrupted", "http").
     """
 
-    def __init__(self, method: str, path: str, status: int | None, message: str, kind: str = "http"):
+    def __init__(self, method: str, path: str, status: int | None, message: str, kind: str = "http",
+                 in_flight: bool = False):
         self.method = method
         self.path = path
         self.status = status
         self.message = message
         self.kind = kind
+        # The request was sent and then abandoned: MAAS may have carried it out.
+        self.in_flight = in_flight
         super().__init__(f"{method} {path}: {status if status is not None else kind}: {message}")
 
     @property
@@ -487,11 +490,11 @@ class MAASClient:
             if self.stop.is_set():
                 self._abandon()
                 raise MAASError(method, shown, None, "stopped by a signal during the request",
-                                "interrupted")
+                                "interrupted", in_flight=True)
             if self.deadline is not None and time.monotonic() >= self.deadline:
                 self._abandon()
                 raise MAASError(method, shown, None, "the cycle's deadline (maas.cycle_deadline) "
-                                "passed during the request", "deadline")
+                                "passed during the request", "deadline", in_flight=True)
         if "error" in outcome:
             raise outcome["error"]
         reply = outcome["reply"]

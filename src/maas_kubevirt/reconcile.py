@@ -386,7 +386,8 @@ def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
             raise
         except MAASError as failure:
             stopped = failure.kind in ("interrupted", "deadline")  # every later request fails alike
-            result = "failed" if stopped else _classify(action, failure)
+            # Abandoned after it was sent: MAAS may have made the change; the next cycle re-reads.
+            result = ("unknown" if failure.in_flight else "failed") if stopped else _classify(action, failure)
             if action.kind == CREATE_POOL and result == "failed":
                 failed_pools.add(action.after)
             audit.record(action, result, str(failure))
