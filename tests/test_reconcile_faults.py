@@ -417,3 +417,14 @@ def test_a_write_abandoned_in_flight_is_audited_as_unknown(tmp_path, capsys):
         (record,) = audit_records(capsys.readouterr().out)
         assert (record["action"], record["outcome"]) == ("rename", "unknown")
         assert record["reason"].endswith("interrupted: stopped by a signal during the request")
+
+
+def test_hostile_hostnames_are_escaped_in_status_and_notes(tmp_path, capsys):
+    with MaasDouble() as double:
+        double.add_vm("web1", "vms", hostname="x\x1b[31mred\u202e", pool="ops", status="Deployed")
+        values = write_values(tmp_path, double)
+        code, out, err = run_cli(capsys, ["--values", str(values), "status"])
+        assert code == 0 and "x\\x1b[31mred\\u202e" in out
+        code, out2, err2 = run_cli(capsys, ["--values", str(values), "reconcile", "--dry-run"])
+        for text in (out, err, out2, err2):
+            assert all(line.isprintable() for line in text.splitlines())
