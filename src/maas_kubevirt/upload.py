@@ -136,8 +136,10 @@ def _upload(client: MAASClient, name: str, content: bytes, metadata: dict) -> bo
     stored = existing.get("tags") if isinstance(existing.get("tags"), list) else []
     # The union keeps tags an operator added; the form replaces the list with what it is given.
     tags = list(dict.fromkeys([*stored, *script_tags(metadata)]))
-    client.update_script(name, content, COMMENT, tags=",".join(tags),
-                         timeout=str(metadata.get("timeout", "")))
+    fields = {"tags": ",".join(tags)}
+    if metadata.get("timeout") is not None:  # an empty timeout would clear MAAS's
+        fields["timeout"] = str(metadata["timeout"])
+    client.update_script(name, content, COMMENT, **fields)
     return True
 
 
