@@ -22,6 +22,7 @@ kept, logged or put into an error message (bodies of power-parameter responses a
 from __future__ import annotations
 
 import email.utils
+import ipaddress
 import json
 import os
 import random
@@ -29,13 +30,10 @@ import re
 import stat
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
-from urllib.parse import urlencode
-
-import ipaddress
-from contextlib import contextmanager
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import oauthlib.oauth1
 import requests
