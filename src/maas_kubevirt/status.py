@@ -17,7 +17,8 @@ def main(values: dict, args: Any) -> int:
     try:
         reconciler = Reconciler(client, settings)
         try:
-            _, _, matches = reconciler.observe()
+            with client.within(settings.cycle_deadline):
+                _, _, matches = reconciler.observe()
         except MAASAuthError as failure:
             error(str(failure))
             return EXIT_USAGE
