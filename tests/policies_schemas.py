@@ -244,13 +244,13 @@ def generate_patterns(obj: dict) -> list[dict]:
 
 
 def resolve(value, variables: dict[str, str]):
-    """Substitute the simple {{ request.object.metadata.* }} variables of a generate pattern."""
+    """Substitute the {{ request.object.metadata.name/namespace/uid }} variables of a generate pattern."""
     if isinstance(value, dict):
         return {resolve(k, variables): resolve(v, variables) for k, v in value.items()}
     if isinstance(value, list):
         return [resolve(v, variables) for v in value]
     if isinstance(value, str):
-        value = re.sub(r"\{\{\s*(request\.object\.metadata\.(?:name|namespace))\s*\}\}", lambda m: variables[m.group(1)], value)
+        value = re.sub(r"\{\{\s*(request\.object\.metadata\.(?:name|namespace|uid))\s*\}\}", lambda m: variables[m.group(1)], value)
         # Any other expression (the password) stands for a base64 value the engine computes.
         return "cGxhY2Vob2xkZXI=" if "{{" in value else value
     return value

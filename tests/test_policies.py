@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from conftest import require
 from maas_kubevirt import identity, policies
 from maas_kubevirt.values import ValuesError, load_values, validate
-from policies_fixtures import expected_ingress, expected_secret, expected_vmbmc
+from policies_fixtures import expected_ingress, expected_secret, expected_vmbmc, vm_uid
 from policies_schemas import (
     SchemaProblem,
     generate_patterns,
@@ -29,6 +29,8 @@ from policies_schemas import (
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "kyverno"
 SEED = "0f3c-test-seed-7a9e-not-used-anywhere"
+VARIABLES = {"request.object.metadata.name": "web1", "request.object.metadata.namespace": "tenant-a",
+             "request.object.metadata.uid": vm_uid("web1", "tenant-a")}
 
 
 @pytest.fixture(scope="module")
@@ -131,28 +133,60 @@ def test_rbac_aggregates_exactly_the_needed_verbs(defaults):
         ("bmc.kubevirt.io", "virtualmachinebmcs", ()): generate,
         ("networking.k8s.io", "ingresses", ()): generate,
         ("kubevirt.io", "virtualmachines", ()): {"get", "list", "watch", "update"},
-        ("", "secrets", ("maas-kubevirt-seed",)): {"get"},
     }
+    # No Secret read for the admission controller (issue 8 item 9); the live tier proves the
+    # policies are admitted without it.
     assert admission == {
-        ("", "secrets", ()): {"get", "list"},
         ("bmc.kubevirt.io", "virtualmachinebmcs", ()): {"get", "list"},
         ("networking.k8s.io", "ingresses", ()): {"get", "list"},
     }
-    assert reports == {("kubevirt.io", "virtualmachines", ()): {"get", "list", "watch"}}
+    read = {"get", "list", "watch"}
+    assert reports == {
+        ("kubevirt.io", "virtualmachines", ()): read,
+        ("kubevirt.io", "virtualmachineinstances", ()): read,
+        ("kubevirt.io", "virtualmachineinstancereplicasets", ()): read,
+        ("pool.kubevirt.io", "virtualmachinepools", ()): read,
+        ("networking.k8s.io", "ingresses", ()): read,
+    }
+    # Every kind a rule matches or generates is covered for the controller that acts on it.
+    kinds = {k.split("/")[-1] for pol in by_kind(policies.render_kubernetes(defaults, SEED))["ClusterPolicy"]
+             for rule in pol["spec"]["rules"] for sel in rule["match"]["any"] for k in sel["resources"]["kinds"]}
+    plural = {"VirtualMachine": "virtualmachines", "VirtualMachineInstance": "virtualmachineinstances",
+              "VirtualMachineInstanceReplicaSet": "virtualmachineinstancereplicasets",
+              "VirtualMachinePool": "virtualmachinepools", "Ingress": "ingresses"}
+    assert kinds == set(plural) | {"Namespace"}  # Namespaces: Kyverno's own core roles
+    assert {p for _, p, _ in reports} == set(plural.values())
     for role in roles.values():
         assert role["metadata"]["labels"][aggregate_label(role)] == "true"
 
 
-def test_policies_match_vms_in_opted_in_namespaces(defaults):
+def test_policies_match_opted_in_namespaces_and_claims_match_every_namespace(defaults):
     values = values_with(defaults, kubernetes__opt_in_label="example.org/bmc", kubernetes__opt_in_value="yes")
     manifests = policies.render_kubernetes(values, SEED)
     pols = by_kind(manifests)["ClusterPolicy"]
     assert sorted(p["metadata"]["name"] for p in pols) == sorted(policies.POLICY_NAMES.values())
+    selector_yes = {"matchLabels": {"example.org/bmc": "yes"}}
     for pol in pols:
         for rule in pol["spec"]["rules"]:
             (selector,) = rule["match"]["any"]
-            assert selector["resources"]["kinds"] == ["kubevirt.io/v1/VirtualMachine"]
-            assert selector["resources"]["namespaceSelector"] == {"matchLabels": {"example.org/bmc": "yes"}}
+            resources = selector["resources"]
+            if pol["metadata"]["name"] == policies.POLICY_NAMES["claims"]:
+                # Cluster-wide: no namespace selector; "only when opted in" excludes opted-in ones.
+                assert "namespaceSelector" not in resources
+                excluded = [e["resources"].get("namespaceSelector") for e in rule.get("exclude", {}).get("any", [])]
+                assert excluded == ([selector_yes] if rule["name"].endswith("-only-when-opted-in") else [])
+            elif rule["name"] == "stamp-identity-on-opt-in":
+                assert resources == {"kinds": ["Namespace"], "selector": selector_yes}
+            else:
+                assert resources["kinds"] == ["kubevirt.io/v1/VirtualMachine"]
+                assert resources["namespaceSelector"] == selector_yes
+    claims = rules(policy(manifests, policies.POLICY_NAMES["claims"]))
+    for spec in policies.CLAIM_KINDS:
+        for suffix in ("serial-is-its-own", "serial-only-when-opted-in", "uuid-is-its-own"):
+            rule = claims[f"{spec['rule']}-{suffix}"]
+            assert rule["match"]["any"][0]["resources"]["kinds"] == [spec["kind"]]
+            assert all(spec["firmware"] in c["variable"]["jmesPath"] for c in rule["context"] if c["name"] != "own")
+    assert claims["ingress-host-in-its-own-namespace"]["match"]["any"][0]["resources"]["kinds"] == ["networking.k8s.io/v1/Ingress"]
     (namespace,) = [o for o in by_kind(manifests)["Namespace"] if o["metadata"]["name"] == policies.EXAMPLE_NAMESPACE]
     assert namespace["metadata"]["labels"] == {"example.org/bmc": "yes", "mutatevirtualmachines.kubemacpool.io": "allocate"}
 
@@ -164,17 +198,108 @@ def test_generate_rules_synchronise_existing_vms_and_never_use_random(defaults):
     for rule in bmc.values():
         assert rule["generate"]["synchronize"] is True
         assert rule["generate"]["generateExisting"] is True
+        assert rule["generate"]["orphanDownstreamOnPolicyDelete"] is True
+        # The opt-in rule's update of a VM comes from the background controller.
+        assert rule["skipBackgroundRequests"] is False
+        assert rule["generate"]["data"]["metadata"]["ownerReferences"] == [{
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+            "name": "{{ request.object.metadata.name }}", "uid": "{{ request.object.metadata.uid }}"}]
     assert "generateExisting" not in policy(manifests, policies.POLICY_NAMES["bmc"])["spec"]
     assert all("random(" not in text for text in manifests.values())
     (context,) = bmc["bmc-secret"]["context"]
     assert context["apiCall"]["urlPath"] == "/api/v1/namespaces/maas-kubevirt/secrets/maas-kubevirt-seed"
     identity_rules = rules(policy(manifests, policies.POLICY_NAMES["identity"]))
-    existing = identity_rules["stamp-identity-existing"]["mutate"]
-    assert existing["mutateExistingOnPolicyUpdate"] is True and existing["targets"][0]["kind"] == "VirtualMachine"
-    serial = rules(policy(manifests, policies.POLICY_NAMES["serial"]))["require-own-serial"]
-    assert serial["validate"]["failureAction"] == "Enforce"
+    assert list(identity_rules) == ["stamp-identity", "stamp-identity-on-opt-in"]
+    opt_in = identity_rules["stamp-identity-on-opt-in"]["mutate"]
+    assert opt_in["mutateExistingOnPolicyUpdate"] is True
+    (target,) = opt_in["targets"]
+    assert target["kind"] == "VirtualMachine" and target["namespace"] == "{{ request.object.metadata.name }}"
+    assert "name" not in target  # every VM in the namespace
+    for rule in rules(policy(manifests, policies.POLICY_NAMES["claims"])).values():
+        assert rule["validate"]["failureAction"] == "Enforce"
+        assert rule["validate"]["allowExistingViolations"] is False
+        assert rule["validate"]["message"].startswith(rule["name"] + ": ")
+        assert "Fix: " in rule["validate"]["message"]
     for rule in rules(policy(manifests, policies.POLICY_NAMES["audit"])).values():
         assert rule["validate"]["failureAction"] == "Audit"
+
+
+# --- a values change applies in place, except the opt-in label and the seed Secret's name -----
+
+_IN_PLACE = {
+    "redfish__domain": "bmc.other.example.net",
+    "redfish__username": "admin",
+    "ingress__source_ranges": ["10.20.0.0/16", "fd00:1::/64"],
+    "ingress__annotations": {"example.org/team": "infra"},
+    "ingress__tls_secret": "bmc-wildcard",
+    "ingress__class_name": "haproxy",
+    "ingress__allowlist_annotation": "haproxy.org/allow-list",
+}
+
+
+def _policies_of(manifests: dict[str, str]) -> dict[str, dict]:
+    return {p["metadata"]["name"]: p for p in by_kind(manifests)["ClusterPolicy"]}
+
+
+@pytest.mark.parametrize("key, value", list(_IN_PLACE.items()) + [("ingress__cluster_issuer", "letsencrypt")])
+def test_a_values_change_touches_only_what_kyverno_lets_change(defaults, key, value):
+    changes = {key: value}
+    if key == "ingress__class_name":
+        changes["ingress__allowlist_annotation"] = "haproxy.org/allow-list"
+    before = _policies_of(policies.render_kubernetes(defaults, SEED))
+    after = _policies_of(policies.render_kubernetes(values_with(defaults, **changes), SEED))
+    assert policies.policies_to_recreate(before, after) == []
+    assert before != after  # the change does reach the policies
+    # ... and only generate.data of the generate rules (Kyverno's immutable rule hash).
+    for name, pol in after.items():
+        for rule, old_rule in zip(pol["spec"]["rules"], before[name]["spec"]["rules"]):
+            if "generate" in rule:
+                assert {k: v for k, v in rule.items() if k != "generate"} == {k: v for k, v in old_rule.items() if k != "generate"}
+                assert {k: v for k, v in rule["generate"].items() if k != "data"} == {k: v for k, v in old_rule["generate"].items() if k != "data"}
+
+
+@pytest.mark.parametrize("key, value", [
+    ("kubernetes__opt_in_label", "example.org/bmc"),
+    ("kubernetes__opt_in_value", "yes"),
+    ("kubernetes__seed_secret", "other-seed"),
+    ("kubernetes__system_namespace", "other-system"),
+])
+def test_a_change_in_an_immutable_part_is_detected(defaults, key, value):
+    before = _policies_of(policies.render_kubernetes(defaults, SEED))
+    after = _policies_of(policies.render_kubernetes(values_with(defaults, **{key: value}), SEED))
+    assert policies.policies_to_recreate(before, after) == [policies.POLICY_NAMES["bmc"]]
+    text = policies.recreate_procedure(["maas-kubevirt-vm-bmc"], [], "out/kubernetes", before)
+    assert "kubectl delete clusterpolicy maas-kubevirt-vm-bmc\n  kubectl apply -k out/kubernetes" in text
+    assert "orphanDownstreamOnPolicyDelete" in text and "stay in place" in text
+
+
+def test_render_prints_the_delete_and_recreate_procedure(defaults, tmp_path, capsys):
+    from maas_kubevirt import cli
+
+    site = tmp_path / "site.yaml"
+    site.write_text("kubernetes:\n  opt_in_label: example.org/bmc\n")
+    out = tmp_path / "out"
+    assert cli.main(["render", "--output", str(out)]) == 0
+    first = capsys.readouterr().out
+    assert "kubectl delete" not in first
+    assert cli.main(["render", "--output", str(out)]) == 0
+    assert "kubectl delete" not in capsys.readouterr().out
+    # A policy of an earlier version, rendered without orphanDownstreamOnPolicyDelete.
+    old = policy(policies.render_kubernetes(defaults, SEED), policies.POLICY_NAMES["bmc"])
+    old["metadata"]["name"] = "maas-kubevirt-require-own-serial"
+    for rule in old["spec"]["rules"]:
+        rule["generate"].pop("orphanDownstreamOnPolicyDelete")
+    (out / "kubernetes" / "policy-vm-serial.yaml").write_text(yaml.safe_dump(old))
+    kustomization = out / "kubernetes" / "kustomization.yaml"
+    listed = yaml.safe_load(kustomization.read_text())
+    listed["resources"].append("policy-vm-serial.yaml")
+    kustomization.write_text(yaml.safe_dump(listed))
+    assert cli.main(["--values", str(site), "render", "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "kubectl delete clusterpolicy maas-kubevirt-vm-bmc\n" in printed
+    assert "kubectl delete clusterpolicy maas-kubevirt-require-own-serial\n" in printed
+    assert "deleting it deletes every generated Secret" in printed
+    assert printed.index("kubectl delete") < printed.index("Next steps:")
 
 
 def test_library_annotations_on_every_policy(defaults):
@@ -183,7 +308,7 @@ def test_library_annotations_on_every_policy(defaults):
         for key in ("title", "category", "severity", "subject", "description"):
             assert annotations[f"policies.kyverno.io/{key}"]
         assert annotations["policies.kyverno.io/severity"] in ("low", "medium", "high")
-        assert annotations["policies.kyverno.io/subject"] == "VirtualMachine"
+        assert annotations["policies.kyverno.io/subject"].split(", ")[0] == "VirtualMachine"
         assert annotations["kyverno.io/kyverno-version"] == policies.KYVERNO_MIN_VERSION
 
 
@@ -197,11 +322,11 @@ def test_ingress_pattern_is_the_expected_ingress(defaults, tls):
         ingress__annotations=extra,
         ingress__source_ranges=["10.1.2.0/24", "fd00::/8"],
         ingress__class_name="internal-nginx",
+        ingress__allowlist_annotation="nginx.ingress.kubernetes.io/allowlist-source-range",
         redfish__domain="BMC.Lab.Example.NET",
     )
     bmc = policy(policies.render_kubernetes(values, SEED), policies.POLICY_NAMES["bmc"])
-    variables = {"request.object.metadata.name": "web1", "request.object.metadata.namespace": "tenant-a"}
-    generated = {o["kind"]: o for o in (resolve(p, variables) for p in generate_patterns(bmc))}
+    generated = {o["kind"]: o for o in (resolve(p, VARIABLES) for p in generate_patterns(bmc))}
     assert generated["Ingress"] == expected_ingress("web1", "tenant-a", values)
     assert generated["Ingress"]["spec"]["rules"][0]["host"] == "web1.tenant-a.bmc.lab.example.net"
     assert generated["VirtualMachineBMC"] == expected_vmbmc("web1", "tenant-a")
@@ -212,12 +337,11 @@ def test_ingress_pattern_is_the_expected_ingress(defaults, tls):
 # --- schemas ----------------------------------------------------------------------------------
 
 def _validate_render(manifests: dict[str, str], module_dir) -> None:
-    variables = {"request.object.metadata.name": "web1", "request.object.metadata.namespace": "tenant-a"}
     for obj in policies.objects(manifests):
         validate_object(obj, module_dir)
         if obj["kind"] == "ClusterPolicy":
             for pattern in generate_patterns(obj):
-                validate_object(resolve(pattern, variables), module_dir)
+                validate_object(resolve(pattern, VARIABLES), module_dir)
 
 
 def test_every_rendered_object_validates_against_its_schema(defaults, module_dir):
@@ -235,7 +359,7 @@ def test_the_validator_catches_a_broken_policy(defaults, module_dir):
     pol["spec"]["rules"][0]["generate"]["synchronise"] = True  # misspelt field
     with pytest.raises(SchemaProblem):
         validate_object(pol, module_dir)
-    pol = policy(policies.render_kubernetes(defaults, SEED), policies.POLICY_NAMES["serial"])
+    pol = policy(policies.render_kubernetes(defaults, SEED), policies.POLICY_NAMES["claims"])
     pol["spec"]["rules"][0]["validate"]["failureAction"] = "Deny"
     with pytest.raises(SchemaProblem):
         validate_object(pol, module_dir)
@@ -248,6 +372,11 @@ def test_the_validator_catches_a_broken_policy(defaults, module_dir):
     [
         ({"ingress__tls_secret": "wild", "ingress__cluster_issuer": "le"}, "ingress.cluster_issuer"),
         ({"ingress__annotations": {"nginx.ingress.kubernetes.io/whitelist-source-range": "0.0.0.0/0"}}, "ingress.annotations"),
+        ({"ingress__annotations": {"nginx.ingress.kubernetes.io/allowlist-source-range": "10.0.0.0/8"}}, "ingress.annotations"),
+        ({"ingress__allowlist_annotation": "example.org/allow", "ingress__annotations": {"example.org/allow": "0.0.0.0/0"}},
+         "ingress.annotations"),
+        ({"ingress__class_name": "traefik"}, "ingress.allowlist_annotation"),
+        ({"redfish__domain": ("a" * 62 + ".") * 2 + "example.com"}, "redfish.domain"),
         ({"ingress__annotations": {"cert-manager.io/cluster-issuer": "other"}}, "ingress.annotations"),
         ({"ingress__annotations": {"example.org/x": "{{ request.object }}"}}, "ingress.annotations"),
         ({"ingress__annotations": {"example.org/x": "$(./../x)"}}, "ingress.annotations"),
@@ -275,6 +404,10 @@ def test_values_giving_invalid_objects_are_rejected_per_key(defaults, changes, k
         ("kubernetes", "opt_in_value", "a" * 64),
         ("kubernetes", "system_namespace", "Not_A_Namespace"),
         ("ingress", "source_ranges", ["10.0.0.1/8"]),
+        ("ingress", "source_ranges", []),
+        ("ingress", "source_ranges", ["0.0.0.0/0"]),
+        ("ingress", "source_ranges", ["10.0.0.0/8", "::/0"]),
+        ("ingress", "allowlist_annotation", "not a key!"),
         ("ingress", "source_ranges", ["nowhere"]),
         ("ingress", "annotations", {"bad key!": "x"}),
         ("ingress", "class_name", "Bad Class"),
@@ -307,7 +440,7 @@ _keyish = st.one_of(
 _cidr = st.one_of(
     st.ip_addresses(v=4).map(lambda a: f"{a}/32"),
     st.ip_addresses(v=6).map(lambda a: f"{a}/128"),
-    st.sampled_from(["10.0.0.0/8", "192.168.0.0/16", "fd00::/8", "10.0.0.1/8", "bad"]),
+    st.sampled_from(["10.0.0.0/8", "192.168.0.0/16", "fd00::/8", "10.0.0.1/8", "bad", "0.0.0.0/0", "::/0"]),
 )
 
 _changes = st.fixed_dictionaries(
@@ -324,6 +457,7 @@ _changes = st.fixed_dictionaries(
         "ingress.cluster_issuer": st.one_of(st.just(""), _dnsish, _anything),
         "ingress.source_ranges": st.lists(_cidr, max_size=4),
         "ingress.annotations": st.dictionaries(_keyish, st.one_of(_anything, st.integers()), max_size=3),
+        "ingress.allowlist_annotation": st.one_of(st.just(""), _keyish),
     },
 )
 
@@ -348,10 +482,54 @@ def test_render_fails_cleanly_or_every_object_validates(defaults, module_dir, ch
     (secret,) = [o for o in policies.objects(manifests) if o["kind"] == "Secret"]
     assert secret["stringData"]["seed"] == seed
     bmc = policy(manifests, policies.POLICY_NAMES["bmc"])
-    variables = {"request.object.metadata.name": "web1", "request.object.metadata.namespace": "tenant-a"}
     try:
         expected = expected_ingress("web1", "tenant-a", values)
     except identity.IdentityError:
         assume(False)
-    ingress = next(resolve(p, variables) for p in generate_patterns(bmc) if p["kind"] == "Ingress")
+    ingress = next(resolve(p, VARIABLES) for p in generate_patterns(bmc) if p["kind"] == "Ingress")
     assert ingress == expected
+
+
+def test_the_allowlist_is_always_rendered_with_the_configured_annotation(defaults):
+    for changes, key in (({}, policies.ALLOWLIST_ANNOTATION),
+                         ({"ingress__class_name": "haproxy", "ingress__allowlist_annotation": "haproxy.org/allow-list"},
+                          "haproxy.org/allow-list")):
+        values = values_with(defaults, ingress__source_ranges=["10.1.0.0/16", "fd00::/8"], **changes)
+        bmc = policy(policies.render_kubernetes(values, SEED), policies.POLICY_NAMES["bmc"])
+        ingress = next(resolve(p, VARIABLES) for p in generate_patterns(bmc) if p["kind"] == "Ingress")
+        assert ingress["metadata"]["annotations"][key] == "10.1.0.0/16,fd00::/8"
+        assert policies.DEPRECATED_ALLOWLIST_ANNOTATION not in ingress["metadata"]["annotations"]
+
+
+# --- the claim rules, spelled in RE2 for Kyverno, agree with the identity module --------------
+
+def _python_regex(re2: str):
+    import re
+
+    return re.compile(re2.replace("[[:space:]]", r"\s"))
+
+
+@given(vm=st.from_regex(r"[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,8}[a-z0-9])?){0,2}", fullmatch=True),
+       namespace=st.from_regex(r"[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?", fullmatch=True),
+       upper=st.booleans(), pad=st.sampled_from(["", " ", "\t", "  "]))
+def test_every_serial_the_script_would_read_as_a_claim_matches_the_claim_regex(vm, namespace, upper, pad):
+    serial = identity.format_serial(vm, namespace)
+    assert identity.parse_serial(serial) == (vm, namespace)
+    shown = pad + (serial.upper() if upper else serial) + pad
+    assert _python_regex(policies.SERIAL_CLAIM_REGEX).match(shown)
+
+
+@given(st.text(max_size=30))
+def test_a_serial_the_claim_regex_refuses_is_no_claim(text):
+    if not _python_regex(policies.SERIAL_CLAIM_REGEX).match(text):
+        with pytest.raises(identity.IdentityError):
+            identity.parse_serial(text.strip().lower())
+
+
+@given(vm=st.from_regex(r"[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?", fullmatch=True),
+       namespace=st.from_regex(r"[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?", fullmatch=True))
+def test_every_derived_uuid_has_the_derived_form(vm, namespace):
+    import re
+
+    uuid = identity.smbios_uuid(vm, namespace)
+    assert re.fullmatch(policies.UUID_DERIVED_HEX_REGEX.strip("^$"), uuid.replace("-", ""))

@@ -24,6 +24,7 @@ from typing import Any
 import jinja2
 import yaml
 
+from maas_kubevirt import identity
 from maas_kubevirt.paths import data_dir, write_atomic
 from maas_kubevirt.values import ValuesError
 
@@ -34,25 +35,33 @@ KUBERNETES_MIN_VERSION = "1.28"
 CATEGORY = "MAAS, KubeVirt"
 EXAMPLE_NAMESPACE = "maas-vms"
 KUBEMACPOOL_LABEL = "mutatevirtualmachines.kubemacpool.io"
-ALLOWLIST_ANNOTATION = "nginx.ingress.kubernetes.io/whitelist-source-range"
+# ingress-nginx's source allowlist; whitelist-source-range is its deprecated alias, which
+# ingress-nginx still honours, so neither may come from ingress.annotations.
+ALLOWLIST_ANNOTATION = "nginx.ingress.kubernetes.io/allowlist-source-range"
+DEPRECATED_ALLOWLIST_ANNOTATION = "nginx.ingress.kubernetes.io/whitelist-source-range"
+NGINX_CLASS = "nginx"
 CLUSTER_ISSUER_ANNOTATION = "cert-manager.io/cluster-issuer"
+# Set on each VM by the opt-in rule: a new value on every opt-in makes the update that fires
+# the BMC policy's generate rules even when the VM already carries its serial and UUID.
+OPTED_IN_ANNOTATION = "maas-kubevirt/opted-in"
 
 POLICY_NAMES = {
     "identity": "maas-kubevirt-vm-identity",
-    "serial": "maas-kubevirt-require-own-serial",
+    "claims": "maas-kubevirt-identity-claims",
     "audit": "maas-kubevirt-audit-vm",
     "bmc": "maas-kubevirt-vm-bmc",
 }
 
 SEED_SECRET_FILE = "seed-secret.yaml"
 KUSTOMIZATION_FILE = "kustomization.yaml"
-# Output files in apply order: namespace, RBAC and seed before the policies.
+# Output files. kustomize sorts the objects itself (namespaces, RBAC and Secrets before
+# custom resources), so this order is only the order of the kustomization's list.
 FILES = [
     "system-namespace.yaml",
     "rbac.yaml",
     SEED_SECRET_FILE,
     "policy-vm-identity.yaml",
-    "policy-vm-serial.yaml",
+    "policy-identity-claims.yaml",
     "policy-vm-audit.yaml",
     "policy-vm-bmc.yaml",
     "example-namespace.yaml",
@@ -60,16 +69,53 @@ FILES = [
 
 _VM = "request.object.metadata.name"
 _NS = "request.object.metadata.namespace"
-# identity.smbios_uuid: sha256_hex("<namespace>/<vm>") cut into a version-8, variant-10 UUID.
-UUID_JMESPATH = (
-    "regex_replace_all('^(.{8})(.{4}).(.{3}).(.{3})(.{12}).*$', "
-    f"sha256(join('/', [{_NS}, {_VM}])), "
-    "'${1}-${2}-8${3}-8${4}-${5}')"
-)
+
+
+def uuid_jmespath(root: str = "request.object") -> str:
+    """identity.smbios_uuid of the object at root: sha256_hex("<namespace>/<vm>") cut into a UUID."""
+    return (
+        "regex_replace_all('^(.{8})(.{4}).(.{3}).(.{3})(.{12}).*$', "
+        f"sha256(join('/', [{root}.metadata.namespace, {root}.metadata.name])), "
+        "'${1}-${2}-8${3}-8${4}-${5}')"
+    )
+
+
+UUID_JMESPATH = uuid_jmespath()
 # identity.bmc_password: sha256_hex(seed + ":" + serial)[0:32], serial = "<vm>.<namespace>".
 PASSWORD_JMESPATH = f"truncate(sha256(join('', [seed, ':', {_VM}, '.', {_NS}])), `32`)"
 # kubevirtBMC names its Service <vm>-virtbmc: a DNS-1035 label, so <vm> is one of <= 55 chars.
 BMC_NAME_REGEX = "^[a-z]([-a-z0-9]{0,53}[a-z0-9])?$"
+BMC_NAME_MAX = 55
+# <vm>.<namespace>.<domain> must fit 253 characters for every VM name kubevirtBMC serves and
+# every namespace, so the generate rules need no precondition on the domain (which would make
+# the domain immutable in them): 253 - 55 - 1 - 63 - 1.
+DOMAIN_MAX = identity.HOST_MAX - BMC_NAME_MAX - 1 - identity.LABEL_MAX - 1
+# A serial the commissioning script would read as a claim <vm>.<namespace>
+# (identity.parse_serial), in any letter case and with surrounding blanks: RE2 syntax.
+SERIAL_CLAIM_REGEX = (
+    "(?i)^[[:space:]]*[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)+[[:space:]]*$"
+)
+# A UUID libvirt would read (hex digits, any hyphens, surrounding blanks) reduced to 32 hex
+# digits; the derived form has version 8 and variant digit 8 (identity.smbios_uuid).
+UUID_DERIVED_HEX_REGEX = "^[0-9a-f]{12}8[0-9a-f]{3}8[0-9a-f]{15}$"
+
+
+def uuid_hex_jmespath(expression: str) -> str:
+    """The UUID at expression as lower-case hex digits only ('' when absent)."""
+    return f"to_lower(regex_replace_all('[-[:space:]]', {expression} || '', ''))"
+
+
+# Where each kind that can carry SMBIOS keeps its firmware (KubeVirt's API types).
+CLAIM_KINDS = [
+    {"rule": "vm", "kind": "kubevirt.io/v1/VirtualMachine", "name": "VirtualMachine",
+     "firmware": "spec.template.spec.domain.firmware"},
+    {"rule": "vmi", "kind": "kubevirt.io/v1/VirtualMachineInstance", "name": "VirtualMachineInstance",
+     "firmware": "spec.domain.firmware"},
+    {"rule": "vmirs", "kind": "kubevirt.io/v1/VirtualMachineInstanceReplicaSet",
+     "name": "VirtualMachineInstanceReplicaSet", "firmware": "spec.template.spec.domain.firmware"},
+    {"rule": "vmpool", "kind": "pool.kubevirt.io/*/VirtualMachinePool", "name": "VirtualMachinePool",
+     "firmware": "spec.virtualMachineTemplate.spec.template.spec.domain.firmware"},
+]
 
 # Characters PyYAML refuses in a stream, or reads as line breaks inside a quoted scalar.
 _YAML_UNSAFE = re.compile("[^\x09\x0a\x0d\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff]")
@@ -104,16 +150,34 @@ def _environment() -> jinja2.Environment:
     return env
 
 
+def allowlist_annotation(ingress: dict) -> str:
+    """The annotation that carries the source allowlist for the configured Ingress class."""
+    return ingress["allowlist_annotation"] or ALLOWLIST_ANNOTATION
+
+
 def check_values(values: dict) -> None:
     """Object-level checks beyond values.py: raise ValuesError for values giving invalid objects."""
     problems: list[str] = []
     ingress = values["ingress"]
+    domain = values["redfish"]["domain"]
+    if len(domain) > DOMAIN_MAX:
+        problems.append(
+            f"redfish.domain: expected at most {DOMAIN_MAX} characters (so that <vm>.<namespace>.<domain> "
+            f"fits 253 for every VM name kubevirtBMC serves), found {len(domain)}"
+        )
     if ingress["tls_secret"] and ingress["cluster_issuer"]:
         problems.append(
             "ingress.cluster_issuer: expected an empty string when ingress.tls_secret is set "
             f"(one source of TLS certificates), found {ingress['cluster_issuer']!r}"
         )
-    managed = {ALLOWLIST_ANNOTATION, CLUSTER_ISSUER_ANNOTATION}
+    if ingress["class_name"] != NGINX_CLASS and not ingress["allowlist_annotation"]:
+        problems.append(
+            "ingress.allowlist_annotation: expected the annotation through which Ingress class "
+            f"{ingress['class_name']!r} restricts source ranges (set to the comma-separated "
+            "ingress.source_ranges), found an empty string"
+        )
+    managed = {ALLOWLIST_ANNOTATION, DEPRECATED_ALLOWLIST_ANNOTATION, allowlist_annotation(ingress),
+               CLUSTER_ISSUER_ANNOTATION}
     for key, value in ingress["annotations"].items():
         if key in managed:
             problems.append(
@@ -135,17 +199,24 @@ def check_values(values: dict) -> None:
         raise ValuesError(problems)
 
 
+def _jmespath_string(text: str) -> str:
+    """A JMESPath raw string literal of text (values are DNS names or label keys: no quote)."""
+    if "'" in text or "\\" in text:
+        raise ValueError(f"cannot quote {text!r} into JMESPath")
+    return f"'{text}'"
+
+
 def _context(values: dict, seed: str | None) -> dict[str, Any]:
     redfish, kubernetes, ingress = values["redfish"], values["kubernetes"], values["ingress"]
-    annotations: dict[str, str] = {}
-    if ingress["source_ranges"]:
-        annotations[ALLOWLIST_ANNOTATION] = ",".join(ingress["source_ranges"])
+    annotations = {allowlist_annotation(ingress): ",".join(ingress["source_ranges"])}
     tls_secret_name = ingress["tls_secret"]
     if ingress["cluster_issuer"]:
         annotations[CLUSTER_ISSUER_ANNOTATION] = ingress["cluster_issuer"]
         tls_secret_name = "{{ " + _VM + " }}-bmc-tls"
     annotations.update(ingress["annotations"])
     files = [name for name in FILES if seed is not None or name != SEED_SECRET_FILE]
+    domain = redfish["domain"]
+    label = kubernetes["opt_in_label"]
     return {
         **values,
         "seed": seed,
@@ -154,11 +225,22 @@ def _context(values: dict, seed: str | None) -> dict[str, Any]:
         "kubernetes_version": KUBERNETES_MIN_VERSION,
         "policy_names": POLICY_NAMES,
         "example_namespace": EXAMPLE_NAMESPACE,
+        "opted_in_annotation": OPTED_IN_ANNOTATION,
         "uuid_jmespath": UUID_JMESPATH,
+        "target_uuid_jmespath": uuid_jmespath("target"),
+        "own_uuid_hex_jmespath": f"regex_replace_all('-', {UUID_JMESPATH}, '')",
+        "uuid_hex_jmespath": uuid_hex_jmespath,
+        "serial_claim_regex": SERIAL_CLAIM_REGEX,
+        "uuid_derived_hex_regex": UUID_DERIVED_HEX_REGEX,
+        "claim_kinds": CLAIM_KINDS,
         "password_jmespath": "{{ base64_encode(" + PASSWORD_JMESPATH + ") }}",
         "bmc_name_check": "{{ regex_match('" + BMC_NAME_REGEX + "', " + _VM + ") }}",
-        "host_length_check": "{{ length(join('.', [" + _VM + ", " + _NS + ", '" + redfish["domain"] + "'])) }}",
-        "host_template": "{{ " + _VM + " }}.{{ " + _NS + " }}." + redfish["domain"],
+        "old_opt_in_label": '{{ request.oldObject.metadata.labels."' + label + "\" || '' }}",
+        "host_template": "{{ " + _VM + " }}.{{ " + _NS + " }}." + domain,
+        "in_bmc_zone": "{{ ends_with(to_lower(element), " + _jmespath_string("." + domain)
+        + ") || to_lower(element) == " + _jmespath_string(domain) + " }}",
+        "in_own_zone": "{{ ends_with(to_lower(element), join('', ['.', " + _NS + ", "
+        + _jmespath_string("." + domain) + "])) }}",
         "seed_url_path": f"/api/v1/namespaces/{kubernetes['system_namespace']}/secrets/{kubernetes['seed_secret']}",
         "ingress_annotations": annotations,
         "tls_secret_name": tls_secret_name,
@@ -213,6 +295,91 @@ def render_kubernetes(values: dict, seed: str | None) -> dict[str, str]:
 def objects(manifests: dict[str, str]) -> list[dict]:
     """Every Kubernetes object of a render (kustomization.yaml excluded)."""
     return [doc for name, text in manifests.items() if name != KUSTOMIZATION_FILE for doc in parse(text)]
+
+
+def _immutable_generate_parts(policy: dict) -> set[str]:
+    """Each generate rule of a policy without its generate block, as canonical JSON.
+
+    Kyverno refuses to change these once a rule synchronises (pkg/validation/policy/generate.go:
+    the rule minus generate is hashed, and the new policy's hashes must include the old ones).
+    """
+    return {
+        json.dumps({k: v for k, v in rule.items() if k != "generate"}, sort_keys=True)
+        for rule in policy.get("spec", {}).get("rules", [])
+        if "generate" in rule
+    }
+
+
+def _synchronises(policy: dict) -> bool:
+    return any(rule.get("generate", {}).get("synchronize") for rule in policy.get("spec", {}).get("rules", []))
+
+
+def cluster_policies(directory: str | Path) -> dict[str, dict]:
+    """The ClusterPolicies `kubectl apply -k directory` applies, by name ({} when none yet)."""
+    directory = Path(directory)
+    try:
+        listed = yaml.safe_load((directory / KUSTOMIZATION_FILE).read_text(encoding="utf-8"))["resources"]
+        paths = [directory / name for name in listed if isinstance(name, str) and "/" not in name]
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, TypeError, KeyError):
+        paths = sorted(directory.glob("policy-*.yaml"))
+    found: dict[str, dict] = {}
+    for path in paths:
+        try:
+            documents = parse(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        for doc in documents:
+            if isinstance(doc, dict) and doc.get("kind") == "ClusterPolicy":
+                found[doc.get("metadata", {}).get("name", "")] = doc
+    return found
+
+
+def policies_to_recreate(previous: dict[str, dict], current: dict[str, dict]) -> list[str]:
+    """Names of the policies Kyverno would refuse to update from previous to current."""
+    return sorted(
+        name for name, old in previous.items()
+        if name in current and _synchronises(old)
+        and not _immutable_generate_parts(old) <= _immutable_generate_parts(current[name])
+    )
+
+
+def keeps_downstream(policy: dict) -> bool:
+    """True when deleting the policy leaves its generated objects (orphanDownstreamOnPolicyDelete)."""
+    return all(rule["generate"].get("orphanDownstreamOnPolicyDelete") is True
+               for rule in policy.get("spec", {}).get("rules", []) if "generate" in rule)
+
+
+def recreate_procedure(names: list[str], retired: list[str], kustomize_dir: str | Path,
+                       previous: dict[str, dict]) -> str:
+    """What render prints when the render cannot be applied with `kubectl apply -k` alone."""
+    lines = []
+    if names:
+        lines.append(
+            "Kyverno cannot update " + ", ".join(names) + " in place: the change reaches a part of a "
+            "synchronised generate rule that Kyverno keeps immutable (its match, which holds the "
+            "opt-in label, or its context, which names the seed Secret). `kubectl apply -k` alone "
+            "would be refused."
+        )
+    if retired:
+        lines.append("This version no longer has " + ", ".join(retired) + "; `kubectl apply -k` does not remove it.")
+    lines.append("Delete, then apply:")
+    lines += [f"  kubectl delete clusterpolicy {name}" for name in names + retired]
+    lines.append(f"  kubectl apply -k {kustomize_dir}")
+    if all(keeps_downstream(previous[name]) for name in names + retired):
+        lines.append(
+            "The generated Secrets, VirtualMachineBMCs and Ingresses stay in place while the policy "
+            "is gone (orphanDownstreamOnPolicyDelete), and the new policy adopts and updates those "
+            "of the VMs it matches (generateExisting). Those of VMs it no longer matches stay as "
+            "they are until their VM is deleted."
+        )
+    else:
+        lines.append(
+            "The policy in the cluster was rendered without orphanDownstreamOnPolicyDelete: "
+            "deleting it deletes every generated Secret, VirtualMachineBMC and Ingress, and the "
+            "new policy generates them again (generateExisting). MAAS cannot reach the BMCs in "
+            "between."
+        )
+    return "\n".join(lines)
 
 
 def write_reference(directory: str | Path, values: dict | None = None) -> list[Path]:

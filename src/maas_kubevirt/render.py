@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from maas_kubevirt import EXIT_OK, PROG
+from maas_kubevirt import EXIT_OK, PROG, policies
 from maas_kubevirt.paths import SCRIPT_NAME, data_dir, write_atomic
 from maas_kubevirt.policies import KUSTOMIZATION_FILE, SEED_SECRET_FILE, render_kubernetes
 from maas_kubevirt.values import ValuesError
@@ -93,14 +93,21 @@ def render(values: dict, output: str | Path) -> list[Path]:
 
 def main(values: dict, args: Any) -> int:
     """``render [--output DIR | -]``: render the bundle and print the next commands."""
+    previous = {} if str(args.output) == "-" else policies.cluster_policies(Path(args.output) / "kubernetes")
     written = render(values, args.output)
     if written:
         output = Path(args.output)
+        # What Kyverno would refuse to update in place, compared with the last render here.
+        current = policies.cluster_policies(output / "kubernetes")
+        recreate = policies.policies_to_recreate(previous, current)
+        retired = sorted(set(previous) - set(current))
         script = output / "commissioning" / SCRIPT_NAME
         command = sys.argv[0] if sys.argv[0].endswith(PROG) else PROG
         if getattr(args, "values", None):
             command += f" --values {shlex.quote(args.values)}"
         print(f"Rendered {len(written)} files into {output}/")
+        if recreate or retired:
+            print(policies.recreate_procedure(recreate, retired, output / "kubernetes", previous))
         print("Next steps:")
         print(f"  kubectl apply -k {output / 'kubernetes'}")
         print(f"  MAAS_API_KEY=... {command} upload-script --script {script}")

@@ -145,18 +145,29 @@ def _maas_tag(value: Any) -> str | None:
     return "a MAAS tag name (letters, digits, '_' and '-')"
 
 
-def _cidrs(value: Any) -> list[str]:
+def _source_ranges(value: Any) -> list[str]:
+    """The BMC allowlist: at least one CIDR, none of them the whole address space (/0)."""
     if not isinstance(value, list):
         return ["a list of CIDRs such as 10.0.0.0/8"]
+    if not value:
+        return ["at least one CIDR, such as the MAAS rack controllers' (an empty list would leave every BMC open)"]
     problems = []
     for index, item in enumerate(value):
         try:
             if not isinstance(item, str):
                 raise TypeError(item)
-            ipaddress.ip_network(item, strict=True)
+            network = ipaddress.ip_network(item, strict=True)
         except (TypeError, ValueError):
             problems.append(f"[{index}]: expected a CIDR such as 10.0.0.0/8, found {_found(item)}")
+            continue
+        if network.prefixlen == 0:
+            problems.append(f"[{index}]: expected a CIDR narrower than /0 (the rack controllers, not "
+                            f"the whole Internet), found {item!r}")
     return problems
+
+
+def _annotation_key(value: Any) -> str | None:
+    return _label_key(value) and "an annotation key ([prefix/]name)"
 
 
 def _annotations(value: Any) -> list[str]:
@@ -191,7 +202,8 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "class_name": _k8s_name,
         "tls_secret": _optional(_k8s_name),
         "cluster_issuer": _optional(_k8s_name),
-        "source_ranges": _cidrs,
+        "source_ranges": _source_ranges,
+        "allowlist_annotation": _optional(_annotation_key),
         "annotations": _annotations,
     },
     "maas": {
