@@ -1,9 +1,11 @@
-"""Read-only access to a Kubernetes cluster, through the official ``kubernetes`` client.
+"""Read-only access to a Kubernetes cluster: the official ``kubernetes`` client reads the kubeconfig.
 
-Only GET requests, by API path, answered as plain JSON (dicts and lists as the API server
-sends them), so the checks in :mod:`maas_kubevirt.doctor` are pure functions over the
-objects of the API and do not depend on the client's generated model classes, which lag
-behind new API fields. Lists are paged (``limit``/``continue``).
+The kubeconfig is loaded by ``kubernetes.config`` (contexts, client certificates, tokens,
+exec and auth-provider plugins, exactly as kubectl reads them); the requests are plain
+GETs by API path with requests, answered as the API server's JSON. The generated API
+classes are not used: their calling conventions changed completely between the release
+Debian ships (python3-kubernetes 22.6) and the current one on PyPI, and doctor needs
+neither their models nor anything but GET. Lists are paged (``limit``/``continue``).
 
 Secrets: Secrets are listed as metadata only (``PartialObjectMetadataList``), so no Secret
 value is ever fetched, except the seed, whose value :meth:`Cluster.secret_digest` turns into
@@ -17,11 +19,10 @@ import hashlib
 import json
 from typing import Any, Iterator
 
-import urllib3
+import requests
 import yaml
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
-from kubernetes.client.rest import ApiException
 
 PAGE = 500
 # connect, read (seconds) for each request
@@ -60,34 +61,54 @@ class Cluster:
         except (k8s_config.ConfigException, ValueError, KeyError, TypeError, OSError) as error:
             reason = " ".join(str(error).split())[:200] or type(error).__name__
             raise KubeConfigError(f"--kubeconfig: {kubeconfig!r} cannot be used: {reason}") from None
-        configuration.retries = 1
-        self.host = configuration.host
-        self.api = k8s_client.ApiClient(configuration)
+        self.host = configuration.host.rstrip("/")
+        self._configuration = configuration
+        self.session = requests.Session()
+        self.session.trust_env = False
+        if configuration.verify_ssl:
+            self.session.verify = configuration.ssl_ca_cert or True
+        else:
+            self.session.verify = False
+        if configuration.cert_file:
+            self.session.cert = (configuration.cert_file, configuration.key_file)
+        if configuration.proxy:
+            self.session.proxies = {"http": configuration.proxy, "https": configuration.proxy}
 
     def __repr__(self) -> str:
         return f"Cluster({self.host!r})"
 
     def close(self) -> None:
-        self.api.close()
+        self.session.close()
+
+    def _authorization(self) -> str | None:
+        # The key is "BearerToken" in current clients and "authorization" in Debian's 22.6;
+        # either call runs the refresh hook of exec and auth-provider plugins.
+        conf = self._configuration
+        return conf.get_api_key_with_prefix("BearerToken") or conf.get_api_key_with_prefix("authorization")
 
     # --- transport ------------------------------------------------------------------------
     def get(self, path: str, query: dict[str, Any] | None = None, *, metadata_only: bool = False,
             missing_ok: bool = True) -> Any:
         """The JSON object at path; None when it does not exist (404) and missing_ok."""
-        headers = {"Accept": METADATA_ONLY if metadata_only else "application/json"}
+        headers = {"Accept": METADATA_ONLY if metadata_only else "application/json",
+                   "User-Agent": "maas-kubevirt-doctor"}
+        token = self._authorization()
+        if token:
+            headers["Authorization"] = token
         try:
-            data, _, _ = self.api.call_api(
-                path, "GET", query_params=list((query or {}).items()), header_params=headers,
-                response_type="object", auth_settings=["BearerToken"], _request_timeout=TIMEOUT,
-                _return_http_data_only=False,
-            )
-        except ApiException as error:
-            if error.status == 404 and missing_ok:
-                return None
-            raise KubeError(path, error.status, _reason(error)) from None
-        except (urllib3.exceptions.HTTPError, OSError) as error:
-            raise KubeError(path, None, f"cannot reach the API server at {self.host} ({type(error).__name__})") from None
-        return data
+            reply = self.session.get(self.host + path, params=query or {}, headers=headers,
+                                     timeout=TIMEOUT, allow_redirects=False)
+        except requests.RequestException as error:
+            raise KubeError(path, None, f"cannot reach the API server at {self.host} "
+                            f"({type(error).__name__})") from None
+        if reply.status_code == 404 and missing_ok:
+            return None
+        if reply.status_code != 200:
+            raise KubeError(path, reply.status_code, _reason(reply))
+        try:
+            return reply.json()
+        except ValueError:
+            raise KubeError(path, 200, "the answer is not JSON") from None
 
     def items(self, path: str, label_selector: str | None = None, *,
               metadata_only: bool = False) -> Iterator[dict]:
@@ -152,14 +173,14 @@ class Cluster:
         return hashlib.sha256(base64.b64decode(encoded)).hexdigest()
 
 
-def _reason(error: ApiException) -> str:
+def _reason(reply: requests.Response) -> str:
     """The API server's Status message, or the HTTP reason; one line, short."""
     message = ""
     try:
-        body = json.loads(error.body) if error.body else None
+        body = reply.json()
         if isinstance(body, dict):
             message = str(body.get("message") or "")
-    except (TypeError, ValueError):
+    except ValueError:
         message = ""
-    message = message or str(error.reason or "")
+    message = message or str(reply.reason or "")
     return " ".join(message.split())[:300] or "(no message)"
