@@ -860,7 +860,8 @@ def cluster_checks(values: Mapping[str, Any], cluster: Any, seed: str | None, fi
         where = f"{kubernetes['system_namespace']}/{kubernetes['seed_secret']}"
         digest = cluster.secret_digest(kubernetes["system_namespace"], kubernetes["seed_secret"], "seed")
         checks.append(seed_secret_check(digest, seed, where, fixes.apply_seed))
-        namespaces = cluster.namespaces(opt_in)
+        # A namespace being deleted takes its VMs with it: nothing there to fix.
+        namespaces = [ns for ns in cluster.namespaces(opt_in) if not ns["metadata"].get("deletionTimestamp")]
         checks.append(namespaces_check(namespaces, opt_in))
         inventories = []
         for namespace in sorted(str(ns["metadata"]["name"]) for ns in namespaces):
