@@ -210,7 +210,7 @@ def test_the_command_with_a_kubeconfig(site, tmp_path, capsys):
         code = cli.main(["--values", str(values_file), "doctor", "--kubeconfig", str(site.plane.kubeconfig), "--json"])
     out, err = capsys.readouterr()
     report = json.loads(out)
-    rows = {c["name"]: c["status"] for c in report["checks"]}
+    rows = {c["check"]: c["status"] for c in report["checks"]}
     assert rows["cluster.seed_secret"] == rows["cluster.crds"] == rows[f"cluster.vms/{NAMESPACE}"] == "ok"
     assert "cluster" not in rows                      # not skipped
     assert rows["maas.script"] == "fail"              # the double has no script: exit 1

@@ -13,6 +13,7 @@ SHA-256 digest) and never printed; the seed Secret's value never leaves :mod:`ku
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import hmac
 import http.client
@@ -27,7 +28,7 @@ import ssl
 import stat
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 from urllib.parse import urlsplit
 
@@ -76,9 +77,9 @@ class Check:
     subjects: tuple[str, ...] = field(default=())
 
     def as_dict(self) -> dict:
-        data = asdict(self)
-        data["subjects"] = list(self.subjects)
-        return data
+        """The row as JSON: check, status, found, fix, and every affected object as subjects."""
+        return {"check": self.name, "status": self.status, "found": self.found, "fix": self.fix,
+                "subjects": list(self.subjects)}
 
 
 def _clean(text: Any) -> str:
@@ -104,7 +105,7 @@ def version_check(text: str) -> Check:
     name = "maas.version"
     if version is None:
         return Check(name, WARN, f"cannot read the MAAS version {_clean(text)!r}",
-                     f"check that maas.url points at a MAAS region (`maas --version` on the region)")
+                     "check that maas.url points at a MAAS region (`maas --version` on the region)")
     if version < MIN_MAAS_VERSION:
         return Check(name, FAIL, f"MAAS {_clean(text)}: older than {_version_text(MIN_MAAS_VERSION)}, "
                      "which first hands a commissioning script's power parameters to MAAS (BMC_CONFIG_PATH)",
@@ -177,8 +178,7 @@ def seed_file_check(path: str, allowed_owners: Iterable[int]) -> tuple[Check, st
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as error:
-        reason = "a symbolic link" if error.errno == getattr(os, "ELOOP", 40) or \
-            (os.path.islink(path)) else (error.strerror or str(error))
+        reason = "a symbolic link (refused)" if error.errno == errno.ELOOP else (error.strerror or str(error))
         return Check(name, FAIL, f"{path}: {reason}",
                      f"put the seed in {path} as a regular file: `install -m 600 -o root SEEDFILE {path}`"), None
     try:
