@@ -163,3 +163,12 @@ def test_unusable_kubeconfigs(tmp_path, text, problem):
     with pytest.raises(kube.KubeConfigError) as error:
         kube.Cluster(str(path))
     assert problem in str(error.value) and str(error.value).startswith("--kubeconfig:")
+
+
+def test_a_kubeconfig_that_skips_tls_verification_is_flagged(stand_in, tmp_path):
+    path = kubeconfig(tmp_path, stand_in.url)
+    config = yaml.safe_load(path.read_text())
+    assert kube.Cluster(str(path)).insecure is False
+    config["clusters"][0]["cluster"]["insecure-skip-tls-verify"] = True
+    path.write_text(yaml.safe_dump(config))
+    assert kube.Cluster(str(path)).insecure is True

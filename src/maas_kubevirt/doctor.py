@@ -26,7 +26,6 @@ import shlex
 import socket
 import ssl
 import stat
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -42,7 +41,7 @@ from maas_kubevirt.maas import (
     parse_version,
 )
 from maas_kubevirt.paths import SCRIPT_NAME
-from maas_kubevirt.console import table, warn
+from maas_kubevirt.console import error, table, warn
 from maas_kubevirt.reconcile import Match, matching
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
@@ -940,8 +939,10 @@ def main(values: dict, args: Any) -> int:
         try:
             cluster = Cluster(options.kubeconfig, options.context)
         except KubeConfigError as failure:
-            print(f"{PROG}: error: {failure}", file=sys.stderr, flush=True)
+            error(str(failure))
             return EXIT_USAGE
+        if cluster.insecure:
+            warn(f"the kubeconfig skips verifying the API server's certificate ({cluster.host})")
     client = client_from_values(values, warn)
     # A diagnosis should not sit through the reconciler's patient retries.
     client.retry = RetryPolicy(attempts=2, backoff=1.0, max_retry_after=5.0)

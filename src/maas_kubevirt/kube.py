@@ -18,7 +18,10 @@ import base64
 import hashlib
 from typing import Any, Iterator
 
+import warnings
+
 import requests
+import urllib3
 import yaml
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
@@ -64,10 +67,9 @@ class Cluster:
         self._configuration = configuration
         self.session = requests.Session()
         self.session.trust_env = False
-        if configuration.verify_ssl:
-            self.session.verify = configuration.ssl_ca_cert or True
-        else:
-            self.session.verify = False
+        # insecure-skip-tls-verify: the operator's choice; doctor says so once (not per request).
+        self.insecure = not configuration.verify_ssl
+        self.session.verify = False if self.insecure else (configuration.ssl_ca_cert or True)
         if configuration.cert_file:
             self.session.cert = (configuration.cert_file, configuration.key_file)
         if configuration.proxy:
@@ -95,8 +97,10 @@ class Cluster:
         if token:
             headers["Authorization"] = token
         try:
-            reply = self.session.get(self.host + path, params=query or {}, headers=headers,
-                                     timeout=TIMEOUT, allow_redirects=False)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
+                reply = self.session.get(self.host + path, params=query or {}, headers=headers,
+                                         timeout=TIMEOUT, allow_redirects=False)
         except requests.RequestException as error:
             raise KubeError(path, None, f"cannot reach the API server at {self.host} "
                             f"({type(error).__name__})") from None
