@@ -360,3 +360,18 @@ def test_cluster_section_over_a_healthy_cluster_and_one_with_each_failure():
     cluster.inventory.vms[0]["spec"]["template"]["spec"]["domain"]["devices"]["interfaces"][0].pop("macAddress")
     failed = {c.name for c in doctor.cluster_checks(VALUES, cluster, seed, fixes, doctor.Reach()) if c.status == "fail"}
     assert failed == {"cluster.crds", "cluster.policies", "cluster.seed_secret", "cluster.kubemacpool", "cluster.vms/vms"}
+
+
+@given(st.integers(0, 9), st.integers(0, 12), st.integers(0, 12), st.sampled_from(["", "~beta1-123-gabc", "-rc2"]))
+def test_maas_version_rule(major, minor, point, suffix):
+    """fail below 2.9.0 and inside 3.6.0-3.6.4 / 3.7.0-3.7.2, ok elsewhere; the fix names 3.6.5 and 3.7.3."""
+    check = doctor.version_check(f"{major}.{minor}.{point}{suffix}")
+    version = (major, minor, point)
+    bad = version < (2, 9, 0) or (3, 6, 0) <= version <= (3, 6, 4) or (3, 7, 0) <= version <= (3, 7, 2)
+    assert check.status == ("fail" if bad else "ok")
+    assert ("upgrade to 3.6.5 or 3.7.3" in check.fix) is bad
+
+
+def test_an_unreadable_maas_version_is_a_warning():
+    assert doctor.version_check("garbage\x1b[31m").status == "warn"
+    assert "\x1b" not in doctor.version_check("garbage\x1b[31m").found
