@@ -139,9 +139,9 @@ def test_kyverno_version_from_the_crd_when_no_image_says():
 def test_rbac_merged():
     checks = doctor.kyverno_rbac_checks(OUR_ROLES, merged_roles(), APPLY)
     assert [c.status for c in checks] == ["ok"] * len(OUR_ROLES)
-    assert {c.name for c in checks} == {"cluster.kyverno_rbac/background-controller",
-                                        "cluster.kyverno_rbac/admission-controller",
-                                        "cluster.kyverno_rbac/reports-controller"}
+    assert {c.name for c in checks} == {f"cluster.kyverno_rbac/{r['metadata']['name'].rsplit(':', 1)[-1]}"
+                                        for r in OUR_ROLES}
+    assert "cluster.kyverno_rbac/background-controller" in {c.name for c in checks}
 
 
 def test_rbac_our_role_removed_and_unmerged():
@@ -159,11 +159,11 @@ def test_rbac_our_role_removed_and_unmerged():
 def test_rbac_present_but_not_merged():
     roles = merged_roles()
     for role in roles:
-        if role["metadata"]["name"] == "kyverno:admission-controller":
+        if role["metadata"]["name"] == "kyverno:background-controller":
             role["rules"] = role["rules"][:1]
     checks = {c.name: c for c in doctor.kyverno_rbac_checks(OUR_ROLES, roles, APPLY)}
-    check = checks["cluster.kyverno_rbac/admission-controller"]
-    assert check.status == "fail" and "not merged" in check.found and "kyverno:admission-controller lacks" in check.found
+    check = checks["cluster.kyverno_rbac/background-controller"]
+    assert check.status == "fail" and "not merged" in check.found and "kyverno:background-controller lacks" in check.found
     assert "clusterrole-aggregation" in check.fix
 
 
