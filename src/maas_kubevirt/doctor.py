@@ -2,7 +2,7 @@
 
 Each check gives one row: its name, ok / warn / fail / skip, what it found and the exact fix.
 The checks themselves are pure functions over what MAAS, the API server and the local system
-answer; ``run`` gathers those answers (read-only everywhere) and ``main_doctor`` prints them
+answer; ``run`` gathers those answers (read-only everywhere) and ``main`` prints them
 as a table or as JSON. Exit status: 0 when nothing fails, 1 otherwise, 2 for usage or
 configuration errors.
 
@@ -40,8 +40,8 @@ from maas_kubevirt.maas import (
     MAASError,
     parse_version,
 )
-from maas_kubevirt.paths import SCRIPT_NAME
 from maas_kubevirt.console import error, table, warn
+from maas_kubevirt.paths import SCRIPT_NAME
 from maas_kubevirt.reconcile import Match, matching
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
