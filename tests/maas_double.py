@@ -121,6 +121,10 @@ class MaasDouble:
         self.pools: dict[str, dict] = {"default": {"id": 0, "name": "default",
                                                    "description": "Default pool"}}
         self.scripts: dict[str, dict] = {}
+        # doctor: the key's user and MAAS's settings (enlist_commissioning defaults to true:
+        # src/maasservicelayer/models/configurations.py, EnlistCommissioningConfig).
+        self.username = "admin"
+        self.settings: dict[str, Any] = {"enlist_commissioning": True}
         self.faults: list[Fault] = []
         # Raw records appended to every machines/ list: what a broken or newer MAAS might send.
         self.extra_records: list[Any] = []
@@ -392,6 +396,21 @@ class MaasDouble:
                     pool = self.add_pool(name, request.fields.get("description", ""))
                     self.writes.append(("POST", "resourcepools/", dict(request.fields)))
                     return 200, self._pool_json(pool), {}
+            if path == "users/" and method == "GET" and op == "whoami":
+                # src/maasserver/api/users.py: UsersHandler.whoami returns request.user, emitted
+                # with UserHandler.fields (username, email, is_local, is_superuser).
+                return 200, {"username": self.username, "email": f"{self.username}@example.com",
+                             "is_local": True, "is_superuser": self.admin}, {}
+            if path == "maas/" and method == "GET" and op == "get_config":
+                # src/maasserver/api/maas.py: get_config answers the value as JSON; a missing
+                # name is 400 (get_mandatory_param), an unknown one 400 from
+                # src/maasserver/forms/settings.py validate_config_name.
+                name = (request.query.get("name") or [""])[0]
+                if not name:
+                    return 400, "No provided name!", {}
+                if name not in self.settings:
+                    return 400, {name: [f"{name} is not a valid config setting."]}, {}
+                return 200, json.dumps(self.settings[name]).encode(), {}
             if path == "scripts/" and method == "POST":
                 if not self.admin:  # @admin_method (src/maasserver/api/scripts.py, 3.5)
                     return 403, RESERVED_ADMIN, {}

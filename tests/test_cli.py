@@ -22,12 +22,13 @@ def test_version_from_console_script_and_module(command):
 @pytest.mark.parametrize(
     "sub, mentions",
     [
-        ([], ["--values FILE", "render", "reconcile", "status", "upload-script", "Exit status"]),
+        ([], ["--values FILE", "render", "reconcile", "status", "upload-script", "doctor", "Exit status"]),
         (["render"], ["--output DIR", "kubectl apply -f -", "seed"]),
         (["reconcile"], ["--once", "--interval SECONDS", "--dry-run", "audit record", "Exit status"]),
         (["status"], ["power state"]),
         (["upload-script"], ["--script FILE", "POST scripts/", "read it back", "bmc-config and enlisting",
                              "not rendered from these values"]),
+        (["doctor"], ["--kubeconfig FILE", "--context NAME", "--json", "Read-only", "Exit status"]),
     ],
 )
 def test_help_describes_every_command(sub, mentions, capsys):

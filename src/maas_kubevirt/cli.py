@@ -93,6 +93,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--script", metavar="FILE", default=str(DEFAULT_OUTPUT / "commissioning" / SCRIPT_NAME),
         help="the rendered script (default: %(default)s)",
     )
+    doctor = commands.add_parser(
+        "doctor",
+        help="check a whole site: MAAS, the cluster and the network",
+        description="Check MAAS (version, administrator key, the commissioning script, "
+        "enlist_commissioning, the seed file, duplicate claims, power passwords), the cluster "
+        "(CRDs, Kyverno and its RBAC, the policies, the seed Secret, KubeMacPool labels, each VM's "
+        "MACs, Secret, VirtualMachineBMC and Ingress allowlist) and the network (DNS, Redfish). "
+        "One row per check: ok, warn, fail or skip, what was found and the exact fix. Read-only.",
+        epilog="Exit status: 0 nothing fails, 1 some check fails, 2 usage or configuration error.",
+    )
+    doctor.add_argument(
+        "--kubeconfig", metavar="FILE",
+        help="kubeconfig of the cluster to check (read access is enough); without it the cluster "
+        "checks are skipped",
+    )
+    doctor.add_argument("--context", metavar="NAME", help="kubeconfig context (default: its current one)")
+    doctor.add_argument("--json", action="store_true", help="print the checks as JSON instead of a table")
     return parser
 
 
@@ -103,6 +120,7 @@ def _command(name: str) -> ModuleType:
         "reconcile": "loop",
         "status": "status",
         "upload-script": "upload",
+        "doctor": "doctor",
     }[name]
     return importlib.import_module(f"maas_kubevirt.{module}")
 

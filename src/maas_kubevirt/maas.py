@@ -32,7 +32,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, TypeVar
 from urllib.parse import urlencode, urlsplit
 
 import oauthlib.oauth1
@@ -42,6 +42,7 @@ from maas_kubevirt.console import escape_controls
 from maas_kubevirt.values import ValuesError
 
 API_PATH = "api/2.0/"
+T = TypeVar("T")
 
 # The oldest MAAS that runs the commissioning script's BMC_CONFIG_PATH upload (2.9.0).
 MIN_MAAS_VERSION = (2, 9, 0)
@@ -633,10 +634,14 @@ class MAASClient:
                     taken[node["hostname"]] = str(node.get("system_id"))
         return taken
 
-    def power_addresses(self, system_ids: Iterable[str]) -> dict[str, str | None]:
-        """power_address per system_id, fetched in bulk; every other parameter is dropped at once."""
+    def power_parameters(self, system_ids: Iterable[str], reduce: Callable[[Mapping[str, Any]], T]) -> dict[str, T]:
+        """reduce(parameters) per system_id, fetched in bulk (``GET machines/?op=power_parameters&id=...``).
+
+        Each machine's parameters (power_pass among them) go to reduce as soon as they are
+        parsed and are dropped after: only what reduce returns is kept.
+        """
         ids = list(system_ids)
-        found: dict[str, str | None] = {}
+        found: dict[str, T] = {}
         for start in range(0, len(ids), POWER_PARAMETERS_CHUNK):
             chunk = ids[start : start + POWER_PARAMETERS_CHUNK]
             params = [("op", "power_parameters")] + [("id", sid) for sid in chunk]
@@ -645,10 +650,13 @@ class MAASClient:
                 raise MAASError("GET", "machines/?op=power_parameters", 200,
                                 "expected a mapping of system_id to parameters", "malformed")
             for sid, parameters in data.items():
-                address = parameters.get("power_address") if isinstance(parameters, dict) else None
-                found[str(sid)] = address if isinstance(address, str) else None
+                found[str(sid)] = reduce(parameters if isinstance(parameters, dict) else {})
             del data
         return found
+
+    def power_addresses(self, system_ids: Iterable[str]) -> dict[str, str | None]:
+        """power_address per system_id, fetched in bulk; every other parameter is dropped at once."""
+        return self.power_parameters(system_ids, power_address_of)
 
     def power_address(self, system_id: str) -> str | None:
         """One machine's power_address (GET machines/{id}/?op=power_parameters)."""
@@ -686,6 +694,21 @@ class MAASClient:
     def script_exists(self, name: str) -> bool:
         return self.script(name) is not None
 
+    def whoami(self) -> dict:
+        """The key's user: username, email, is_local, is_superuser.
+
+        MAAS: src/maasserver/api/users.py, ``UsersHandler.whoami`` returns ``request.user``,
+        emitted with ``UserHandler.fields``.
+        """
+        data = self.call("GET", "users/", [("op", "whoami")])
+        if not isinstance(data, dict) or not isinstance(data.get("is_superuser"), bool):
+            raise MAASError("GET", "users/?op=whoami", 200, "expected a user with is_superuser", "malformed")
+        return data
+
+    def config(self, name: str) -> Any:
+        """One MAAS configuration value (src/maasserver/api/maas.py, ``get_config``: the value as JSON)."""
+        return self.call("GET", "maas/", [("op", "get_config"), ("name", name)])
+
     def script_text(self, name: str) -> bytes:
         """The stored text of the script's current revision (GET scripts/{name}?op=download)."""
         return self.call("GET", f"scripts/{name}", [("op", "download")], json_reply=False)
@@ -722,6 +745,11 @@ def client_from_values(values: Mapping[str, Any], warn: Callable[[str], None],
         warn(plaintext)
     return MAASClient(maas["url"], Signer(consumer, token, secret, source), timeout=maas["timeout"],
                       retry=RETRY, stop=stop, max_body=maas["max_response_mib"] * 2**20)
+
+
+def power_address_of(parameters: Mapping[str, Any]) -> str | None:
+    address = parameters.get("power_address")
+    return address if isinstance(address, str) else None
 
 
 def _op(params: Iterable[tuple[str, str]] | Mapping[str, Any]) -> str:

@@ -1,0 +1,189 @@
+"""Read-only access to a Kubernetes cluster: the official ``kubernetes`` client reads the kubeconfig.
+
+The kubeconfig is loaded by ``kubernetes.config`` (contexts, client certificates, tokens,
+exec and auth-provider plugins, exactly as kubectl reads them); the requests are plain
+GETs by API path with requests, answered as the API server's JSON. The generated API
+classes are not used: their calling conventions changed completely between the release
+Debian ships (python3-kubernetes 22.6) and the current one on PyPI, and doctor needs
+neither their models nor anything but GET. Lists are paged (``limit``/``continue``).
+
+Secrets: Secrets are listed as metadata only (``PartialObjectMetadataList``), so no Secret
+value is ever fetched, except the seed, whose value :meth:`Cluster.secret_digest` turns into
+a SHA-256 digest at once and never returns.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from typing import Any, Iterator
+
+import warnings
+
+import requests
+import urllib3
+import yaml
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+
+PAGE = 500
+# connect, read (seconds) for each request
+TIMEOUT = (5, 30)
+METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+
+
+class KubeConfigError(Exception):
+    """The kubeconfig cannot be used (a usage error: exit 2)."""
+
+
+class KubeError(Exception):
+    """A request the API server refused or never answered; the message is one line."""
+
+    def __init__(self, path: str, status: int | None, message: str):
+        self.path = path
+        self.status = status
+        super().__init__(f"GET {path}: {status if status is not None else 'no answer'}: {message}")
+
+
+class Cluster:
+    """One cluster, from a kubeconfig file (and optionally one of its contexts)."""
+
+    def __init__(self, kubeconfig: str, context: str | None = None):
+        try:
+            with open(kubeconfig, encoding="utf-8") as handle:
+                yaml.safe_load(handle)
+        except OSError as error:
+            raise KubeConfigError(f"--kubeconfig: cannot read {kubeconfig!r}: {error.strerror or error}") from None
+        except (yaml.YAMLError, UnicodeDecodeError):
+            raise KubeConfigError(f"--kubeconfig: {kubeconfig!r} is not a YAML kubeconfig") from None
+        try:
+            configuration = k8s_client.Configuration()
+            k8s_config.load_kube_config(config_file=kubeconfig, context=context,
+                                        client_configuration=configuration, persist_config=False)
+        except (k8s_config.ConfigException, ValueError, KeyError, TypeError, OSError) as error:
+            reason = " ".join(str(error).split())[:200] or type(error).__name__
+            raise KubeConfigError(f"--kubeconfig: {kubeconfig!r} cannot be used: {reason}") from None
+        self.host = configuration.host.rstrip("/")
+        self._configuration = configuration
+        self.session = requests.Session()
+        self.session.trust_env = False
+        # insecure-skip-tls-verify: the operator's choice; doctor says so once (not per request).
+        self.insecure = not configuration.verify_ssl
+        self.session.verify = False if self.insecure else (configuration.ssl_ca_cert or True)
+        if configuration.cert_file:
+            self.session.cert = (configuration.cert_file, configuration.key_file)
+        if configuration.proxy:
+            self.session.proxies = {"http": configuration.proxy, "https": configuration.proxy}
+
+    def __repr__(self) -> str:
+        return f"Cluster({self.host!r})"
+
+    def close(self) -> None:
+        self.session.close()
+
+    def _authorization(self) -> str | None:
+        # The key is "BearerToken" in current clients and "authorization" in Debian's 22.6;
+        # either call runs the refresh hook of exec and auth-provider plugins.
+        conf = self._configuration
+        return conf.get_api_key_with_prefix("BearerToken") or conf.get_api_key_with_prefix("authorization")
+
+    # --- transport ------------------------------------------------------------------------
+    def get(self, path: str, query: dict[str, Any] | None = None, *, metadata_only: bool = False,
+            missing_ok: bool = True) -> Any:
+        """The JSON object at path; None when it does not exist (404) and missing_ok."""
+        headers = {"Accept": METADATA_ONLY if metadata_only else "application/json",
+                   "User-Agent": "maas-kubevirt-doctor"}
+        token = self._authorization()
+        if token:
+            headers["Authorization"] = token
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
+                reply = self.session.get(self.host + path, params=query or {}, headers=headers,
+                                         timeout=TIMEOUT, allow_redirects=False)
+        except requests.RequestException as error:
+            raise KubeError(path, None, f"cannot reach the API server at {self.host} "
+                            f"({type(error).__name__})") from None
+        if reply.status_code == 404 and missing_ok:
+            return None
+        if reply.status_code != 200:
+            raise KubeError(path, reply.status_code, _reason(reply))
+        try:
+            return reply.json()
+        except ValueError:
+            raise KubeError(path, 200, "the answer is not JSON") from None
+
+    def items(self, path: str, label_selector: str | None = None, *,
+              metadata_only: bool = False) -> Iterator[dict]:
+        """Every object of a list, page by page; nothing when the resource does not exist."""
+        query: dict[str, Any] = {"limit": PAGE}
+        if label_selector:
+            query["labelSelector"] = label_selector
+        while True:
+            page = self.get(path, query, metadata_only=metadata_only)
+            if not isinstance(page, dict):
+                return
+            yield from (item for item in page.get("items") or [] if isinstance(item, dict))
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return
+            query["continue"] = token
+
+    # --- what doctor reads ----------------------------------------------------------------
+    def crd(self, name: str) -> dict | None:
+        return self.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+
+    def cluster_roles(self) -> list[dict]:
+        return list(self.items("/apis/rbac.authorization.k8s.io/v1/clusterroles"))
+
+    def deployments(self, label_selector: str) -> list[dict]:
+        """Deployments in every namespace matching the selector."""
+        return list(self.items("/apis/apps/v1/deployments", label_selector))
+
+    def cluster_policies(self) -> list[dict]:
+        return list(self.items("/apis/kyverno.io/v1/clusterpolicies"))
+
+    def namespaces(self, label_selector: str | None = None) -> list[dict]:
+        return list(self.items("/api/v1/namespaces", label_selector))
+
+    def virtual_machines(self, namespace: str) -> list[dict]:
+        return list(self.items(f"/apis/kubevirt.io/v1/namespaces/{namespace}/virtualmachines"))
+
+    def virtual_machine_bmcs(self, namespace: str) -> list[dict]:
+        return list(self.items(f"/apis/bmc.kubevirt.io/v1beta1/namespaces/{namespace}/virtualmachinebmcs"))
+
+    def ingresses(self, namespace: str) -> list[dict]:
+        return list(self.items(f"/apis/networking.k8s.io/v1/namespaces/{namespace}/ingresses"))
+
+    def secret_names(self, namespace: str) -> set[str]:
+        """The names of a namespace's Secrets, listed as metadata only (no value is fetched)."""
+        return {
+            str((item.get("metadata") or {}).get("name"))
+            for item in self.items(f"/api/v1/namespaces/{namespace}/secrets", metadata_only=True)
+        }
+
+    def secret_digest(self, namespace: str, name: str, key: str) -> str | None:
+        """SHA-256 hex digest of one Secret key's value; None when the Secret or the key is missing."""
+        secret = self.get(f"/api/v1/namespaces/{namespace}/secrets/{name}")
+        if not isinstance(secret, dict):
+            return None
+        data = secret.get("data") or {}
+        encoded = data.get(key) if isinstance(data, dict) else None
+        del secret, data
+        if not isinstance(encoded, str):
+            return None
+        # The API server stores data as base64 of bytes, so the value always decodes.
+        return hashlib.sha256(base64.b64decode(encoded)).hexdigest()
+
+
+def _reason(reply: requests.Response) -> str:
+    """The API server's Status message, or the HTTP reason; one line, short."""
+    message = ""
+    try:
+        body = reply.json()
+        if isinstance(body, dict):
+            message = str(body.get("message") or "")
+    except ValueError:
+        message = ""
+    message = message or str(reply.reason or "")
+    return " ".join(message.split())[:300] or "(no message)"

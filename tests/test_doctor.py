@@ -1,0 +1,352 @@
+"""doctor's MAAS and network checks against the MAAS double and a local Redfish responder.
+
+A healthy site first (every MAAS and network check ok), then each failure injected into it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from conftest import require_tool  # noqa: E402
+from maas_double import MaasDouble  # noqa: E402
+from redfish_responder import RedfishResponder  # noqa: E402
+
+from maas_kubevirt import cli, doctor, identity  # noqa: E402
+from maas_kubevirt.maas import MAASClient, RetryPolicy, Signer  # noqa: E402
+from maas_kubevirt.paths import SCRIPT_NAME  # noqa: E402
+from maas_kubevirt.render import render_commissioning  # noqa: E402
+from maas_kubevirt.values import load_values  # noqa: E402
+
+DOMAIN = "bmc.example.com"
+SEED = "doctor-test-seed-0123456789abcdef0123456789abcdef"
+VMS = [("web1", "vms"), ("web2", "vms"), ("db1", "tenant")]
+
+
+class Site:
+    """A MAAS double, a seed file, values and a Redfish responder that agree with each other."""
+
+    def __init__(self, tmp_path: Path, double: MaasDouble, responder: RedfishResponder):
+        self.tmp_path, self.double, self.responder = tmp_path, double, responder
+        self.key = double.api_key
+        self.url = double.url
+        self.seed_file = tmp_path / "seed"
+        self.seed_file.write_text(SEED + "\n")
+        self.seed_file.chmod(0o600)
+        key = tmp_path / "api-key"
+        key.write_text(double.api_key_text + "\n")
+        key.chmod(0o600)
+        self.values_file = tmp_path / "values.yaml"
+        self.values_file.write_text(yaml.safe_dump({
+            "redfish": {"domain": DOMAIN},
+            "seed": {"file": str(self.seed_file)},
+            "maas": {"url": double.url, "api_key_file": str(key), "timeout": 2},
+        }))
+        self.values = load_values(self.values_file)
+        self.script = render_commissioning(self.values, SEED).encode()
+        self.client().create_script(SCRIPT_NAME, self.script)   # as upload-script creates it
+        assert set(double.scripts[SCRIPT_NAME]["tags"]) >= {"bmc-config", "enlisting"}
+        self.ids = {}
+        for vm, namespace in VMS:
+            self.ids[(vm, namespace)] = self.add_vm(vm, namespace)
+
+    def host(self, vm: str, namespace: str) -> str:
+        return identity.redfish_host(vm, namespace, DOMAIN)
+
+    def add_vm(self, vm: str, namespace: str, password: str | None = None, **kw: object) -> str:
+        right = identity.bmc_password(SEED, identity.format_serial(vm, namespace))
+        self.responder.accounts[self.host(vm, namespace)] = ("maas", right)
+        return self.double.add_machine(
+            power_type="redfish", power_address=f"http://{self.host(vm, namespace)}:{self.responder.port}",
+            power_pass=password or right, **kw)
+
+    def resolve(self, host: str) -> list[str]:
+        if host.endswith("." + DOMAIN):
+            return ["127.0.0.1"]
+        raise OSError(-2, "Name or service not known")
+
+    def client(self) -> MAASClient:
+        return MAASClient(self.url, Signer(*self.key), timeout=2,
+                          retry=RetryPolicy(attempts=1))
+
+    def run(self, **options: object) -> dict[str, doctor.Check]:
+        settings = dict(resolve=self.resolve, redfish_deadline=2.0)
+        settings.update(options)
+        checks = doctor.run(self.values, self.client(), None, doctor.Options(**settings))
+        names = [c.name for c in checks]
+        assert len(names) == len(set(names)), names
+        return {c.name: c for c in checks}
+
+    def secrets(self) -> list[str]:
+        return [SEED, self.double.api_key_text, *self.double.api_key, *self.double.passwords()]
+
+
+@pytest.fixture
+def site(tmp_path: Path):
+    with MaasDouble() as double, RedfishResponder() as responder:
+        yield Site(tmp_path, double, responder)
+
+
+def statuses(checks: dict[str, doctor.Check]) -> dict[str, str]:
+    return {name: check.status for name, check in checks.items()}
+
+
+def test_a_healthy_site_passes_every_maas_and_network_check(site):
+    checks = site.run()
+    assert statuses(checks) == {
+        "maas.version": "ok", "maas.admin": "ok", "maas.script": "ok", "maas.enlist_commissioning": "ok",
+        "maas.claims": "ok", "maas.power_password": "ok", "maas.seed_file": "ok", "cluster": "skip",
+        "network.dns": "ok", "network.redfish": "ok",
+    }
+    assert "3 machine(s)" in checks["maas.power_password"].found
+    # One VM per namespace is probed, with the Host header of its BMC.
+    assert sorted(r["host"] for r in site.responder.requests) == sorted(
+        [site.host("db1", "tenant"), site.host("web1", "vms")])
+    assert {r["path"] for r in site.responder.requests} == {"/redfish/v1/Systems/1"}
+
+
+@pytest.mark.parametrize("version, status", [
+    ("2.8.3", "fail"), ("2.9.0", "ok"), ("3.5.4", "ok"), ("3.6.0", "fail"), ("3.6.4", "fail"),
+    ("3.6.5", "ok"), ("3.7.0~beta2-16000-g1", "fail"), ("3.7.2", "fail"), ("3.7.3", "ok"), ("3.8.0", "ok"),
+])
+def test_maas_version(site, version, status):
+    site.double.version = version
+    check = site.run()["maas.version"]
+    assert check.status == status
+    if status == "fail":
+        assert "upgrade to 3.6.5 or 3.7.3" in check.fix
+
+
+def test_a_key_of_a_user_who_is_not_an_administrator(site):
+    site.double.admin = False
+    checks = site.run()
+    assert checks["maas.admin"].status == "fail"
+    assert "not an administrator" in checks["maas.admin"].found
+    assert "maas apikey" in checks["maas.admin"].fix
+    assert checks["maas.claims"].status == checks["maas.power_password"].status == "skip"
+
+
+def test_a_refused_key(site):
+    site.key = ("other", "keyxx", "secretxx")
+    checks = site.run()
+    assert checks["maas.admin"].status == "fail"
+    assert "refused" in checks["maas.admin"].found
+    assert checks["maas.script"].status == "skip"
+
+
+def test_maas_not_answering(site):
+    site.double.stop()
+    checks = site.run()
+    assert checks["maas.version"].status == "fail"
+    assert all(checks[name].status == "skip" for name in doctor.MAAS_CHECKS[1:])
+
+
+def test_the_script_missing(site):
+    site.double.scripts.clear()
+    check = site.run()["maas.script"]
+    assert check.status == "fail" and "has no script" in check.found
+    assert f"upload-script --script build/commissioning/{SCRIPT_NAME}" in check.fix
+
+
+@pytest.mark.parametrize("tags, missing", [(["node"], "bmc-config, enlisting"), (["bmc-config"], "enlisting"),
+                                           (["enlisting"], "bmc-config")])
+def test_the_script_without_its_tags(site, tags, missing):
+    site.double.scripts[SCRIPT_NAME]["tags"] = tags
+    check = site.run()["maas.script"]
+    assert check.status == "fail" and f"not tagged {missing}" in check.found
+
+
+def test_the_script_out_of_date(site):
+    site.double.scripts[SCRIPT_NAME]["script"] = site.script.replace(b"bmc.example.com", b"bmc.example.org")
+    check = site.run()["maas.script"]
+    assert check.status == "fail" and "differs from the render" in check.found
+
+
+def test_enlist_commissioning_off(site):
+    site.double.settings["enlist_commissioning"] = False
+    check = site.run()["maas.enlist_commissioning"]
+    assert check.status == "warn"
+    assert check.fix == "`maas $PROFILE maas set-config name=enlist_commissioning value=true`"
+
+
+def test_the_seed_file_readable_by_others(site):
+    site.seed_file.chmod(0o644)
+    check = site.run()["maas.seed_file"]
+    assert check.status == "fail" and "mode 0644" in check.found
+    assert check.fix.startswith(f"`chmod 600 {site.seed_file}")
+
+
+def test_the_seed_file_owned_by_someone_else(site):
+    check = site.run(seed_owners=(4242424,))["maas.seed_file"]
+    assert check.status == "fail" and "owned by" in check.found and "uid 4242424" in check.found
+
+
+def test_the_seed_file_missing_or_a_symlink(site):
+    target = site.tmp_path / "elsewhere"
+    site.seed_file.rename(target)
+    checks = site.run()
+    assert checks["maas.seed_file"].status == "fail"
+    assert checks["maas.power_password"].status == "skip"
+    site.seed_file.symlink_to(target)
+    check = site.run()["maas.seed_file"]
+    assert check.status == "fail" and "symbolic link" in check.found
+
+
+def test_no_seed_file_configured(site):
+    site.values["seed"]["file"] = ""
+    checks = site.run()
+    assert checks["maas.seed_file"].status == "fail" and "seed.file is empty" in checks["maas.seed_file"].found
+    assert checks["maas.script"].status == "warn"
+
+
+def test_a_vm_claimed_twice(site):
+    impostor = site.add_vm("web2", "vms")
+    checks = site.run()
+    claims = checks["maas.claims"]
+    assert claims.status == "fail"
+    assert "web2.vms" in claims.found and impostor in claims.found and site.ids[("web2", "vms")] in claims.found
+    assert set(claims.subjects) == {impostor, site.ids[("web2", "vms")]}
+    # Duplicates get no password check (they get no password at all).
+    assert "2 machine(s)" in checks["maas.power_password"].found
+
+
+def test_a_wrong_power_password_is_reported_but_never_printed(site, capsys):
+    wrong = "not-the-derived-S3CRET"
+    victim = site.add_vm("web9", "vms", password=wrong)
+    check = site.run()["maas.power_password"]
+    assert check.status == "fail" and check.subjects == (victim,)
+    assert "reconcile --once" in check.fix
+    text = json.dumps(check.as_dict()) + "".join(capsys.readouterr())
+    assert wrong not in text
+
+
+def test_machines_that_are_not_vms_are_not_checked(site):
+    site.double.add_machine("phys1", power_type="ipmi", power_address="10.0.0.1", power_pass="ipmi-S3CRET")
+    site.double.add_machine("evil1", power_type="redfish", power_pass="evil-S3CRET",
+                            power_address=f"https://web1.vms.{DOMAIN}.evil.io")
+    checks = site.run()
+    assert checks["maas.claims"].status == "ok"
+    assert checks["maas.power_password"].status == "ok"
+
+
+# --- network ---------------------------------------------------------------------------------
+
+
+def test_a_name_that_does_not_resolve(site):
+    def resolve(host: str) -> list[str]:
+        if host.endswith(".tenant." + DOMAIN):
+            raise OSError(-2, "Name or service not known")
+        return ["127.0.0.1"]
+
+    checks = site.run(resolve=resolve)
+    assert checks["network.dns"].status == "fail"
+    assert site.host("db1", "tenant") in checks["network.dns"].found
+    assert f"*.{DOMAIN}" in checks["network.dns"].fix
+    assert checks["network.redfish"].status == "fail"
+
+
+def test_redfish_refuses_the_credentials_maas_holds(site):
+    site.responder.accounts[site.host("web1", "vms")] = ("maas", "another-password")
+    check = site.run()["network.redfish"]
+    assert check.status == "fail" and "HTTP 401" in check.found
+    assert check.subjects == (site.ids[("web1", "vms")] + " " + site.host("web1", "vms"),)
+
+
+def test_redfish_too_slow(site):
+    site.responder.delay = 1.0
+    check = site.run(redfish_deadline=0.3)["network.redfish"]
+    assert check.status == "fail" and "no answer within 0.3 s" in check.found
+
+
+def test_redfish_nobody_listening(site):
+    port = site.responder.port
+    site.responder.stop()
+    check = site.run()["network.redfish"]
+    assert check.status == "fail" and f":{port}" not in check.found
+
+
+def test_redfish_over_https_sends_the_host_name_as_sni(tmp_path):
+    openssl = require_tool("openssl", "openssl makes the self-signed certificate of the HTTPS test")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-days", "1", "-subj",
+                    "/CN=bmc", "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    host = identity.redfish_host("web1", "vms", DOMAIN)
+    with RedfishResponder({host: ("maas", "pw")}, tls=(str(cert), str(key))) as responder:
+        credentials = doctor.Credentials("abc123", f"https://{host}:{responder.port}", "maas", "pw")
+        status, _, problem = doctor.redfish_probe(credentials, lambda h: ["127.0.0.1"], 3.0)
+        assert (status, problem) == (200, "")
+        assert responder.server_names == [host]
+
+
+def test_redfish_url_follows_maas():
+    assert doctor.redfish_url("web1.vms.bmc.example.com", "1") == "https://web1.vms.bmc.example.com/redfish/v1/Systems/1"
+    assert doctor.redfish_url("http://h.n.d:8080", "") == "http://h.n.d:8080/redfish/v1/Systems/1"
+    assert doctor.redfish_url("https://h.n.d/", "2") == "https://h.n.d/redfish/v1/Systems/2"
+
+
+def test_credentials_hide_the_password():
+    assert "S3CRET" not in repr(doctor.Credentials("a", "https://h", "maas", "S3CRET"))
+
+
+# --- the command -----------------------------------------------------------------------------
+
+
+def table_statuses(out: str) -> dict[str, str]:
+    return {line.split()[0]: line.split()[1] for line in out.splitlines()[1:-1]}
+
+
+def test_doctor_command_table_and_json(site, monkeypatch, capsys):
+    monkeypatch.setattr(doctor, "system_resolve", site.resolve)
+    code = cli.main(["--values", str(site.values_file), "doctor"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    table = out
+    header = out.splitlines()[0].split()
+    assert header == ["CHECK", "STATUS", "FOUND", "FIX"]
+    assert table_statuses(out)["cluster"] == "skip"
+    assert out.rstrip().endswith("9 ok, 0 warn, 0 fail, 1 skip")
+    code = cli.main(["--values", str(site.values_file), "doctor", "--json"])
+    out, err = capsys.readouterr()
+    report = json.loads(out)
+    assert code == 0
+    assert report["summary"] == {"ok": 9, "warn": 0, "fail": 0, "skip": 1}
+    assert all(set(c) == {"check", "status", "found", "fix", "subjects"} for c in report["checks"])
+    assert report["checks"][0]["check"] == "maas.version"
+    assert {c["check"]: c["status"] for c in report["checks"]} == table_statuses(table)
+    for secret in site.secrets():
+        assert secret not in out + err
+
+
+def test_doctor_command_exits_1_on_a_failure_and_prints_no_secret(site, monkeypatch, capsys):
+    monkeypatch.setattr(doctor, "system_resolve", site.resolve)
+    site.add_vm("web3", "vms", password="wrong-S3CRET-pass")
+    site.responder.accounts[site.host("web1", "vms")] = ("maas", "other-S3CRET")
+    site.seed_file.chmod(0o640)
+    code = cli.main(["--values", str(site.values_file), "doctor"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    rows = table_statuses(out)
+    assert rows["maas.power_password"] == rows["network.redfish"] == rows["maas.seed_file"] == "fail"
+    for secret in site.secrets() + ["other-S3CRET"]:
+        assert secret not in out + err
+
+
+def test_doctor_usage_errors_exit_2(site, capsys, tmp_path):
+    assert cli.main(["--values", str(site.values_file), "doctor", "--kubeconfig", str(tmp_path / "none")]) == 2
+    assert "--kubeconfig" in capsys.readouterr().err
+    (tmp_path / "bad").write_text("{not yaml")
+    assert cli.main(["--values", str(site.values_file), "doctor", "--kubeconfig", str(tmp_path / "bad")]) == 2
+    os.environ.pop("MAAS_API_KEY", None)
+    (tmp_path / "api-key").write_text("one:two\n")
+    assert cli.main(["--values", str(site.values_file), "doctor"]) == 2
+    err = capsys.readouterr().err
+    assert "consumer:token:secret" in err

@@ -1,0 +1,377 @@
+"""doctor's cluster checks as pure functions over the objects the API server returns.
+
+The objects are built like the API server's answers; the bundle's expectations (policy
+names, ClusterRoles, generated object names, the allowlist) come from a real render.
+tests/test_doctor_cluster.py runs the same checks against the real control plane tier.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from maas_kubevirt import doctor, policies
+from maas_kubevirt.values import load_values
+
+VALUES = load_values(None)
+BUNDLE = policies.objects(policies.render_kubernetes(VALUES, None))
+GENERATED = doctor.Generated.from_policies(BUNDLE)
+POLICY_NAMES = [o["metadata"]["name"] for o in BUNDLE if o["kind"] == "ClusterPolicy"]
+OUR_ROLES = [o for o in BUNDLE if o["kind"] == "ClusterRole"]
+OPT_IN = "maas.io/kubevirt-bmc=enabled"
+APPLY = "`maas-kubevirt render --output build && kubectl apply -k build/kubernetes`"
+
+
+def kyverno_role(controller: str, rules: list[dict]) -> dict:
+    """Kyverno's own aggregate ClusterRole, as its install manifest defines it."""
+    return {
+        "metadata": {"name": f"kyverno:{controller}"},
+        "aggregationRule": {"clusterRoleSelectors": [
+            {"matchLabels": {f"rbac.kyverno.io/aggregate-to-{controller}": "true"}},
+            {"matchLabels": {"app.kubernetes.io/component": controller, "app.kubernetes.io/part-of": "kyverno"}},
+        ]},
+        "rules": rules,
+    }
+
+
+def merged_roles() -> list[dict]:
+    """Ours plus Kyverno's, with the aggregation controller's work done."""
+    roles = copy.deepcopy(OUR_ROLES)
+    for role in OUR_ROLES:
+        controller = next(k for k in role["metadata"]["labels"] if k.startswith("rbac.kyverno.io/")).split("aggregate-to-")[1]
+        roles.append(kyverno_role(controller, [{"apiGroups": ["kyverno.io"], "resources": ["*"], "verbs": ["*"]}]
+                                  + copy.deepcopy(role["rules"])))
+    return roles
+
+
+def vm(name: str, macs: list[str | None]) -> dict:
+    interfaces = [{"name": f"nic{i}", "bridge": {}, **({"macAddress": mac} if mac else {})} for i, mac in enumerate(macs)]
+    return {"metadata": {"name": name, "namespace": "vms"},
+            "spec": {"template": {"spec": {"domain": {"devices": {"interfaces": interfaces}}}}}}
+
+
+def ingress(name: str, annotations: dict) -> dict:
+    return {"metadata": {"name": name, "namespace": "vms", "annotations": annotations}}
+
+
+ALLOWLIST = dict(GENERATED.allowlist)
+
+
+def inventory(vms: list[dict], *, secrets=None, bmcs=None, ingresses=None) -> doctor.Inventory:
+    names = [v["metadata"]["name"] for v in vms]
+    return doctor.Inventory(
+        "vms", vms,
+        set(f"{n}-bmc" for n in names) if secrets is None else secrets,
+        set(names) if bmcs is None else bmcs,
+        [ingress(f"{n}-bmc", ALLOWLIST) for n in names] if ingresses is None else ingresses,
+    )
+
+
+# --- what the bundle generates ------------------------------------------------------------
+
+
+def test_generated_names_and_allowlist_come_from_the_rendered_policy():
+    assert GENERATED.name("Secret", "web1", "vms") == "web1-bmc"
+    assert GENERATED.name("VirtualMachineBMC", "web1", "vms") == "web1"
+    assert GENERATED.name("Ingress", "web1", "vms") == "web1-bmc"
+    assert doctor._cidrs(next(iter(GENERATED.allowlist.values()))) == set(VALUES["ingress"]["source_ranges"])
+
+
+# --- CRDs and Kyverno ---------------------------------------------------------------------
+
+
+def test_crds():
+    assert doctor.crds_check(doctor.CRDS).status == "ok"
+    check = doctor.crds_check(["virtualmachines.kubevirt.io"])
+    assert check.status == "fail" and check.subjects == ("virtualmachinebmcs.bmc.kubevirt.io",)
+    assert "kubevirtBMC" in check.fix and "KubeVirt" not in check.fix.replace("kubevirtBMC", "")
+
+
+@given(st.integers(0, 99), st.integers(0, 99), st.integers(0, 99), st.sampled_from(["", "v"]),
+       st.sampled_from(["", "-rc.1", "+build5"]), st.sampled_from(["", "reg.kyverno.io/kyverno/", "localhost:5000/k/"]))
+def test_image_version_reads_any_semver_tag(major, minor, patch, prefix, suffix, registry):
+    image = f"{registry}kyverno:{prefix}{major}.{minor}.{patch}{suffix}"
+    assert doctor.image_version(image) == (major, minor, patch)
+    assert doctor.image_version(image + "@sha256:" + "a" * 64) == (major, minor, patch)
+
+
+@pytest.mark.parametrize("image", ["reg.kyverno.io/kyverno/kyverno:latest", "localhost:5000/kyverno",
+                                   "kyverno@sha256:" + "b" * 64, "kyverno:1.13"])
+def test_image_version_without_a_version(image):
+    assert doctor.image_version(image) is None
+
+
+def deployment(name: str, image: str) -> dict:
+    return {"metadata": {"name": name}, "spec": {"template": {"spec": {"containers": [{"name": "c", "image": image}]}}}}
+
+
+def policy_crd(rule_level: bool) -> dict:
+    generate = {"properties": {"synchronize": {}, **({"generateExisting": {}} if rule_level else {})}}
+    rules = {"items": {"properties": {"generate": generate}}}
+    return {"spec": {"versions": [{"name": "v1", "schema": {"openAPIV3Schema": {
+        "properties": {"spec": {"properties": {"rules": rules}}}}}}]}}
+
+
+def test_kyverno_version_from_the_controllers_images():
+    ok = doctor.kyverno_version_check([deployment("kyverno-admission-controller", "ghcr.io/kyverno/kyverno:v1.13.4"),
+                                       deployment("kyverno-background-controller", "ghcr.io/kyverno/background-controller:v1.14.0")],
+                                      policy_crd(True))
+    assert ok.status == "ok" and "1.13.4" in ok.found
+    old = doctor.kyverno_version_check([deployment("kyverno-admission-controller", "ghcr.io/kyverno/kyverno:v1.12.6")],
+                                       policy_crd(True))
+    assert old.status == "fail" and "1.12.6" in old.found and "1.13.0 or later" in old.fix
+
+
+def test_kyverno_version_from_the_crd_when_no_image_says():
+    assert doctor.kyverno_version_check([], policy_crd(True)).status == "ok"
+    assert doctor.kyverno_version_check([deployment("x", "kyverno:latest")], policy_crd(False)).status == "fail"
+    missing = doctor.kyverno_version_check([], None)
+    assert missing.status == "fail" and "not installed" in missing.found
+
+
+# --- RBAC aggregation ---------------------------------------------------------------------
+
+
+def test_rbac_merged():
+    checks = doctor.kyverno_rbac_checks(OUR_ROLES, merged_roles(), APPLY)
+    assert [c.status for c in checks] == ["ok"] * len(OUR_ROLES)
+    assert {c.name for c in checks} == {f"cluster.kyverno_rbac/{r['metadata']['name'].rsplit(':', 1)[-1]}"
+                                        for r in OUR_ROLES}
+    assert "cluster.kyverno_rbac/background-controller" in {c.name for c in checks}
+
+
+def test_rbac_our_role_removed_and_unmerged():
+    roles = merged_roles()
+    name = "maas-kubevirt:kyverno:background-controller"
+    roles = [r for r in roles if r["metadata"]["name"] != name]
+    for role in roles:
+        if role["metadata"]["name"] == "kyverno:background-controller":
+            role["rules"] = role["rules"][:1]   # the aggregation controller took ours away
+    checks = {c.name: c for c in doctor.kyverno_rbac_checks(OUR_ROLES, roles, APPLY)}
+    check = checks["cluster.kyverno_rbac/background-controller"]
+    assert check.status == "fail" and f"ClusterRole {name} is missing" in check.found and check.fix == APPLY
+
+
+def test_rbac_present_but_not_merged():
+    roles = merged_roles()
+    for role in roles:
+        if role["metadata"]["name"] == "kyverno:background-controller":
+            role["rules"] = role["rules"][:1]
+    checks = {c.name: c for c in doctor.kyverno_rbac_checks(OUR_ROLES, roles, APPLY)}
+    check = checks["cluster.kyverno_rbac/background-controller"]
+    assert check.status == "fail" and "not merged" in check.found and "kyverno:background-controller lacks" in check.found
+    assert "clusterrole-aggregation" in check.fix
+
+
+def test_rbac_without_kyverno():
+    checks = doctor.kyverno_rbac_checks(OUR_ROLES, copy.deepcopy(OUR_ROLES), APPLY)
+    assert all(c.status == "fail" and "no Kyverno ClusterRole aggregates" in c.found for c in checks)
+
+
+VERBS = st.sampled_from(["get", "list", "watch", "create", "update", "delete"])
+RULES = st.lists(st.fixed_dictionaries({
+    "apiGroups": st.lists(st.sampled_from(["", "apps", "kubevirt.io"]), min_size=1, max_size=2),
+    "resources": st.lists(st.sampled_from(["secrets", "ingresses", "virtualmachines"]), min_size=1, max_size=2),
+    "verbs": st.lists(VERBS, min_size=1, max_size=3),
+}), max_size=4)
+
+
+@given(RULES, RULES)
+def test_missing_rules_is_exactly_what_the_union_lacks(wanted, granted):
+    """A tuple is missing iff no granted rule holds its group, resource and verb."""
+    missing = set(doctor.missing_rules(wanted, granted))
+    allowed = {(g, r, v) for rule in granted for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    needed = {(g, r, v) for rule in wanted for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+    assert missing == {f"{v} {g or 'core'}/{r}" for g, r, v in needed - allowed}
+    assert doctor.missing_rules(wanted, granted + wanted) == []
+
+
+def test_missing_rules_wildcards_and_resource_names():
+    named = [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["seed"], "verbs": ["get"]}]
+    assert doctor.missing_rules(named, [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]) == []
+    assert doctor.missing_rules(named, [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["other"],
+                                         "verbs": ["get"]}]) == ["get core/secrets/seed"]
+    unnamed = [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["list"]}]
+    assert doctor.missing_rules(unnamed, named) == ["list core/secrets"]
+
+
+@pytest.mark.parametrize("selector, labels, selected", [
+    ({"matchLabels": {"a": "1"}}, {"a": "1", "b": "2"}, True),
+    ({"matchLabels": {"a": "1"}}, {"a": "2"}, False),
+    ({"matchExpressions": [{"key": "a", "operator": "In", "values": ["1", "2"]}]}, {"a": "2"}, True),
+    ({"matchExpressions": [{"key": "a", "operator": "NotIn", "values": ["1"]}]}, {"a": "1"}, False),
+    ({"matchExpressions": [{"key": "a", "operator": "Exists"}]}, {}, False),
+    ({"matchExpressions": [{"key": "a", "operator": "DoesNotExist"}]}, {}, True),
+])
+def test_label_selectors(selector, labels, selected):
+    assert doctor._selects(selector, labels) is selected
+
+
+# --- policies and the seed ----------------------------------------------------------------
+
+
+def cluster_policy(name: str, ready: str | None, message: str = "") -> dict:
+    status = {} if ready is None else {"conditions": [{"type": "Ready", "status": ready, "message": message}]}
+    return {"metadata": {"name": name}, "status": status}
+
+
+def test_policies_ready_missing_or_not_ready():
+    ready = [cluster_policy(name, "True") for name in POLICY_NAMES]
+    assert doctor.policies_check(POLICY_NAMES, ready, APPLY).status == "ok"
+    deleted = doctor.policies_check(POLICY_NAMES, ready[1:], APPLY)
+    assert deleted.status == "fail" and f"missing: {POLICY_NAMES[0]}" in deleted.found and deleted.fix == APPLY
+    broken = ready[:-1] + [cluster_policy(POLICY_NAMES[-1], "False", "requires permissions get for v1/Secret")]
+    check = doctor.policies_check(POLICY_NAMES, broken, APPLY)
+    assert check.status == "fail" and "requires permissions" in check.found and "kubectl describe" in check.fix
+    pending = doctor.policies_check(POLICY_NAMES, ready[:-1] + [cluster_policy(POLICY_NAMES[-1], None)], APPLY)
+    assert pending.status == "fail" and "no Ready condition yet" in pending.found
+
+
+def test_seed_secret_compared_by_digest():
+    seed = "the-seed-0123456789abcdef0123456789abcdef"
+    digest = hashlib.sha256(seed.encode()).hexdigest()
+    ok = doctor.seed_secret_check(digest, seed, "maas-kubevirt/maas-kubevirt-seed", "apply")
+    assert ok.status == "ok"
+    wrong = doctor.seed_secret_check(hashlib.sha256(b"other").hexdigest(), seed, "ns/s", "apply")
+    assert wrong.status == "fail" and "another seed" in wrong.found and seed not in wrong.found
+    assert doctor.seed_secret_check(None, seed, "ns/s", "apply").status == "fail"
+    assert doctor.seed_secret_check(digest, None, "ns/s", "apply").status == "warn"
+
+
+# --- namespaces, VMs, Ingresses -----------------------------------------------------------
+
+
+def namespace(name: str, kubemacpool: bool) -> dict:
+    labels = {"maas.io/kubevirt-bmc": "enabled"}
+    if kubemacpool:
+        labels[policies.KUBEMACPOOL_LABEL] = "allocate"
+    return {"metadata": {"name": name, "labels": labels}}
+
+
+def test_namespaces_need_the_kubemacpool_label():
+    assert doctor.namespaces_check([namespace("vms", True)], OPT_IN).status == "ok"
+    check = doctor.namespaces_check([namespace("vms", True), namespace("tenant", False)], OPT_IN)
+    assert check.status == "fail" and check.subjects == ("tenant",)
+    assert check.fix == f"`kubectl label namespace tenant {policies.KUBEMACPOOL_LABEL}=allocate`"
+    assert doctor.namespaces_check([], OPT_IN).status == "warn"
+
+
+def test_vms_complete():
+    check = doctor.vms_check(inventory([vm("web1", ["02:00:00:00:00:01"]), vm("web2", ["02:00:00:00:00:02"] * 2)]),
+                             GENERATED, OPT_IN)
+    assert check.status == "ok" and check.name == "cluster.vms/vms"
+
+
+def test_a_vm_without_a_mac():
+    check = doctor.vms_check(inventory([vm("web1", ["02:00:00:00:00:01", None])]), GENERATED, OPT_IN)
+    assert check.status == "fail" and "web1: no MAC on interface nic1" in check.found
+    assert check.subjects == ("web1",)
+
+
+@pytest.mark.parametrize("missing, text", [("secrets", "no Secret web1-bmc"),
+                                           ("bmcs", "no VirtualMachineBMC web1"),
+                                           ("ingresses", "no Ingress web1-bmc")])
+def test_a_vm_without_its_bmc_objects(missing, text):
+    check = doctor.vms_check(inventory([vm("web1", ["02:00:00:00:00:01"])], **{missing: set() if missing != "ingresses" else []}),
+                             GENERATED, OPT_IN)
+    assert check.status == "fail" and text in check.found
+
+
+def test_a_vm_whose_name_cannot_have_a_bmc():
+    check = doctor.vms_check(inventory([vm("a" * 56, ["02:00:00:00:00:01"])]), GENERATED, OPT_IN)
+    assert check.status == "fail" and "rename the VM" in check.found
+
+
+def test_ingress_allowlist_kept_changed_or_removed():
+    vms = [vm("web1", ["02:00:00:00:00:01"]), vm("web2", ["02:00:00:00:00:02"])]
+    assert doctor.allowlist_check([inventory(vms)], GENERATED, APPLY).status == "ok"
+    key = next(iter(ALLOWLIST))
+    # Same CIDRs in another order are the same allowlist.
+    reordered = {key: ",".join(reversed(ALLOWLIST[key].split(",")))}
+    assert doctor.allowlist_check([inventory(vms, ingresses=[ingress("web1-bmc", reordered), ingress("web2-bmc", ALLOWLIST)])],
+                                  GENERATED, APPLY).status == "ok"
+    opened = [ingress("web1-bmc", {key: "0.0.0.0/0"}), ingress("web2-bmc", {})]
+    check = doctor.allowlist_check([inventory(vms, ingresses=opened)], GENERATED, APPLY)
+    assert check.status == "fail" and check.subjects == ("vms/web1-bmc", "vms/web2-bmc")
+
+
+# --- the cluster section over a cluster that answers from memory ----------------------------
+
+
+class MemoryCluster:
+    """Answers doctor's reads from dicts, as kube.Cluster answers from the API server."""
+
+    def __init__(self, seed: str):
+        self.crds = {name: {} for name in doctor.CRDS} | {doctor.KYVERNO_POLICY_CRD: policy_crd(True)}
+        self.roles = merged_roles()
+        self.policies = [cluster_policy(name, "True") for name in POLICY_NAMES]
+        self.seed_digest = hashlib.sha256(seed.encode()).hexdigest()
+        self.namespace_list = [namespace("vms", True)]
+        self.inventory = inventory([vm("web1", ["02:00:00:00:00:01"])])
+
+    def crd(self, name):
+        return self.crds.get(name)
+
+    def deployments(self, selector):
+        return []
+
+    def cluster_roles(self):
+        return self.roles
+
+    def cluster_policies(self):
+        return self.policies
+
+    def secret_digest(self, namespace, name, key):
+        return self.seed_digest
+
+    def namespaces(self, selector):
+        assert selector == OPT_IN
+        return self.namespace_list
+
+    def virtual_machines(self, ns):
+        return self.inventory.vms
+
+    def secret_names(self, ns):
+        return self.inventory.secrets
+
+    def virtual_machine_bmcs(self, ns):
+        return [{"metadata": {"name": n}} for n in self.inventory.bmcs]
+
+    def ingresses(self, ns):
+        return self.inventory.ingresses
+
+
+def test_cluster_section_over_a_healthy_cluster_and_one_with_each_failure():
+    seed = "s" * 40
+    fixes = doctor._Fixes("maas-kubevirt", VALUES)
+    cluster = MemoryCluster(seed)
+    reach = doctor.Reach()
+    checks = doctor.cluster_checks(VALUES, cluster, seed, fixes, reach)
+    assert {c.status for c in checks} == {"ok"}, [c for c in checks if c.status != "ok"]
+    assert reach.hosts == {"vms": "web1.vms.bmc.example.com"}
+    cluster.policies.pop()
+    cluster.crds.pop("virtualmachinebmcs.bmc.kubevirt.io")
+    cluster.seed_digest = hashlib.sha256(b"another").hexdigest()
+    cluster.namespace_list[0]["metadata"]["labels"].pop(policies.KUBEMACPOOL_LABEL)
+    cluster.inventory.vms[0]["spec"]["template"]["spec"]["domain"]["devices"]["interfaces"][0].pop("macAddress")
+    failed = {c.name for c in doctor.cluster_checks(VALUES, cluster, seed, fixes, doctor.Reach()) if c.status == "fail"}
+    assert failed == {"cluster.crds", "cluster.policies", "cluster.seed_secret", "cluster.kubemacpool", "cluster.vms/vms"}
+
+
+@given(st.integers(0, 9), st.integers(0, 12), st.integers(0, 12), st.sampled_from(["", "~beta1-123-gabc", "-rc2"]))
+def test_maas_version_rule(major, minor, point, suffix):
+    """fail below 2.9.0 and inside 3.6.0-3.6.4 / 3.7.0-3.7.2, ok elsewhere; the fix names 3.6.5 and 3.7.3."""
+    check = doctor.version_check(f"{major}.{minor}.{point}{suffix}")
+    version = (major, minor, point)
+    bad = version < (2, 9, 0) or (3, 6, 0) <= version <= (3, 6, 4) or (3, 7, 0) <= version <= (3, 7, 2)
+    assert check.status == ("fail" if bad else "ok")
+    assert ("upgrade to 3.6.5 or 3.7.3" in check.fix) is bad
+
+
+def test_an_unreadable_maas_version_is_a_warning():
+    assert doctor.version_check("garbage\x1b[31m").status == "warn"
+    assert "\x1b" not in doctor.version_check("garbage\x1b[31m").found
