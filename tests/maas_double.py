@@ -10,11 +10,22 @@ controllers included (400 ``{"hostname": [...]}``; nodes/ lists them all), resou
 MAAS's message for a user who is not an administrator), scripts parsed as MAAS's ScriptForm
 parses them (POST scripts/, GET/PUT scripts/{name}, op=download) and version/.
 
+Power parameters are set as MAAS's machine form sets them: ``PUT machines/{id}/`` with
+``power_parameters_<name>=...`` fields; a name the power type does not have is refused (400
+``{"power_parameters": ["Unknown parameter(s): x."]}``, src/maasserver/config_forms.py,
+DictCharField.clean_unknown_params), names left out keep their values
+(src/maasserver/forms/__init__.py, WithPowerTypeMixin._get_power_parameters) and a required one
+left empty is refused. ``op=commission`` records ``skip_bmc_config`` (read like Django's
+BooleanField, as src/maasserver/forms/ephemeral.py CommissionForm does); without it, a KubeVirt
+VM's bmc-config script runs again and writes the placeholder password back.
+
 It counts requests and injects faults into the next matching requests: "503" (Retry-After:
 10, as MAAS sends), "409" (Retry-After: 5: MAAS ran out of database retries), "500", "hang"
 (past the client's timeout, then the connection is dropped), "reset" (TCP RST), "malformed" (a
-truncated JSON body), "race-commission" (someone else commissions the machine first) and
-"race-rename" (someone else takes the hostname first) and "reply" (a given status and body).
+truncated JSON body), "race-commission" (someone else commissions the machine first),
+"race-rename" (someone else takes the hostname first), "reply" (a given status and body) and
+"echo" (a 400 whose body repeats every field of the request, as a careless proxy or a future
+MAAS might: a client must not pass it on unscrubbed).
 ``extra_records`` are appended, as they are, to every machines/ list.
 
 Run as a program (`python tests/maas_double.py --machines 1000`) it serves until killed and
@@ -44,6 +55,8 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import yaml
 
+from maas_kubevirt.identity import PLACEHOLDER_PASSWORD
+
 API_PREFIX = "/MAAS/api/2.0/"
 DEFAULT_KEY = ("dblConsumerKey1", "dblTokenKey0001", "dblTokenSecretXyZ9876543210")
 
@@ -56,6 +69,16 @@ STATUS = {
     "Testing": 21, "Failed testing": 22,
 }
 COMMISSION_FROM = ("New", "Failed commissioning", "Ready", "Broken")
+# Each power type's parameters, and which are required: the drivers' settings in
+# src/provisioningserver/drivers/power/redfish.py and ipmi.py.
+POWER_FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
+    "redfish": {"power_address": ("Redfish address", True), "power_user": ("Redfish user", True),
+                "power_pass": ("Redfish password", True), "node_id": ("Node ID", False)},
+    "ipmi": {name: (name, name == "power_address") for name in (
+        "power_driver", "power_boot_type", "power_address", "power_user", "power_pass", "k_g",
+        "cipher_suite_id", "privilege_level", "workaround_flags", "mac_address", "power_off_mode")},
+}
+SKIP_CHECK = "power_parameters_skip_check"
 NOT_AVAILABLE = "Commission is not available because of the current state of the node."
 # src/maasserver/api/support.py: METHOD_RESERVED_ADMIN, raised by @admin_method (3.5: scripts
 # create/update and the bulk machines/?op=power_parameters of src/maasserver/api/nodes.py).
@@ -133,6 +156,9 @@ class MaasDouble:
         self.counts: Counter = Counter()
         self.nonces: set[str] = set()
         self.writes: list[tuple[str, str, dict]] = []   # (method, system_id or path, fields)
+        self.commissions: list[tuple[str, bool]] = []   # (system_id, skip_bmc_config)
+        # What each KubeVirt VM's bmc-config script writes when commissioning runs it.
+        self.bmc_config: dict[str, dict[str, str]] = {}
         self._ids = itertools.count(1)
         self._pool_ids = itertools.count(1)
         self._random = random.Random(seed)
@@ -250,8 +276,11 @@ class MaasDouble:
                scheme: str = "https", password: str | None = None, **kw: Any) -> str:
         address = f"{scheme}://{vm}.{namespace}.{domain}/redfish/v1/Systems/1" if scheme else \
             f"{vm}.{namespace}.{domain}"
-        return self.add_machine(kw.pop("hostname", None), power_type="redfish", power_address=address,
-                                power_pass=password or f"pw-{vm}-{namespace}-S3CRET", **kw)
+        system_id = self.add_machine(kw.pop("hostname", None), power_type="redfish", power_address=address,
+                                     power_pass=password or PLACEHOLDER_PASSWORD, **kw)
+        self.bmc_config[system_id] = {"power_address": address, "power_user": "maas",
+                                      "power_pass": PLACEHOLDER_PASSWORD, "node_id": "1"}
+        return system_id
 
     def _set_pool(self, system_id: str, name: str) -> None:
         pool = self.pools[name]
@@ -286,7 +315,9 @@ class MaasDouble:
         return None
 
     def passwords(self) -> list[str]:
-        return [p["power_pass"] for p in self.power.values() if p.get("power_pass")]
+        """Every stored power password but the public placeholder."""
+        return [p["power_pass"] for p in self.power.values()
+                if p.get("power_pass") and p["power_pass"] != PLACEHOLDER_PASSWORD]
 
     # --- faults and counts -----------------------------------------------------------------
     def inject(self, kind: str, *, method: str | None = None, path: str | None = None,
@@ -476,24 +507,54 @@ class MaasDouble:
                     errors["hostname"] = ["Node with this Hostname already exists."]
             if pool is not None and pool not in self.pools:
                 errors["pool"] = ["Select a valid choice. That choice is not one of the available choices."]
+            power, problem = self._power_update(system_id, request.fields)
+            if problem:
+                errors["power_parameters"] = [problem]
             if errors:
                 return 400, errors, {}
+            if power is not None:
+                self.power[system_id] = power
             if hostname is not None:
                 self._hostnames.pop(machine["hostname"].lower(), None)
                 self._hostnames[hostname.lower()] = system_id
                 machine["hostname"], machine["fqdn"] = hostname, f"{hostname}.maas"
             if pool is not None:
                 self._set_pool(system_id, pool)
-            self.writes.append(("PUT", system_id, dict(request.fields)))
+            self.writes.append(("PUT", system_id, {key: "(withheld)" if key.endswith("power_pass") else value
+                                                   for key, value in request.fields.items()}))
             return 200, machine, {}
         if method == "POST" and op == "commission":
             if machine["status_name"] not in COMMISSION_FROM:
                 return 400, {"__all__": [NOT_AVAILABLE]}, {}
+            value = request.fields.get("skip_bmc_config", "")
+            skip_bmc_config = bool(value) and value.lower() not in ("false", "0")
             machine["status_name"], machine["status"] = "Commissioning", STATUS["Commissioning"]
             machine["power_state"] = "on"
-            self.writes.append(("POST", system_id, {"op": "commission"}))
+            if not skip_bmc_config and system_id in self.bmc_config:
+                self.power[system_id] = {**self.power[system_id], **self.bmc_config[system_id]}
+            self.commissions.append((system_id, skip_bmc_config))
+            self.writes.append(("POST", system_id, {"op": "commission", "skip_bmc_config": skip_bmc_config}))
             return 200, machine, {}
         return 400, f"Unrecognised signature: method={method} op={op}", {}
+
+    def _power_update(self, system_id: str, fields: dict[str, str]) -> tuple[dict | None, str]:
+        """(the new power parameters or None when none are given, MAAS's message when refused)."""
+        given = {key[len("power_parameters_"):]: value for key, value in fields.items()
+                 if key.startswith("power_parameters_") and key != SKIP_CHECK}
+        if not given:
+            return None, ""
+        current = dict(self.power.get(system_id, {}))
+        if fields.get(SKIP_CHECK) == "true":
+            return {**current, **given}, ""
+        known = POWER_FIELDS.get(self.machines[system_id]["power_type"], {})
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            return None, f"Unknown parameter(s): {', '.join(unknown)}."
+        merged = {**current, **given}
+        missing = [label for name, (label, required) in known.items() if required and not merged.get(name)]
+        if missing:
+            return None, " ".join(f"{label}: This field is required." for label in missing)
+        return merged, ""
 
     def _script_write(self, request: Request, name: str | None) -> tuple[int, Any, dict[str, str]]:
         """POST scripts/ (name None) or PUT scripts/{name}, as src/maasserver/api/scripts.py hands
@@ -722,6 +783,9 @@ class _Handler(BaseHTTPRequestHandler):
         problem = None if path == "version/" else double.check_auth(self.headers.get("Authorization"))
         if problem:
             self._send(401, problem)
+            return
+        if fault and fault.kind == "echo":
+            self._send(400, {"__all__": [f"{key}={value}" for key, value in fields.items()]})
             return
         if fault and fault.kind == "race-commission":
             match = re.fullmatch(r"machines/([^/]+)/", path)

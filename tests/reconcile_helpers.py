@@ -17,6 +17,19 @@ from maas_kubevirt import identity  # noqa: E402
 from maas_kubevirt.values import load_values  # noqa: E402
 
 DOMAIN = "bmc.example.com"
+# The site seed of these tests (64 hex digits, as render generates).
+SEED = "5eed" * 16
+
+
+def derived(vm: str, namespace: str, seed: str = SEED) -> str:
+    return identity.bmc_password(seed, identity.format_serial(vm, namespace))
+
+
+def write_seed(tmp_path: Path, seed: str = SEED) -> Path:
+    path = tmp_path / "seed"
+    path.write_text(seed + "\n")
+    path.chmod(0o600)
+    return path
 
 
 def write_values(tmp_path: Path, double: MaasDouble, **maas: object) -> Path:
@@ -24,11 +37,15 @@ def write_values(tmp_path: Path, double: MaasDouble, **maas: object) -> Path:
     if not key.exists():
         key.write_text(double.api_key_text + "\n")
         key.chmod(0o600)
+    seed_file = tmp_path / "seed"
+    if not seed_file.exists():
+        write_seed(tmp_path)
     settings = {"url": double.url, "api_key_file": str(key), "timeout": 1, "interval": 1,
                 "audit_log": str(tmp_path / "audit.log")}
     settings.update(maas)
     path = tmp_path / "values.yaml"
-    path.write_text(yaml.safe_dump({"redfish": {"domain": DOMAIN}, "maas": settings}))
+    path.write_text(yaml.safe_dump({"redfish": {"domain": DOMAIN}, "seed": {"file": str(seed_file)},
+                                    "maas": settings}))
     return path
 
 
@@ -49,13 +66,19 @@ def audit_records(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
-def secrets_of(double: MaasDouble) -> list[str]:
-    """Everything that must never be printed: the API key (each part) and every power password."""
-    return [double.api_key_text, *double.api_key, *double.passwords()]
+def secrets_of(double: MaasDouble, seeds: Iterable[str] = (SEED,)) -> list[str]:
+    """Everything that must never be printed: the API key (each part), the seeds, every power
+    password stored, and the password every matching machine derives from each seed."""
+    derived_passwords = [
+        identity.bmc_password(seed, identity.format_serial(*parsed))
+        for seed in seeds for params in double.power.values()
+        if (parsed := identity.parse_redfish_address(params.get("power_address"), DOMAIN))
+    ]
+    return [double.api_key_text, *double.api_key, *seeds, *double.passwords(), *derived_passwords]
 
 
-def assert_no_secrets(double: MaasDouble, *texts: str) -> None:
-    secrets = secrets_of(double)
+def assert_no_secrets(double: MaasDouble, *texts: str, seeds: Iterable[str] = (SEED,)) -> None:
+    secrets = secrets_of(double, seeds)
     for text in texts:
         for secret in secrets:
             assert secret not in text, f"a secret leaked: {secret[:4]}..."
@@ -69,11 +92,13 @@ def matching_ids(double: MaasDouble, domain: str = DOMAIN) -> set[str]:
     }
 
 
-def converged(double: MaasDouble, ids: Iterable[str], domain: str = DOMAIN) -> bool:
-    """Every given VM machine has its name, its pool and has left New."""
+def converged(double: MaasDouble, ids: Iterable[str], domain: str = DOMAIN, seed: str = SEED) -> bool:
+    """Every given VM machine has its derived password, its name, its pool and has left New."""
     for sid in ids:
         machine = double.machines[sid]
         vm, ns = identity.parse_redfish_address(double.power[sid]["power_address"], domain)
+        if double.power[sid]["power_pass"] != derived(vm, ns, seed):
+            return False
         names = (identity.maas_hostname(vm, ns), identity.fallback_hostname(vm, ns))
         if machine["hostname"] not in names or machine["pool"]["name"] != ns:
             return False

@@ -75,8 +75,8 @@ def test_unit_is_hardened_conditional_and_runs_a_valid_command():
     settings = dict(directives)
     for key, value in {
         "Documentation": "man:maas-kubevirt(1)",
-        "ConditionPathExists": "/etc/maas-kubevirt/api-key",
         "Restart": "on-failure",
+        "DynamicUser": "yes",
         "NoNewPrivileges": "yes",
         "ProtectSystem": "strict",
         "ProtectHome": "yes",
@@ -90,7 +90,35 @@ def test_unit_is_hardened_conditional_and_runs_a_valid_command():
     assert exec_start[:3] == ["/usr/bin/maas-kubevirt", "--values", "/etc/maas-kubevirt/values.yaml"]
     args = cli.build_parser().parse_args(exec_start[1:])  # the CLI accepts what the unit runs
     assert args.command == "reconcile" and not args.once and not args.dry_run
-    assert not any(key == "User" for key, _ in directives), "root is needed to read the 0600 api-key"
+    # Not root: the secrets arrive as credentials, read by systemd from root-only files.
+    assert not any(key in ("User", "Group") for key, _ in directives)
+    assert [v for k, v in directives if k == "LoadCredential"] == [
+        "api-key:/etc/maas-kubevirt/api-key", "seed:/etc/maas-kubevirt/seed"]
+    assert [v for k, v in directives if k == "ConditionPathExists"] == [
+        "/etc/maas-kubevirt/api-key", "/etc/maas-kubevirt/seed"]
+
+
+# Exposure of the unit as `systemd-analyze security` scored it before it ran as a dynamic user.
+MAX_EXPOSURE = 1.8
+
+
+def test_unit_exposure_is_no_worse_than_before():
+    tool = require_tool("systemd-analyze", "systemd-analyze is not installed (apt-get install systemd)")
+    result = subprocess.run([tool, "security", "--offline=yes", "--no-pager", str(UNIT)],
+                            capture_output=True, text=True, timeout=120)
+    match = re.search(r"Overall exposure level for \S+: ([0-9.]+)", result.stdout + result.stderr)
+    assert match, result.stdout + result.stderr
+    assert float(match.group(1)) <= MAX_EXPOSURE, result.stdout
+
+
+def test_purge_removes_the_secrets_and_the_dynamic_users_logs():
+    postrm = (DEBIAN / "maas-kubevirt.postrm").read_text()
+    purge = postrm[postrm.index('if [ "$1" = purge ]'):postrm.index("fi\n")]
+    for path in ("/etc/maas-kubevirt/api-key", "/etc/maas-kubevirt/seed", "/var/log/maas-kubevirt",
+                 "/var/log/private/maas-kubevirt"):
+        assert path in purge, f"purge does not remove {path}"
+    install = (DEBIAN / "maas-kubevirt.install").read_text()
+    assert "seed" not in install and "api-key" not in install  # neither is shipped
 
 
 def test_install_sources_exist_and_the_script_is_executable():

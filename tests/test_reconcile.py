@@ -17,7 +17,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from maas_double import MaasDouble, populate  # noqa: E402
 from reconcile_helpers import (  # noqa: E402
     DOMAIN,
+    SEED,
     Args,
+    derived,
+    write_seed,
     add_noise,
     assert_no_secrets,
     audit_records,
@@ -33,9 +36,14 @@ from maas_kubevirt.reconcile import (  # noqa: E402
     CREATE_POOL,
     MOVE_POOL,
     RENAME,
+    DUPLICATE,
+    RIGHT,
+    SET_PASSWORD,
     SKIP,
     Action,
     Audit,
+    Passwords,
+    Power,
     Reconciler,
     Settings,
     plan,
@@ -43,6 +51,7 @@ from maas_kubevirt.reconcile import (  # noqa: E402
 from maas_kubevirt.values import ValuesError  # noqa: E402
 
 SETTINGS = Settings(domain=DOMAIN)
+PASSWORDS = Passwords(SEED)
 
 
 @pytest.fixture(autouse=True)
@@ -50,6 +59,7 @@ def fast_retries(monkeypatch):
     monkeypatch.setattr(maas, "RETRY", RetryPolicy(attempts=3, backoff=0.01, max_backoff=0.05,
                                                          max_retry_after=0.05))
     monkeypatch.delenv("MAAS_API_KEY", raising=False)
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
 
 
 @pytest.fixture
@@ -66,8 +76,9 @@ def machine(sid, hostname, *, power_type="redfish", status="New", pool="default"
     }
 
 
-def addr(vm, ns, domain=DOMAIN):
-    return f"https://{vm}.{ns}.{domain}/redfish/v1/Systems/1"
+def addr(vm, ns, domain=DOMAIN, password=RIGHT):
+    """A machine's power facts: its address and (by default) the right password."""
+    return Power(f"https://{vm}.{ns}.{domain}/redfish/v1/Systems/1", password)
 
 
 def kinds(actions, sid=None):
@@ -90,9 +101,9 @@ def test_plan_for_a_new_vm():
 
 def test_plan_accepts_power_parameter_mappings_and_existing_pools():
     machines = [machine("aaa", "lucky-cat")]
-    actions = plan(machines, {"aaa": {"power_address": addr("web1", "vms")}}, [{"name": "vms", "id": 3}],
-                   SETTINGS)
-    assert kinds(actions) == [RENAME, MOVE_POOL, COMMISSION]
+    actions = plan(machines, {"aaa": {"power_address": addr("web1", "vms").address}},
+                   [{"name": "vms", "id": 3}], SETTINGS)
+    assert kinds(actions) == [SET_PASSWORD, RENAME, MOVE_POOL, COMMISSION]
 
 
 def test_plan_ignores_everything_not_ours():
@@ -119,10 +130,14 @@ def test_plan_ignores_everything_not_ours():
 def test_address_forms_that_match():
     for address in ("web1.vms.bmc.example.com", "http://WEB1.vms.BMC.example.com:8443/redfish/v1/Systems/1",
                     "https://web1.vms.bmc.example.com."):
-        actions = plan([machine("aaa", "web1-vms", pool="vms", status="Ready")], {"aaa": address}, [], SETTINGS)
+        power = {"aaa": Power(address, RIGHT)}
+        actions = plan([machine("aaa", "web1-vms", pool="vms", status="Ready")], power, [], SETTINGS)
         assert actions == []  # already converged, and matched (no error)
-        actions = plan([machine("aaa", "x")], {"aaa": address}, ["vms"], SETTINGS)
+        actions = plan([machine("aaa", "x")], power, ["vms"], SETTINGS)
         assert kinds(actions) == [RENAME, MOVE_POOL, COMMISSION], address
+        # A bare address says nothing of the password: it is set first.
+        actions = plan([machine("aaa", "x")], {"aaa": address}, ["vms"], SETTINGS)
+        assert kinds(actions) == [SET_PASSWORD, RENAME, MOVE_POOL, COMMISSION], address
 
 
 def test_converged_machine_needs_nothing():
@@ -167,17 +182,32 @@ def test_a_machine_already_on_its_fallback_stays():
     assert plan(machines, {"aaa": addr("web1", "vms")}, [], SETTINGS) == []
 
 
-def test_two_machines_of_one_vm_never_claim_one_name():
-    machines = [machine("aaa", "one", status="Ready", pool="vms"),
+def test_a_duplicate_claim_touches_none_of_its_machines():
+    machines = [machine("aaa", "one", status="New"),
                 machine("bbb", "two", status="Ready", pool="vms"),
-                machine("ccc", "three", status="Ready", pool="vms")]
-    power = {sid: addr("web1", "vms") for sid in ("aaa", "bbb", "ccc")}
+                machine("ccc", "three", status="Ready", pool="vms"),
+                machine("ddd", "lucky-cat", status="Ready", pool="vms")]
+    power = {sid: addr("web1", "vms", password="other") for sid in ("aaa", "bbb", "ccc")}
+    power["ddd"] = addr("web2", "vms", password="placeholder")
     actions = plan(machines, power, [], SETTINGS)
     assert [(a.system_id, a.kind, a.after) for a in actions] == [
-        ("aaa", RENAME, "web1-vms"),
-        ("bbb", RENAME, identity.fallback_hostname("web1", "vms")),
-        ("ccc", SKIP, "three"),
+        (None, DUPLICATE, "aaa,bbb,ccc"),
+        ("ddd", SET_PASSWORD, "derived"),
+        ("ddd", RENAME, "web2-vms"),
     ]
+    assert actions[0].note == (
+        "web1.vms is claimed by 3 machines: aaa (one), bbb (two), ccc (three); none of them gets a "
+        "password, rename, pool or commission until only one claims it")
+    assert not actions[0].changes
+
+
+@pytest.mark.parametrize("password", ["placeholder", "unset", "other", "unknown"])
+def test_a_wrong_password_is_set_before_anything_else_in_any_status(password):
+    for status in ("New", "Commissioning", "Ready", "Deployed", "Testing", "Broken"):
+        machines = [machine("aaa", "web1-vms", status=status, pool="vms")]
+        actions = plan(machines, {"aaa": addr("web1", "vms", password=password)}, [], SETTINGS)
+        assert actions[0] == Action(SET_PASSWORD, "aaa", "web1-vms", "web1", "vms", password, "derived")
+        assert kinds(actions)[1:] == ([COMMISSION] if status == "New" else [])
 
 
 def test_pool_only_from_default():
@@ -251,12 +281,15 @@ def test_once_converges_and_audits(tmp_path, double, capsys):
     code, out, err = run(capsys, loop.main, values, Args(once=True))
     assert code == 0, err
     records = audit_records(out)
-    assert {r["action"] for r in records} == {CREATE_POOL, RENAME, MOVE_POOL, COMMISSION}
+    assert {r["action"] for r in records} == {CREATE_POOL, SET_PASSWORD, RENAME, MOVE_POOL, COMMISSION}
     for record in records:
         assert list(record)[:7] == ["time", "system_id", "hostname", "action", "before", "after", "outcome"]
         assert record["outcome"] == "ok"
         assert record["time"].endswith("Z")
-    assert len(records) == 2 + 3 * 3
+    assert len(records) == 2 + 3 * 4
+    passwords = [r for r in records if r["action"] == SET_PASSWORD]
+    assert [(r["before"], r["after"]) for r in passwords] == [("placeholder", "derived")] * 3
+    assert sorted(double.commissions) == sorted((sid, True) for sid in vms)  # skip_bmc_config=1
     assert audit_records((tmp_path / "audit.log").read_text()) == records
     assert converged(double, vms)
     assert {w[1] for w in double.writes if w[0] != "POST" or w[1] != "resourcepools/"} <= set(vms)
@@ -273,7 +306,7 @@ def test_once_converges_and_audits(tmp_path, double, capsys):
 def test_idle_cycle_costs_at_most_two_requests(double):
     populate(double, 2000, vm_fraction=0.1)
     client = MAASClient(double.url, Signer(*double.api_key), timeout=5)
-    reconciler = Reconciler(client, SETTINGS, Audit(""))
+    reconciler = Reconciler(client, SETTINGS, Audit(""), passwords=PASSWORDS)
     for _ in range(4):
         reconciler.cycle()
         double.advance()
@@ -289,9 +322,10 @@ def test_idle_cycle_at_ten_thousand_machines(double):
         double.add_machine(power_type="ipmi", power_pass=f"S3CRET{i}", status="Deployed")
     for i in range(1000):
         ns = f"ns{i % 10}"
-        double.add_vm(f"vm{i}", ns, hostname=identity.maas_hostname(f"vm{i}", ns), pool=ns, status="Deployed")
+        double.add_vm(f"vm{i}", ns, hostname=identity.maas_hostname(f"vm{i}", ns), pool=ns, status="Deployed",
+                      password=derived(f"vm{i}", ns))
     client = MAASClient(double.url, Signer(*double.api_key), timeout=30)
-    reconciler = Reconciler(client, SETTINGS, Audit(""))
+    reconciler = Reconciler(client, SETTINGS, Audit(""), passwords=PASSWORDS)
     started = time.monotonic()
     assert reconciler.cycle().actions == []
     double.reset_counts()
@@ -304,10 +338,11 @@ def test_idle_cycle_at_ten_thousand_machines(double):
 def test_power_parameters_refetched_only_for_new_or_changed(double):
     a = double.add_vm("web1", "vms", status="Ready", pool="vms", hostname="web1-vms")
     client = MAASClient(double.url, Signer(*double.api_key), timeout=5)
-    reconciler = Reconciler(client, SETTINGS, Audit(""))
+    reconciler = Reconciler(client, SETTINGS, Audit(""), passwords=PASSWORDS)
     reconciler.cycle()
     double.reset_counts()
-    double.add_vm("web2", "vms", status="Ready", pool="vms", hostname="web2-vms")
+    double.add_vm("web2", "vms", status="Ready", pool="vms", hostname="web2-vms",
+                  password=derived("web2", "vms"))
     reconciler.cycle()
     (log,) = [entry for entry in double.log if entry[2] == "power_parameters"]
     assert double.counts[("GET", "machines/?op=power_parameters")] == 1
@@ -330,9 +365,10 @@ def test_loop_stops_between_actions(double):
             stop.set()
             return super().write(*args, **kw)
 
-    result = Reconciler(client, SETTINGS, StopAfterFirst(""), stop).cycle()
+    result = Reconciler(client, SETTINGS, StopAfterFirst(""), stop, passwords=PASSWORDS).cycle()
     assert result.outcome.ok == 1 and result.outcome.interrupted
-    assert sum(double.machines[sid]["hostname"].endswith("-vms") for sid in ids) == 1
+    assert sum(double.machines[sid]["hostname"].endswith("-vms") for sid in ids) == 0
+    assert sum(double.power[sid]["power_pass"] == derived(f"web{i}", "vms") for i, sid in enumerate(ids)) == 1
 
 
 def test_failed_action_does_not_stop_the_rest(tmp_path, double, capsys):
@@ -342,16 +378,18 @@ def test_failed_action_does_not_stop_the_rest(tmp_path, double, capsys):
     values = values_for(tmp_path, double)
     code, out, err = run(capsys, loop.main, values, Args(once=True))
     assert code == 1
-    records = {r["system_id"]: r for r in audit_records(out)}
-    assert records[a]["outcome"] == "failed"
-    assert records[a]["reason"] == f"PUT machines/{a}/: 500: Internal Server Error"
-    assert records[b]["outcome"] == "ok"
+    records = audit_records(out)
+    first = next(r for r in records if r["system_id"] == a)
+    assert (first["action"], first["outcome"]) == (SET_PASSWORD, "failed")
+    assert first["reason"] == f"PUT machines/{a}/: 500: Internal Server Error"
+    assert [r["outcome"] for r in records if r["system_id"] == a][1:] == ["ok"]  # the rename
+    assert {r["outcome"] for r in records if r["system_id"] == b} == {"ok"}
     code, out, err = run(capsys, loop.main, values, Args(once=True))
     assert code == 0 and converged(double, [a, b])
 
 
 def test_failed_pool_creation_fails_its_moves_without_requests(tmp_path, double, capsys):
-    a = double.add_vm("web1", "vms", hostname="web1-vms", status="Ready")
+    a = double.add_vm("web1", "vms", hostname="web1-vms", status="Ready", password=derived("web1", "vms"))
     double.inject("500", method="POST", path="resourcepools/")
     code, out, err = run(capsys, loop.main, values_for(tmp_path, double), Args(once=True))
     assert code == 1
@@ -365,12 +403,13 @@ def test_pool_created_meanwhile_is_fine(tmp_path, double, capsys):
     a = double.add_vm("web1", "vms", hostname="web1-vms", status="Ready")
     values = values_for(tmp_path, double)
     client = MAASClient(double.url, Signer(*double.api_key), timeout=5)
-    actions = Reconciler(client, SETTINGS).make_plan()
+    actions = Reconciler(client, SETTINGS, passwords=PASSWORDS).make_plan()
     double.add_pool("vms")
-    outcome = reconcile.apply(client, actions, Audit(""))
+    outcome = reconcile.apply(client, actions, Audit(""), passwords=PASSWORDS)
     out = capsys.readouterr().out
-    assert (outcome.ok, outcome.skipped, outcome.failed) == (1, 1, 0)
-    assert [r["outcome"] for r in audit_records(out)] == ["skipped", "ok"]
+    assert (outcome.ok, outcome.skipped, outcome.failed) == (2, 1, 0)
+    assert [(r["action"], r["outcome"]) for r in audit_records(out)] == [
+        (CREATE_POOL, "skipped"), (SET_PASSWORD, "ok"), (MOVE_POOL, "ok")]
     assert double.machines[a]["pool"]["name"] == "vms"
     assert values  # values file written for the double
 
@@ -384,7 +423,8 @@ def test_dry_run_prints_a_table_and_changes_nothing(tmp_path, double, capsys):
     assert double.writes == []
     assert audit_records(out) == []
     assert "ACTION" in out and "web1-vms" in out and "create-pool" in out
-    assert "4 change(s) planned for 1 machine(s); dry run: nothing changed" in out
+    assert "5 change(s) planned for 1 machine(s); dry run: nothing changed" in out
+    assert "set-password" in out and "placeholder" in out and "derived" in out
     assert not (tmp_path / "audit.log").exists() or (tmp_path / "audit.log").read_text() == ""
     assert_no_secrets(double, out, err)
 
@@ -396,8 +436,8 @@ def test_status_table(tmp_path, double, capsys):
     code, out, err = run(capsys, status.main, values_for(tmp_path, double), Args())
     assert code == 0
     lines = out.splitlines()
-    assert lines[0].split() == ["VM", "NAMESPACE", "HOSTNAME", "SYSTEM_ID", "STATUS", "POOL", "POWER"]
-    assert lines[1].split() == ["web1", "vms", "web1-vms", sid, "Deployed", "vms", "on"]
+    assert lines[0].split() == ["VM", "NAMESPACE", "HOSTNAME", "SYSTEM_ID", "STATUS", "POOL", "POWER", "PASSWORD"]
+    assert lines[1].split() == ["web1", "vms", "web1-vms", sid, "Deployed", "vms", "on", "placeholder"]
     assert lines[2] == "1 MAAS machine(s) with a Redfish power address under bmc.example.com"
     assert_no_secrets(double, out, err)
 
@@ -496,16 +536,18 @@ def test_loop_exits_cleanly_on_signal(tmp_path, double, signum):
             process.kill()
     assert process.returncode == 0, err
     assert "Traceback" not in err
-    assert len(audit_records(out)) == 1 + 3 * 3
+    assert len(audit_records(out)) == 1 + 3 * 4
     assert_no_secrets(double, out, err)
 
 
 def test_a_name_freed_in_the_plan_is_taken_after_it_is_freed(tmp_path, double, capsys):
     # "web1-vms" is held by the machine of VM web2; that machine is renamed away first.
-    a = double.add_vm("web1", "vms", hostname="lucky-cat", pool="vms", status="Ready")
-    b = double.add_vm("web2", "vms", hostname="web1-vms", pool="vms", status="Ready")
+    a = double.add_vm("web1", "vms", hostname="lucky-cat", pool="vms", status="Ready",
+                      password=derived("web1", "vms"))
+    b = double.add_vm("web2", "vms", hostname="web1-vms", pool="vms", status="Ready",
+                      password=derived("web2", "vms"))
     client = MAASClient(double.url, Signer(*double.api_key), timeout=5)
-    actions = Reconciler(client, SETTINGS).make_plan()
+    actions = Reconciler(client, SETTINGS, passwords=PASSWORDS).make_plan()
     assert [(x.system_id, x.kind, x.after) for x in actions] == [(b, RENAME, "web2-vms"), (a, RENAME, "web1-vms")]
     outcome = reconcile.apply(client, actions, Audit(""))
     assert outcome.ok == 2 and double.machines[a]["hostname"] == "web1-vms"
@@ -523,3 +565,255 @@ def test_two_machines_swapping_names_skip_rather_than_fight():
         ("aaa", RENAME, identity.fallback_hostname("web1", "vms")),
         ("bbb", RENAME, "web2-vms"),   # the name aaa freed
     ]
+
+
+# --- credentials: the derived password, the placeholder, the seed ----------------------------
+
+
+def reconciler_for(double, seed_text=SEED, audit=None):
+    client = MAASClient(double.url, Signer(*double.api_key), timeout=5)
+    return Reconciler(client, SETTINGS, audit or Audit(""), passwords=Passwords(seed_text))
+
+
+def power_parameter_reads(double):
+    return double.counts[("GET", "machines/?op=power_parameters")]
+
+
+def test_the_double_sets_power_parameters_as_maas_does(double):
+    sid = double.add_vm("web1", "vms")
+    before = dict(double.power[sid])
+    client = MAASClient(double.url, Signer(*double.api_key), timeout=5)
+    client.set_power_pass(sid, "a-new-password")
+    assert double.power[sid] == {**before, "power_pass": "a-new-password"}  # the others are kept
+    with pytest.raises(maas.MAASError, match=r"400: power_parameters: Unknown parameter\(s\): power_driver"):
+        client.call("PUT", f"machines/{sid}/", fields={"power_parameters_power_driver": "LAN_2_0"})
+    with pytest.raises(maas.MAASError, match="Redfish password: This field is required"):
+        client.call("PUT", f"machines/{sid}/", fields={"power_parameters_power_pass": ""})
+    assert double.power[sid]["power_pass"] == "a-new-password"
+    client.commission(sid)
+    assert double.power[sid]["power_pass"] == "a-new-password"   # bmc-config scripts skipped
+    double.advance()
+    client.call("POST", f"machines/{sid}/", [("op", "commission")], fields={"skip_bmc_config": "0"})
+    assert double.commissions == [(sid, True), (sid, False)]
+    assert double.power[sid]["power_pass"] == identity.PLACEHOLDER_PASSWORD  # the script ran
+
+
+def test_a_password_sent_is_scrubbed_from_an_echoed_error(double):
+    sid = double.add_vm("web1", "vms")
+    double.inject("echo", method="PUT")
+    client = MAASClient(double.url, Signer(*double.api_key), timeout=5)
+    with pytest.raises(maas.MAASError) as raised:
+        client.set_power_pass(sid, "Sup3r-S3CRET-value")
+    assert "Sup3r-S3CRET-value" not in str(raised.value)
+    assert "power_parameters_power_pass=<withheld>" in str(raised.value)
+
+
+def test_the_placeholder_is_replaced_then_left_alone(double, capsys):
+    sid = double.add_vm("web1", "vms", hostname="web1-vms", pool="vms", status="Ready")
+    reconciler = reconciler_for(double)
+    result = reconciler.cycle()
+    assert [(a.kind, a.before, a.after) for a in result.actions] == [(SET_PASSWORD, "placeholder", "derived")]
+    assert double.power[sid]["power_pass"] == derived("web1", "vms")
+    (record,) = audit_records(capsys.readouterr().out)
+    assert (record["action"], record["before"], record["after"], record["outcome"]) == (
+        SET_PASSWORD, "placeholder", "derived", "ok")
+    assert reconciler.known[sid][1] == Power(double.power[sid]["power_address"], RIGHT)
+    double.reset_counts()
+    assert reconciler.cycle().actions == []
+    assert double.request_count == 1 and power_parameter_reads(double) == 0
+
+
+def test_commission_only_with_the_password_in_place(tmp_path, double, capsys):
+    sid = double.add_vm("web1", "vms", hostname="web1-vms", pool="vms")
+    double.inject("500", method="PUT", path=f"machines/{sid}/")
+    code, out, err = run(capsys, loop.main, values_for(tmp_path, double), Args(once=True))
+    assert code == 1
+    assert [(r["action"], r["outcome"]) for r in audit_records(out)] == [
+        (SET_PASSWORD, "failed"), (COMMISSION, "skipped")]
+    assert "the BMC password is not in place" in audit_records(out)[1]["reason"]
+    assert double.machines[sid]["status_name"] == "New" and double.commissions == []
+    code, out, err = run(capsys, loop.main, values_for(tmp_path, double), Args(once=True))
+    assert code == 0 and double.commissions == [(sid, True)]
+    assert double.power[sid]["power_pass"] == derived("web1", "vms")
+
+
+def test_a_commission_started_by_hand_is_repaired_within_one_cycle(double):
+    sid = double.add_vm("web1", "vms", hostname="web1-vms", pool="vms", status="Ready")
+    other = double.add_vm("web2", "vms", hostname="web2-vms", pool="vms", status="Deployed",
+                          password=derived("web2", "vms"))
+    reconciler = reconciler_for(double)
+    reconciler.cycle()
+    assert double.power[sid]["power_pass"] == derived("web1", "vms")
+    # An operator commissions by hand, without skip_bmc_config: the script writes the placeholder.
+    client = MAASClient(double.url, Signer(*double.api_key), timeout=5)
+    client.call("POST", f"machines/{sid}/", [("op", "commission")], fields={})
+    assert double.power[sid]["power_pass"] == identity.PLACEHOLDER_PASSWORD
+    double.reset_counts()
+    result = reconciler.cycle()
+    assert [(a.system_id, a.kind, a.before) for a in result.actions if a.changes] == [
+        (sid, SET_PASSWORD, "placeholder")]
+    assert double.power[sid]["power_pass"] == derived("web1", "vms")
+    # One bulk read of ours in Commissioning, one re-read of the machine about to change.
+    assert power_parameter_reads(double) == 2
+    ids = [entry for entry in double.log if entry[2] == "power_parameters"]
+    assert len(ids) == 2
+    # While it stays in Commissioning, each cycle reads its parameters again (one request), and
+    # nothing else is asked about.
+    double.reset_counts()
+    assert not any(a.changes for a in reconciler.cycle().actions)
+    assert power_parameter_reads(double) == 1 and double.request_count == 2
+    double.advance()
+    double.reset_counts()
+    reconciler.cycle()          # Ready now: the status changed, so it is read once more
+    double.reset_counts()
+    reconciler.cycle()
+    assert double.request_count == 1
+    assert double.power[other]["power_pass"] == derived("web2", "vms")
+
+
+def test_a_machine_whose_address_changed_before_acting_is_left_alone(double, capsys):
+    sid = double.add_vm("web1", "vms")
+    steady = double.add_vm("web2", "vms")
+    reconciler = reconciler_for(double)
+    real = reconciler.client.power_parameters
+    calls = []
+
+    def readdress_after_first_read(ids, reduce):
+        found = real(ids, reduce)
+        if not calls:  # between the plan and the re-read, someone points sid at another BMC
+            double.power[sid]["power_address"] = "https://web9.team-b.bmc.example.com/redfish/v1/Systems/1"
+        calls.append(list(ids))
+        return found
+
+    reconciler.client.power_parameters = readdress_after_first_read
+    result = reconciler.cycle()
+    assert calls[1] == sorted([sid, steady])           # one bulk re-read of the machines to change
+    assert not any(a.changes for a in result.actions if a.system_id == sid)
+    (skip,) = [a for a in result.actions if a.system_id == sid]
+    assert skip.kind == SKIP and "power address changed" in skip.note
+    assert double.power[sid]["power_pass"] == identity.PLACEHOLDER_PASSWORD
+    assert double.machines[sid]["status_name"] == "New"
+    assert double.power[steady]["power_pass"] == derived("web2", "vms")
+    assert double.machines[steady]["status_name"] == "Commissioning"
+    # Next cycle it is read afresh and handled under its new identity.
+    reconciler.client.power_parameters = real
+    reconciler.cycle()
+    assert double.power[sid]["power_pass"] == derived("web9", "team-b")
+    capsys.readouterr()
+
+
+def test_a_password_set_meanwhile_is_not_set_again(double):
+    sid = double.add_vm("web1", "vms", hostname="web1-vms", pool="vms", status="Deployed")
+    reconciler = reconciler_for(double)
+    real = reconciler.client.power_parameters
+
+    def fixed_meanwhile(ids, reduce):
+        found = real(ids, reduce)
+        double.power[sid]["power_pass"] = derived("web1", "vms")
+        return found
+
+    reconciler.client.power_parameters = fixed_meanwhile
+    result = reconciler.cycle()
+    assert result.actions == [] and ("PUT", "machines/{id}/") not in double.counts
+
+
+def test_duplicate_claims_are_left_alone_and_reported_once_per_set(tmp_path, double, capsys):
+    a = double.add_vm("web1", "vms", hostname="first")
+    b = double.add_vm("web1", "vms", hostname="second", status="Ready")
+    sole = double.add_vm("web2", "vms")
+    audit = Audit(str(tmp_path / "audit.log"))
+    reconciler = reconciler_for(double, audit=audit)
+    reconciler.cycle()
+    out, err = capsys.readouterr()
+    for sid, hostname in ((a, "first"), (b, "second")):
+        assert double.power[sid]["power_pass"] == identity.PLACEHOLDER_PASSWORD
+        assert double.machines[sid]["hostname"] == hostname
+        assert double.machines[sid]["pool"]["name"] == "default"
+    assert double.machines[a]["status_name"] == "New"
+    assert {w[1] for w in double.writes} <= {sole, "resourcepools/"}
+    (record,) = [r for r in audit_records(out) if r["action"] == DUPLICATE]
+    assert record["outcome"] == "refused" and record["after"] == f"{a},{b}"
+    assert f"{a} (first), {b} (second)" in record["note"]
+    assert err.count("web1.vms is claimed by 2 machines") == 1
+    reconciler.cycle()
+    out, err = capsys.readouterr()
+    assert [r for r in audit_records(out) if r["action"] == DUPLICATE] == [] and "claimed" not in err
+    c = double.add_vm("web1", "vms", hostname="third", status="Deployed")
+    reconciler.cycle()
+    out, err = capsys.readouterr()
+    (record,) = [r for r in audit_records(out) if r["action"] == DUPLICATE]
+    assert record["after"] == f"{a},{b},{c}" and "claimed by 3 machines" in err
+    code, out, err = run(capsys, status.main, values_for(tmp_path, double), Args())
+    assert code == 0
+    assert f"duplicate claim: web1.vms is claimed by 3 machines: {a} (first), {b} (second), {c} (third)" in out
+    # Once only one machine claims it, that one is handled.
+    del double.machines[b], double.machines[c]
+    reconciler.cycle()
+    assert double.power[a]["power_pass"] == derived("web1", "vms")
+    assert double.machines[a]["hostname"] == "web1-vms"
+    assert_no_secrets(double, out, err, (tmp_path / "audit.log").read_text())
+
+
+def test_seed_rotation_resets_every_machine(tmp_path, double, capsys):
+    vms = [double.add_vm("web1", "vms"), double.add_vm("db.primary", "team-b", status="Deployed"),
+           double.add_vm("web2", "vms", status="Ready")]
+    values = values_for(tmp_path, double)
+    code, out, err = run(capsys, loop.main, values, Args(once=True))
+    assert code == 0 and converged(double, vms)
+    old = {sid: double.power[sid]["power_pass"] for sid in vms}
+    rotated = "7e" * 32
+    write_seed(tmp_path, rotated)          # the operator replaces the seed file and restarts
+    code, out, err = run(capsys, loop.main, values, Args(once=True))
+    assert code == 0
+    records = [r for r in audit_records(out) if r["action"] == SET_PASSWORD]
+    assert sorted(r["system_id"] for r in records) == sorted(vms)
+    assert {(r["before"], r["after"], r["outcome"]) for r in records} == {("other", "derived", "ok")}
+    assert converged(double, vms, seed=rotated)
+    assert all(double.power[sid]["power_pass"] != old[sid] for sid in vms)
+    assert_no_secrets(double, out, err, (tmp_path / "audit.log").read_text(), seeds=(SEED, rotated))
+
+
+@pytest.mark.parametrize("problem, fix", [
+    ("missing", "expected a readable seed file"),
+    ("short", "64 or more hexadecimal digits"),
+    ("mode", "has mode 0640"),
+    ("unset", "seed.file: expected the seed file the bundle was rendered with"),
+])
+def test_a_bad_seed_is_a_configuration_error(tmp_path, double, capsys, problem, fix):
+    double.add_vm("web1", "vms")
+    path = write_values(tmp_path, double)
+    seed_file = tmp_path / "seed"
+    if problem == "missing":
+        seed_file.unlink()
+    elif problem == "short":
+        seed_file.write_text("5eed" * 8 + "\n")
+    elif problem == "mode":
+        seed_file.chmod(0o640)
+    else:
+        path.write_text(path.read_text().replace(str(seed_file), "''"))
+    for command in (["reconcile", "--once"], ["reconcile", "--dry-run"], ["status"]):
+        assert cli.main(["--values", str(path), *command]) == 2
+        err = capsys.readouterr().err
+        assert fix in err and err.count("\n") == 1, err
+        assert "5eed" not in err
+    assert double.request_count == 0 and double.writes == []
+
+
+def test_the_service_reads_its_secrets_as_systemd_credentials(tmp_path, double, capsys, monkeypatch):
+    """As the unit runs it: DynamicUser, LoadCredential=api-key:... and seed:..., and values
+    that name neither file (the conffile's defaults)."""
+    sid = double.add_vm("web1", "vms")
+    path = write_values(tmp_path, double)
+    (tmp_path / "api-key").unlink()
+    path.write_text(path.read_text().replace(str(tmp_path / "seed"), "''"))
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    for name, text in (("api-key", double.api_key_text), ("seed", SEED)):
+        (credentials / name).write_text(text + "\n")
+        (credentials / name).chmod(0o440)  # 0400 plus the ACL entry for the service's user
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(credentials))
+    assert cli.main(["--values", str(path), "reconcile", "--once"]) == 0
+    out, err = capsys.readouterr()
+    assert double.power[sid]["power_pass"] == derived("web1", "vms")
+    assert "readable by group" not in err
+    assert_no_secrets(double, out, err)

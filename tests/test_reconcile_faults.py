@@ -18,6 +18,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from maas_double import MaasDouble  # noqa: E402
 from reconcile_helpers import (  # noqa: E402
     DOMAIN,
+    SEED,
+    derived,
     add_noise,
     assert_no_secrets,
     audit_records,
@@ -28,7 +30,7 @@ from reconcile_helpers import (  # noqa: E402
 
 from maas_kubevirt import cli, maas  # noqa: E402
 from maas_kubevirt.maas import MAASClient, RetryPolicy, Signer  # noqa: E402
-from maas_kubevirt.reconcile import Audit, Reconciler, Settings  # noqa: E402
+from maas_kubevirt.reconcile import Audit, Passwords, Reconciler, Settings  # noqa: E402
 
 MACHINE = r"^machines/[^/?]+/$"
 FAULTS = [
@@ -143,7 +145,8 @@ def test_loop_keeps_running_through_every_fault(tmp_path, capsys):
         ours = matching_ids(double)
         client = MAASClient(double.url, Signer(*double.api_key), timeout=1,
                             retry=RetryPolicy(attempts=2, backoff=0.01, max_retry_after=0.01))
-        reconciler = Reconciler(client, Settings(domain=DOMAIN), Audit(str(tmp_path / "audit.log")))
+        reconciler = Reconciler(client, Settings(domain=DOMAIN), Audit(str(tmp_path / "audit.log")),
+                                passwords=Passwords(SEED))
         for kind, path, count in FAULTS:
             # (hangs cost real seconds; renames raced twice may leave a machine with both of its
             # names held, a skip by design, covered in test_once_under_fault)
@@ -263,7 +266,7 @@ def test_a_malformed_record_is_warned_about_once(tmp_path, capsys):
         sid = double.add_vm("web2", "vms")
         double.machines[sid]["tag_names"] = "kubevirt-approved"
         client = MAASClient(double.url, Signer(*double.api_key), timeout=2)
-        reconciler = Reconciler(client, Settings(domain=DOMAIN), Audit(""))
+        reconciler = Reconciler(client, Settings(domain=DOMAIN), Audit(""), passwords=Passwords(SEED))
         for _ in range(3):
             assert not reconciler.cycle().failed
         err = capsys.readouterr().err
@@ -298,7 +301,8 @@ def test_cycle_deadline_bounds_a_hanging_maas():
         double.add_vm("web1", "vms")
         double.inject("hang", path=r"^machines/$", hang=8)
         client = MAASClient(double.url, Signer(*double.api_key), timeout=30)
-        reconciler = Reconciler(client, Settings(domain=DOMAIN, cycle_deadline=1), Audit(""))
+        reconciler = Reconciler(client, Settings(domain=DOMAIN, cycle_deadline=1), Audit(""),
+                                passwords=Passwords(SEED))
         started = time.monotonic()
         result = reconciler.cycle()
         assert time.monotonic() - started < 2.5
@@ -404,11 +408,11 @@ def test_sigterm_during_a_hanging_request_exits_within_two_seconds(tmp_path):
 def test_a_write_abandoned_in_flight_is_audited_as_unknown(tmp_path, capsys):
     """SIGTERM during a PUT: MAAS may still carry it out, so the record says so, not "failed"."""
     with MaasDouble() as double:
-        double.add_vm("web1", "vms", pool="vms", status="Ready")
+        double.add_vm("web1", "vms", pool="vms", status="Ready", password=derived("web1", "vms"))
         double.inject("hang", method="PUT", hang=4)
         stop = threading.Event()
         client = MAASClient(double.url, Signer(*double.api_key), timeout=30, stop=stop)
-        reconciler = Reconciler(client, Settings(domain=DOMAIN), Audit(""), stop)
+        reconciler = Reconciler(client, Settings(domain=DOMAIN), Audit(""), stop, passwords=Passwords(SEED))
         threading.Timer(0.5, stop.set).start()
         started = time.monotonic()
         result = reconciler.cycle()

@@ -1,24 +1,41 @@
-"""Properties of the plan over random MAAS inventories (hypothesis).
+"""Properties of the plan, and of whole cycles against the MAAS double, over random MAAS
+inventories (hypothesis).
 
-Inventories mix KubeVirt VMs (some sharing a VM identity, some with odd address forms),
-physical IPMI servers, lookalike domains such as web1.vms.bmc.example.com.evil.io, other power
-types pointing at our names, machines without power parameters, every status, hostnames that
-hold a VM's name or fallback name, and pools chosen by operators.
+Inventories mix KubeVirt VMs (some sharing a VM identity, some with odd address forms, every
+state of the stored password), physical IPMI servers, lookalike domains such as
+web1.vms.bmc.example.com.evil.io, other power types pointing at our names, machines without
+power parameters, every status, hostnames that hold a VM's name or fallback name, and pools
+chosen by operators.
 """
 
 from __future__ import annotations
 
 import copy
+import sys
+from collections import Counter
+from pathlib import Path
 
-from hypothesis import given
+import pytest
+from hypothesis import HealthCheck, given, settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from maas_kubevirt import identity
-from maas_kubevirt.reconcile import (
+sys.path.insert(0, str(Path(__file__).parent))
+
+from maas_double import MaasDouble  # noqa: E402
+from reconcile_helpers import SEED, Args, assert_no_secrets, write_values  # noqa: E402
+
+from maas_kubevirt import cli, identity, maas  # noqa: E402
+from maas_kubevirt.maas import RetryPolicy  # noqa: E402
+from maas_kubevirt.reconcile import (  # noqa: E402
     COMMISSION,
     CREATE_POOL,
+    DUPLICATE,
     MOVE_POOL,
+    PLACEHOLDER,
     RENAME,
+    RIGHT,
+    SET_PASSWORD,
+    Power,
     Settings,
     in_default_pool,
     is_new,
@@ -86,6 +103,7 @@ def machine_specs(draw):
         "kind": kind, "power_type": power_type, "address": address, "hostname": hostname,
         "status": draw(st.sampled_from(STATUSES)), "pool": pool,
         "tags": draw(st.lists(st.sampled_from(["kubevirt-approved", "gpu", "virtual"]), max_size=2, unique=True)),
+        "password": draw(st.sampled_from([RIGHT, RIGHT, PLACEHOLDER, "unset", "other"])),
     }
 
 
@@ -106,7 +124,7 @@ def inventories(draw):
             "pool": {"name": spec["pool"], "id": pool_id}, "tag_names": spec["tags"],
         })
         if spec["kind"] != "no-params":
-            power[sid] = {"power_address": spec["address"], "power_user": "maas", "power_pass": "pw-" + sid}
+            power[sid] = Power(spec["address"], spec["password"])
     pools = draw(st.lists(st.sampled_from(["default", "ops", *NAMESPACES]), unique=True))
     settings = Settings(
         domain=DOMAIN,
@@ -122,17 +140,28 @@ def matching_ids(machines, power):
     return {
         m["system_id"] for m in machines
         if m["power_type"] == "redfish" and m["system_id"] in power
-        and identity.parse_redfish_address(power[m["system_id"]]["power_address"], DOMAIN) is not None
+        and identity.parse_redfish_address(power[m["system_id"]].address, DOMAIN) is not None
     }
 
 
-def simulate(machines, pools, actions):
+def duplicate_ids(machines, power):
+    """Independent of the plan: matching machines whose <vm>.<namespace> another one claims too."""
+    ours = matching_ids(machines, power)
+    claimed = {sid: identity.parse_redfish_address(power[sid].address, DOMAIN) for sid in ours}
+    counts = Counter(claimed.values())
+    return {sid for sid, claim in claimed.items() if counts[claim] > 1}
+
+
+def simulate(machines, power, pools, actions):
     """Apply actions with MAAS's rules (unique hostnames, pool must exist, commission states)."""
     machines = copy.deepcopy(machines)
+    power = dict(power)
     by_id = {m["system_id"]: m for m in machines}
     pools = {p for p in pools} | {m["pool"]["name"] for m in machines}
     for action in actions:
-        if action.kind == CREATE_POOL:
+        if action.kind == SET_PASSWORD:
+            power[action.system_id] = Power(power[action.system_id].address, RIGHT)
+        elif action.kind == CREATE_POOL:
             pools.add(action.after)
         elif action.kind == RENAME:
             if any(m["hostname"].lower() == action.after.lower() for m in machines
@@ -146,7 +175,7 @@ def simulate(machines, pools, actions):
             machine = by_id[action.system_id]
             if machine["status_name"] in COMMISSION_FROM:
                 machine["status_name"], machine["status"] = "Commissioning", 1
-    return machines, sorted(p for p in pools if p)
+    return machines, power, sorted(p for p in pools if p)
 
 
 @given(inventories())
@@ -154,7 +183,7 @@ def test_no_action_names_a_machine_that_is_not_ours(inventory):
     machines, power, pools, settings = inventory
     allowed = matching_ids(machines, power)
     for action in plan(machines, power, pools, settings):
-        if action.kind == CREATE_POOL:
+        if action.kind in (CREATE_POOL, DUPLICATE):
             assert action.system_id is None
         else:
             assert action.system_id in allowed
@@ -211,8 +240,8 @@ def test_renames_never_collide(inventory):
 def test_apply_then_plan_again_is_idle(inventory):
     machines, power, pools, settings = inventory
     actions = plan(machines, power, pools, settings)
-    after, pools_after = simulate(machines, pools, [a for a in actions if a.changes])
-    again = plan(after, power, pools_after, settings)
+    after, power_after, pools_after = simulate(machines, power, pools, [a for a in actions if a.changes])
+    again = plan(after, power_after, pools_after, settings)
     assert [a for a in again if a.changes] == []
     # The explanations are stable too: the same skips, nothing new to say.
     assert len(again) <= len(actions)
@@ -225,3 +254,129 @@ def test_plan_is_pure(inventory):
     first = plan(machines, power, pools, settings)
     assert (machines, power, pools) == before
     assert plan(machines, power, pools, settings) == first
+
+
+@given(inventories())
+def test_no_password_or_other_change_for_a_machine_not_ours_or_claimed_twice(inventory):
+    machines, power, pools, settings = inventory
+    ours, twice = matching_ids(machines, power), duplicate_ids(machines, power)
+    for action in plan(machines, power, pools, settings):
+        if action.changes and action.kind != CREATE_POOL:
+            assert action.system_id in ours and action.system_id not in twice
+        if action.kind == SET_PASSWORD:
+            assert power[action.system_id].password != RIGHT
+            assert (action.before, action.after) == (power[action.system_id].password, "derived")
+
+
+@given(inventories())
+def test_every_duplicate_claim_is_reported_with_all_its_machines(inventory):
+    machines, power, pools, settings = inventory
+    twice = duplicate_ids(machines, power)
+    reported = [a for a in plan(machines, power, pools, settings) if a.kind == DUPLICATE]
+    named = [sid for a in reported for sid in a.after.split(",")]
+    assert sorted(named) == sorted(twice) and not any(a.changes for a in reported)
+    for action in reported:
+        for sid in action.after.split(","):
+            assert identity.parse_redfish_address(power[sid].address, DOMAIN) == (action.vm, action.namespace)
+
+
+@given(inventories())
+def test_every_wrong_password_is_set_and_commission_follows_it(inventory):
+    machines, power, pools, settings = inventory
+    single = matching_ids(machines, power) - duplicate_ids(machines, power)
+    actions = plan(machines, power, pools, settings)
+    set_for = [a.system_id for a in actions if a.kind == SET_PASSWORD]
+    assert sorted(set_for) == sorted(sid for sid in single if power[sid].password != RIGHT)
+    for index, action in enumerate(actions):
+        if action.kind == COMMISSION and power[action.system_id].password != RIGHT:
+            assert any(a.kind == SET_PASSWORD and a.system_id == action.system_id for a in actions[:index])
+        if action.system_id in set_for and action.changes and action.kind != SET_PASSWORD:
+            assert any(a.kind == SET_PASSWORD and a.system_id == action.system_id for a in actions[:index])
+
+
+# --- whole cycles against the MAAS double -----------------------------------------------------
+
+
+def populate_double(double, machines, power):
+    """The inventory as MAAS machines; each password state becomes a stored power_pass."""
+    ids = {}
+    for machine in machines:
+        sid, params = machine["system_id"], power.get(machine["system_id"])
+        address = params.address if params else None
+        parsed = identity.parse_redfish_address(address, DOMAIN) if params else None
+        stored = {RIGHT: identity.bmc_password(SEED, identity.format_serial(*parsed)) if parsed else "pw-S3CRET-x",
+                  PLACEHOLDER: identity.PLACEHOLDER_PASSWORD, "unset": "",
+                  "other": f"pw-{sid}-S3CRET"}[params.password] if params else "pw-S3CRET-none"
+        power_type = machine["power_type"] or "manual"
+        ids[sid] = double.add_machine(
+            machine["hostname"], power_type=power_type, power_address=address or "",
+            power_pass=stored, status=machine["status_name"], pool=machine["pool"]["name"],
+            tag_names=machine["tag_names"], system_id=sid,
+        )
+        if params is None:
+            double.power[sid] = {}
+        elif power_type == "redfish":
+            double.power[sid]["power_pass"] = stored
+    return ids
+
+
+@pytest.mark.filterwarnings("ignore")
+@hypothesis_settings(max_examples=25, deadline=None,
+                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(inventories(), st.booleans())
+def test_cycles_never_set_a_password_they_should_not_and_never_print_one(tmp_path_factory, inventory, echo):
+    machines, power, pools, settings = inventory
+    tmp_path = tmp_path_factory.mktemp("cycle")
+    saved, maas.RETRY = maas.RETRY, RetryPolicy(attempts=1)
+    try:
+        run_cycles(tmp_path, inventory, echo)
+    finally:
+        maas.RETRY = saved
+
+
+def run_cycles(tmp_path, inventory, echo):
+    machines, power, pools, settings = inventory
+    with MaasDouble() as double:
+        populate_double(double, machines, power)
+        for name in pools:
+            if name not in double.pools:
+                double.add_pool(name)
+        values = write_values(tmp_path, double, commission=settings.commission,
+                              on_hostname_taken=settings.on_hostname_taken)
+        ours = {sid for sid, m in double.machines.items() if m["power_type"] == "redfish"
+                and identity.parse_redfish_address(double.power[sid].get("power_address"), DOMAIN)}
+        claims = Counter(identity.parse_redfish_address(double.power[sid]["power_address"], DOMAIN)
+                         for sid in ours)
+        untouchable = {sid for sid in double.machines if sid not in ours} | {
+            sid for sid in ours
+            if claims[identity.parse_redfish_address(double.power[sid]["power_address"], DOMAIN)] > 1}
+        before = copy.deepcopy({sid: double.power[sid] for sid in untouchable})
+        if echo:  # a MAAS that repeats the request in its error: the password must not get out
+            double.inject("echo", method="PUT", count=3)
+        outputs = []
+        capture = _Capture()
+        for command in (["reconcile", "--dry-run"], ["reconcile", "--once"], ["reconcile", "--once"],
+                        ["status"]):
+            with capture:
+                cli.main(["--values", str(values), *command])
+            outputs.append(capture.text)
+        audit_log = (tmp_path / "audit.log").read_text() if (tmp_path / "audit.log").exists() else ""
+        assert {sid: double.power[sid] for sid in untouchable} == before
+        touched = {w[1] for w in double.writes if w[1] in double.machines}
+        assert not touched & untouchable
+        assert_no_secrets(double, *outputs, audit_log)
+
+
+class _Capture:
+    """stdout and stderr of one CLI call, as text (hypothesis cannot use capsys per example)."""
+
+    def __enter__(self):
+        import io
+
+        self._saved = sys.stdout, sys.stderr
+        sys.stdout = sys.stderr = self._buffer = io.StringIO()
+        return self
+
+    def __exit__(self, *exc):
+        sys.stdout, sys.stderr = self._saved
+        self.text = self._buffer.getvalue()

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import ast
 import copy
+import os
+import re
 import stat
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -59,23 +64,36 @@ def test_secret_bearing_files_are_private_and_names_carry_no_secret(tmp_path):
         assert list(yaml.safe_load_all(path.read_text())), path
 
 
+SITE_SEED = "5f" * 32
+
+
+def private_file(path, text):
+    path.write_text(text)
+    path.chmod(0o600)
+    return path
+
+
 def test_configured_seed_file_is_used(tmp_path):
-    seed_file = tmp_path / "site-seed"
-    seed_file.write_text("a-site-secret-of-enough-length\n")
+    seed_file = private_file(tmp_path / "site-seed", SITE_SEED + "\n")
     values = copy.deepcopy(DEFAULTS)
     values["seed"]["file"] = str(seed_file)
     render.render(values, tmp_path / "out")
     assert not (tmp_path / "out" / "seed").exists()
-    assert settings_of((tmp_path / "out" / "commissioning" / SCRIPT_NAME).read_text())["seed"] == (
-        "a-site-secret-of-enough-length"
-    )
+    secret = (tmp_path / "out" / "kubernetes" / "seed-secret.yaml").read_text()
+    assert SITE_SEED in secret
 
 
-@pytest.mark.parametrize("content, problem", [(None, "expected a readable seed file"), ("short", "at least 16")])
-def test_bad_seed_file_is_a_values_error_that_writes_nothing(tmp_path, content, problem):
+@pytest.mark.parametrize("content, mode, problem", [
+    (None, 0o600, "expected a readable seed file"),
+    ("a-site-secret-of-enough-length", 0o600, "64 or more hexadecimal digits"),
+    ("ab" * 31, 0o600, "only 31 bytes"),
+    (SITE_SEED, 0o640, "has mode 0640"),
+    (SITE_SEED, 0o604, "has mode 0604"),
+])
+def test_bad_seed_file_is_a_values_error_that_writes_nothing(tmp_path, content, mode, problem):
     seed_file = tmp_path / "seed-file"
     if content is not None:
-        seed_file.write_text(content)
+        private_file(seed_file, content).chmod(mode)
     values = copy.deepcopy(DEFAULTS)
     values["seed"]["file"] = str(seed_file)
     with pytest.raises(ValuesError, match=problem) as raised:
@@ -91,8 +109,7 @@ def test_stream_needs_a_seed_file(tmp_path, capsys):
 
 
 def test_stream_is_one_yaml_document_per_object(tmp_path, capsys):
-    seed_file = tmp_path / "seed"
-    seed_file.write_text("0123456789abcdef0123456789abcdef\n")
+    seed_file = private_file(tmp_path / "seed", SITE_SEED + "\n")
     values_file = tmp_path / "values.yaml"
     values_file.write_text(yaml.safe_dump({"seed": {"file": str(seed_file)}}))
     assert cli.main(["--values", str(values_file), "render", "--output", "-"]) == 0
@@ -115,3 +132,76 @@ def test_no_value_can_break_out_of_the_script_settings(manufacturer, seed):
     assert settings_of(script) == render.script_settings(values, seed)
     source = (render.data_dir() / "commissioning" / SCRIPT_NAME).read_text()
     assert len(script.splitlines()) == len(source.splitlines())
+
+
+def test_a_symlink_planted_at_output_seed_is_refused_and_nothing_is_written(tmp_path):
+    output = tmp_path / "out"
+    output.mkdir()
+    target = tmp_path / "attacker-reads-this"
+    (output / "seed").symlink_to(target)
+    with pytest.raises(ValuesError, match="is a symbolic link"):
+        render.render(DEFAULTS, output)
+    assert not target.exists()
+    assert sorted(p.name for p in output.iterdir()) == ["seed"]
+
+
+def test_a_dangling_or_pointing_symlink_is_refused_even_to_a_good_seed(tmp_path):
+    output = tmp_path / "out"
+    output.mkdir()
+    real = private_file(tmp_path / "real-seed", SITE_SEED)
+    (output / "seed").symlink_to(real)
+    with pytest.raises(ValuesError, match="is a symbolic link"):
+        render.render(DEFAULTS, output)
+
+
+def test_an_existing_output_seed_is_checked_like_seed_file(tmp_path):
+    output = tmp_path / "out"
+    output.mkdir()
+    private_file(output / "seed", "0123456789abcdef\n")
+    with pytest.raises(ValuesError, match="64 or more hexadecimal digits") as raised:
+        render.render(DEFAULTS, output)
+    assert "0123456789abcdef" not in str(raised.value)
+    assert sorted(p.name for p in output.iterdir()) == ["seed"]
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o002, 0o022, 0o077, 0o277])
+def test_output_directories_have_fixed_modes_whatever_the_umask(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        render.render(DEFAULTS, tmp_path / "a" / "out")
+    finally:
+        os.umask(old)
+    out = tmp_path / "a" / "out"
+    assert mode(out) == 0o700                      # it holds the generated seed
+    assert mode(tmp_path / "a") == 0o755
+    assert mode(out / "kubernetes") == 0o755 and mode(out / "commissioning") == 0o755
+    assert mode(out / "seed") == 0o600
+    assert mode(out / "kubernetes" / "seed-secret.yaml") == 0o600
+
+
+def test_nothing_is_written_when_a_value_fails_late(tmp_path, monkeypatch):
+    def broken(values, seed):
+        raise ValuesError(["ingress.source_ranges: expected something else"])
+
+    monkeypatch.setattr(render, "render_kubernetes", broken)
+    with pytest.raises(ValuesError):
+        render.render(DEFAULTS, tmp_path / "out")
+    assert not (tmp_path / "out").exists()  # not even the generated seed
+
+
+def test_the_readme_seed_rotation_commands_make_a_new_private_seed_and_render_with_it(tmp_path):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("### Rotating the seed"):]
+    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    cli_command = f"{sys.executable} -m maas_kubevirt"
+    script = block.replace(".venv/bin/maas-kubevirt", cli_command)
+    assert script != block, "the rotation block no longer runs the CLI"
+    assert subprocess.run([sys.executable, "-m", "maas_kubevirt", "render", "--output", "build"],
+                          cwd=tmp_path, capture_output=True).returncode == 0
+    old = (tmp_path / "build" / "seed").read_text()
+    subprocess.run(["sh", "-eu", "-c", "umask 022\n" + script], cwd=tmp_path, check=True, capture_output=True)
+    new = (tmp_path / "build" / "seed").read_text()
+    assert new != old and mode(tmp_path / "build" / "seed") == 0o600
+    assert not (tmp_path / "build" / "seed.new").exists()
+    secret = (tmp_path / "build" / "kubernetes" / "seed-secret.yaml").read_text()
+    assert new.strip() in secret and old.strip() not in secret

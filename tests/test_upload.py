@@ -62,7 +62,8 @@ def client_of(double):
 
 
 def seed_of(tmp_path):
-    return (tmp_path / "build" / "seed").read_text().strip()
+    """The seed render used: seed.file, which reconcile_helpers.write_values sets."""
+    return (tmp_path / "seed").read_text().strip()
 
 
 # --- create, update, read back ---------------------------------------------------------------

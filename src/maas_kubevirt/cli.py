@@ -58,10 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     reconcile = commands.add_parser(
         "reconcile",
-        help="rename, pool and commission the MAAS machines of KubeVirt VMs",
+        help="set the BMC password, rename, pool and commission the MAAS machines of KubeVirt VMs",
         description="Poll MAAS and, only for machines whose Redfish power address is "
-        "<vm>.<namespace>.<domain>, rename them <vm>-<namespace>, file them in the pool <namespace> "
-        "and commission those in New. Every change is written as a JSON audit record.",
+        "<vm>.<namespace>.<domain> (and no other machine claims that VM), set their BMC password "
+        "(derived from the seed in seed.file), rename them <vm>-<namespace>, file them in the pool "
+        "<namespace> and commission those in New. Every change is written as a JSON audit record.",
         epilog="Exit status: 0 converged or nothing to do, 1 some actions failed, 2 usage or configuration error.",
     )
     mode = reconcile.add_mutually_exclusive_group()

@@ -156,6 +156,12 @@ def pool_name(namespace: str) -> str:
     return validate_namespace(namespace)
 
 
+# What the commissioning script writes as power_pass: MAAS requires one for a redfish machine
+# (src/provisioningserver/drivers/power/redfish.py marks it required), and the script carries
+# no secret. Not a secret: the reconciler replaces it with bmc_password(seed, serial).
+PLACEHOLDER_PASSWORD = "maas-kubevirt-placeholder"
+
+
 def bmc_password(seed: str, serial: str) -> str:
     """The VM's BMC password: the first 32 hex digits of sha256(seed + ':' + serial).
 

@@ -10,11 +10,11 @@ import signal
 import threading
 from typing import Any, Sequence
 
-from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, seed
 from maas_kubevirt.audit import Audit
 from maas_kubevirt.console import error, table, warn
 from maas_kubevirt.maas import MAASAuthError, MAASVersionError, client_from_values
-from maas_kubevirt.reconcile import Action, Reconciler, Settings
+from maas_kubevirt.reconcile import Action, Passwords, Reconciler, Settings
 
 
 def plan_table(actions: Sequence[Action]) -> str:
@@ -53,10 +53,11 @@ def main(values: dict, args: Any) -> int:
     once = bool(getattr(args, "once", False)) or dry_run
     interval = getattr(args, "interval", None) or values["maas"]["interval"]
     settings = Settings.from_values(values)
+    passwords = Passwords(seed.load(values))
     stop = threading.Event()
     audit = Audit("" if dry_run else values["maas"].get("audit_log", ""))
     client = client_from_values(values, warn, stop)
-    reconciler = Reconciler(client, settings, audit, stop)
+    reconciler = Reconciler(client, settings, audit, stop, passwords=passwords)
     try:
         with _Signals(stop):
             while True:

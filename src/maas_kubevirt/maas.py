@@ -15,8 +15,9 @@ cycle of requests; each request runs in a worker thread so a ``stop`` event (SIG
 within a fraction of a second, even while MAAS has not answered yet.
 
 Secrets: the API key is only ever held by the Signer (its repr hides it); the power
-parameters MAAS returns are reduced to ``power_address`` at once and ``power_pass`` is never
-kept, logged or put into an error message (bodies of power-parameter responses are withheld).
+parameters MAAS returns are reduced at once by the caller's function (to the address, and to
+whether the password is right) and ``power_pass`` is never kept, logged or put into an error
+message (bodies of power-parameter responses are withheld; a password sent is scrubbed).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import oauthlib.oauth1
 import requests
 
 from maas_kubevirt.console import escape_controls
+from maas_kubevirt.paths import credential_path
 from maas_kubevirt.values import ValuesError
 
 API_PATH = "api/2.0/"
@@ -172,10 +174,15 @@ def parse_api_key(text: str, source: str, where: str = "") -> tuple[str, str, st
     return parts[0], parts[1], parts[2]
 
 
-def load_api_key(maas_values: Mapping[str, Any], warn: Callable[[str], None]) -> tuple[str, str, str]:
-    """The API key from $MAAS_API_KEY, else from maas.api_key_file (never from argv).
+API_KEY_CREDENTIAL = "api-key"
 
-    Warns, without failing, when the file is readable by group or others.
+
+def load_api_key(maas_values: Mapping[str, Any], warn: Callable[[str], None]) -> tuple[str, str, str]:
+    """The API key from $MAAS_API_KEY, else the systemd credential ``api-key``, else
+    maas.api_key_file (never from argv).
+
+    Warns, without failing, when the file is readable by group or others (not for the
+    credential: systemd makes it 0400 with an ACL for the service's user, shown as 0440).
     """
     return load_api_key_with_source(maas_values, warn)[0]
 
@@ -183,10 +190,20 @@ def load_api_key(maas_values: Mapping[str, Any], warn: Callable[[str], None]) ->
 def load_api_key_with_source(
     maas_values: Mapping[str, Any], warn: Callable[[str], None]
 ) -> tuple[tuple[str, str, str], str]:
-    """(the key, where it came from: ``MAAS_API_KEY`` or ``maas.api_key_file (PATH)``)."""
+    """(the key, where it came from: ``MAAS_API_KEY``, ``credential api-key (PATH)`` or
+    ``maas.api_key_file (PATH)``)."""
     env = os.environ.get(ENV_KEY)
     if env:
         return parse_api_key(env, ENV_KEY, " in the environment variable"), ENV_KEY
+    credential = credential_path(API_KEY_CREDENTIAL)
+    if credential is not None:
+        source = f"credential {API_KEY_CREDENTIAL}"
+        try:
+            text = credential.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            reason = getattr(error, "strerror", None) or type(error).__name__
+            raise ValuesError([f"{source}: expected a readable MAAS API key in {credential}: {reason}"]) from None
+        return parse_api_key(text, source, f" in {credential}"), f"{source} ({credential})"
     path = maas_values.get("api_key_file") or ""
     try:
         with open(path, encoding="utf-8") as handle:
@@ -527,6 +544,7 @@ class MAASClient:
         json_reply: bool = True,
         withhold_body: bool = False,
         ok_statuses: tuple[int, ...] = (200, 201, 204),
+        hide: tuple[str, ...] = (),
     ) -> Any:
         url = self.url(path, params)
         shown = path if not params else f"{path}?{_op(params)}".rstrip("?")
@@ -563,7 +581,7 @@ class MAASClient:
                     "response body withheld (it may hold credentials)"
                     if withhold_body else readable_message(reply.body, content_type)
                 )
-                message = self._scrub(message)
+                message = self._scrub(message, hide)
                 if reply.status in (401, 403):
                     hint = (f"the API key was refused: check {self.signer.source}" if reply.status == 401
                             else "the API key's user is not a MAAS administrator")
@@ -592,8 +610,8 @@ class MAASClient:
                 raise MAASError(method, shown, None, "stopped by a signal while waiting to retry",
                                 "interrupted")
 
-    def _scrub(self, text: str) -> str:
-        for secret in self.signer.secrets():
+    def _scrub(self, text: str, hide: tuple[str, ...] = ()) -> str:
+        for secret in (*self.signer.secrets(), *hide):
             if secret and len(secret) >= 4:
                 text = text.replace(secret, "<withheld>")
         return text
@@ -676,8 +694,22 @@ class MAASClient:
     def update_machine(self, system_id: str, **fields: str) -> dict:
         return self.call("PUT", f"machines/{system_id}/", fields=fields)
 
-    def commission(self, system_id: str) -> dict:
-        return self.call("POST", f"machines/{system_id}/", [("op", "commission")], fields={})
+    def set_power_pass(self, system_id: str, password: str) -> None:
+        """Set one power parameter, power_pass; MAAS keeps the others as they are.
+
+        MAAS merges the machine's current parameters into the form for every key the request
+        leaves out (src/maasserver/forms/__init__.py, WithPowerTypeMixin._get_power_parameters;
+        a field left unset takes its initial value in src/maasserver/config_forms.py,
+        DictCharField.clean_sub_fields). The password never reaches a message.
+        """
+        self.call("PUT", f"machines/{system_id}/", fields={"power_parameters_power_pass": password},
+                  hide=(password,))
+
+    def commission(self, system_id: str, skip_bmc_config: bool = True) -> dict:
+        """Commission; skip_bmc_config=1 keeps scripts tagged bmc-config (ours among them) from
+        writing the power parameters again (src/maasserver/forms/ephemeral.py, CommissionForm)."""
+        fields = {"skip_bmc_config": "1"} if skip_bmc_config else {}
+        return self.call("POST", f"machines/{system_id}/", [("op", "commission")], fields=fields)
 
     def script(self, name: str) -> dict | None:
         """The script's metadata (tags, timeout, history ...), or None when MAAS has none by that name."""

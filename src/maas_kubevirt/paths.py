@@ -21,6 +21,16 @@ def data_dir() -> Path:
     return INSTALLED_DATA_DIR
 
 
+def credential_path(name: str) -> Path | None:
+    """``$CREDENTIALS_DIRECTORY/<name>`` when systemd handed the service that credential
+    (``LoadCredential=``); it then takes the place of the file the values name."""
+    directory = os.environ.get("CREDENTIALS_DIRECTORY")
+    if not directory:
+        return None
+    path = Path(directory) / name
+    return path if path.exists() else None
+
+
 def write_atomic(path: str | os.PathLike, text: str, mode: int = 0o644) -> Path:
     """Write text to path through a temporary file in the same directory and a rename."""
     path = Path(path)

@@ -1,21 +1,29 @@
 """The reconciler: MAAS machines whose Redfish power address is ``<vm>.<namespace>.<domain>``
-are renamed ``<vm>-<namespace>``, filed in the pool ``<namespace>`` and, in New, commissioned.
+get their BMC password (derived from the seed), are renamed ``<vm>-<namespace>``, filed in the
+pool ``<namespace>`` and, in New and with the password in place, commissioned.
 
-- ``plan(machines, power_parameters, pools, settings, taken)`` is pure: it returns the actions
-  (``taken``: hostnames other nodes hold, devices and controllers included).
-- ``apply(client, actions, audit, stop)`` carries them out one by one; each is independent,
-  each change is one JSON audit record, a 400 because MAAS moved the machine on is a skip.
-- ``Reconciler`` runs cycles: one ``GET machines/``, power parameters in bulk only for redfish
-  machines not seen before (remembered per system_id: only the power_address), the pools only
-  when a machine may need moving, ``nodes/?hostname=`` only when a rename may happen. An idle
-  cycle costs at most 2 requests. A malformed machine record is skipped with one warning; the
-  whole cycle runs within ``maas.cycle_deadline``.
+- ``plan(machines, power, pools, settings, taken)`` is pure: it returns the actions. ``power``
+  holds per machine only its address and whether its password is right (``Power``), never a
+  password; ``taken``: hostnames other nodes hold, devices and controllers included.
+- ``apply(client, actions, audit, stop, passwords)`` carries them out one by one; each change
+  is one JSON audit record, a 400 because MAAS moved the machine on is a skip, and a machine
+  whose password could not be set is not commissioned.
+- ``Reconciler`` runs cycles: one ``GET machines/``; power parameters in one bulk request for
+  redfish machines not seen before or whose status changed, and for ours in Commissioning or
+  Testing (a commission started by hand writes the placeholder back); the pools only when a
+  machine may need moving, ``nodes/?hostname=`` only when a rename may happen; then, only
+  when something is to change, one bulk re-read of the addresses of the machines about to
+  change. An idle cycle costs at most 2 requests. A malformed machine record is skipped with
+  one warning; the whole cycle runs within ``maas.cycle_deadline``.
+- Two or more machines claiming one ``<vm>.<namespace>``: none of them is touched, and one
+  audit record names them all each time that set changes.
 
 The commands that run it live elsewhere: ``loop`` (reconcile), ``status``.
 """
 
 from __future__ import annotations
 
+import hmac
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
@@ -36,9 +44,18 @@ DEFAULT_POOL = "default"
 DEFAULT_POOL_ID = 0
 NEW = "New"
 
-# Create, rename, move, commission: the kinds of action that change MAAS. "skip" only explains.
-CREATE_POOL, RENAME, MOVE_POOL, COMMISSION, SKIP = "create-pool", "rename", "move-pool", "commission", "skip"
-CHANGES = (CREATE_POOL, RENAME, MOVE_POOL, COMMISSION)
+# The kinds of action that change MAAS; "skip" and "duplicate-claim" only explain.
+CREATE_POOL, SET_PASSWORD, RENAME, MOVE_POOL, COMMISSION = (
+    "create-pool", "set-password", "rename", "move-pool", "commission")
+SKIP, DUPLICATE = "skip", "duplicate-claim"
+CHANGES = (CREATE_POOL, SET_PASSWORD, RENAME, MOVE_POOL, COMMISSION)
+
+# Statuses in which a commissioning script may write the power parameters again.
+REREAD_STATUSES = ("Commissioning", "Testing")
+
+# What is known of a machine's stored power_pass (the value itself is never kept).
+RIGHT, PLACEHOLDER, UNSET, OTHER, UNKNOWN = "right", "placeholder", "unset", "other", "unknown"
+DERIVED = "derived"
 
 # --- plan -----------------------------------------------------------------------------------
 
@@ -86,10 +103,57 @@ class Match:
     namespace: str
 
 
+@dataclass(frozen=True)
+class Power:
+    """What the reconciler keeps of a machine's power parameters: the address, and whether the
+    stored password is the derived one (RIGHT) or what it is instead. Never the password."""
+
+    address: str | None
+    password: str = UNKNOWN
+
+
+class Passwords:
+    """The BMC password rule under the site seed; its repr hides the seed."""
+
+    def __init__(self, seed_text: str):
+        self._seed = seed_text
+
+    def __repr__(self) -> str:
+        return "Passwords(<seed withheld>)"
+
+    def password(self, vm: str, namespace: str) -> str:
+        return identity.bmc_password(self._seed, identity.format_serial(vm, namespace))
+
+    def judge(self, parameters: Mapping[str, Any], domain: str) -> Power:
+        """Reduce one machine's power parameters to a Power at once.
+
+        The password is compared in constant time, and only for a machine that is ours.
+        """
+        address = parameters.get("power_address")
+        address = address if isinstance(address, str) else None
+        parsed = identity.parse_redfish_address(address, domain)
+        if parsed is None:
+            return Power(address)
+        stored = parameters.get("power_pass")
+        stored = stored if isinstance(stored, str) else ""
+        derived = self.password(*parsed)
+        if hmac.compare_digest(stored.encode("utf-8"), derived.encode("utf-8")):
+            return Power(address, RIGHT)
+        if not stored:
+            return Power(address, UNSET)
+        return Power(address, PLACEHOLDER if stored == identity.PLACEHOLDER_PASSWORD else OTHER)
+
+
 def _address(parameters: Any) -> Any:
+    if isinstance(parameters, Power):
+        return parameters.address
     if isinstance(parameters, Mapping):
         return parameters.get("power_address")
     return parameters
+
+
+def _password(parameters: Any) -> str:
+    return parameters.password if isinstance(parameters, Power) else UNKNOWN
 
 
 def pool_of(machine: Mapping[str, Any]) -> tuple[str | None, int | None]:
@@ -160,6 +224,21 @@ def matching(
             found.append(Match(machine, *parsed))
     found.sort(key=lambda m: (m.namespace, m.vm, m.machine["system_id"]))
     return found
+
+
+def claims(matches: Iterable[Match]) -> tuple[list[Match], dict[tuple[str, str], list[Match]]]:
+    """(sole claimants, (vm, namespace) -> the machines claiming it when two or more do)."""
+    by_identity: dict[tuple[str, str], list[Match]] = {}
+    for match in matches:
+        by_identity.setdefault((match.vm, match.namespace), []).append(match)
+    sole = [group[0] for group in by_identity.values() if len(group) == 1]
+    return sole, {key: group for key, group in by_identity.items() if len(group) > 1}
+
+
+def duplicate_note(vm: str, namespace: str, group: Sequence[Match]) -> str:
+    machines = ", ".join(f"{m.machine.get('system_id')} ({m.machine.get('hostname')})" for m in group)
+    return (f"{vm}.{namespace} is claimed by {len(group)} machines: {machines}; none of them gets a "
+            "password, rename, pool or commission until only one claims it")
 
 
 def needs_pools(matches: Iterable[Match]) -> bool:
@@ -261,21 +340,28 @@ def plan(
     settings: Settings,
     taken: Mapping[str, str] | None = None,
 ) -> list[Action]:
-    """The actions that bring the matching machines to their names, pools and commissioning.
+    """The actions that bring the matching machines to their password, name, pool and commissioning.
 
     machines: MAAS machine objects (system_id, hostname, status, status_name, power_type, pool,
-    tag_names). power_parameters: system_id -> power_address (or a mapping holding it);
-    machines without an entry are not ours. pools: pool names or objects with a name.
-    taken: hostname -> system_id of other nodes holding names (``GET nodes/?hostname=``).
-    Order: pool creations, then each machine's actions, machines in the order their renames
-    must happen (one that frees a name before the one that takes it).
+    tag_names). power_parameters: system_id -> Power (or a bare address, or a mapping holding
+    it: the password is then unknown, so it is set); machines without an entry are not ours.
+    pools: pool names or objects with a name. taken: hostname -> system_id of other nodes
+    holding names (``GET nodes/?hostname=``). Order: duplicate claims, pool creations, then
+    each machine's actions (password first, commission last), machines in the order their
+    renames must happen (one that frees a name before the one that takes it).
     """
     existing = {p.get("name") if isinstance(p, Mapping) else p for p in pools}
     existing |= {pool_of(m)[0] for m in machines}
-    matches = matching(machines, power_parameters, settings.domain)
+    matches, duplicates = claims(matching(machines, power_parameters, settings.domain))
     order, renames, rename_skips = assign_hostnames(machines, matches, settings.on_hostname_taken, taken)
     rank = {system_id: index for index, system_id in enumerate(order)}
     matches = sorted(matches, key=lambda m: rank.get(str(m.machine["system_id"]), len(rank)))
+    reported = [
+        Action(DUPLICATE, None, None, vm=vm, namespace=namespace, before=None,
+               after=",".join(str(m.machine["system_id"]) for m in group),
+               note=duplicate_note(vm, namespace, group))
+        for (vm, namespace), group in sorted(duplicates.items(), key=lambda item: (item[0][1], item[0][0]))
+    ]
     created: list[Action] = []
     actions: list[Action] = []
 
@@ -284,6 +370,11 @@ def plan(
         system_id = str(machine["system_id"])
         hostname = machine.get("hostname")
         common = dict(system_id=system_id, hostname=hostname, vm=vm, namespace=namespace)
+
+        # Password: the derived one, whatever the status (a seed rotation resets them all).
+        password = _password(power_parameters[system_id])
+        if password != RIGHT:
+            actions.append(Action(SET_PASSWORD, before=password, after=DERIVED, **common))
 
         # Hostname: the primary name, else (when held) the fallback or a skip; never fight.
         if system_id in renames:
@@ -327,7 +418,7 @@ def plan(
             else:
                 actions.append(Action(SKIP, before=status, after=status,
                                       note="commission: maas.commission is never", **common))
-    return created + actions
+    return reported + created + actions
 
 
 # --- apply ----------------------------------------------------------------------------------
@@ -339,11 +430,12 @@ class Outcome:
     skipped: int = 0
     failed: int = 0
     interrupted: bool = False
+    done: list[Action] = field(default_factory=list)
 
 
 def _classify(action: Action, failure: MAASError) -> str:
     """"skipped" when MAAS moved on (the next cycle re-plans), else "failed"."""
-    if failure.status == 404:
+    if failure.status == 404 or (action.kind == SET_PASSWORD and failure.status == 409):
         return "skipped"
     if action.kind in (COMMISSION, RENAME) and failure.status in (400, 409):
         return "skipped"
@@ -352,24 +444,33 @@ def _classify(action: Action, failure: MAASError) -> str:
     return "failed"
 
 
-def _perform(client: MAASClient, action: Action) -> None:
-    if action.kind == CREATE_POOL:
+def _perform(client: MAASClient, action: Action, passwords: Passwords | None) -> None:
+    if action.kind == SET_PASSWORD:
+        if passwords is None:
+            raise ValueError("set-password needs the seed: pass apply(..., passwords=Passwords(seed))")
+        client.set_power_pass(action.system_id, passwords.password(action.vm, action.namespace))
+    elif action.kind == CREATE_POOL:
         client.create_pool(action.after, f"KubeVirt VMs of namespace {action.namespace} (maas-kubevirt)")
     elif action.kind == RENAME:
         client.update_machine(action.system_id, hostname=action.after)
     elif action.kind == MOVE_POOL:
         client.update_machine(action.system_id, pool=action.after)
     elif action.kind == COMMISSION:
-        client.commission(action.system_id)
+        client.commission(action.system_id, skip_bmc_config=True)
     else:  # pragma: no cover - plan makes no other kind that changes
         raise ValueError(f"unknown action {action.kind}")
 
 
 def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
-          stop: threading.Event | None = None) -> Outcome:
-    """Carry out each changing action independently; one audit record per attempted change."""
+          stop: threading.Event | None = None, passwords: Passwords | None = None) -> Outcome:
+    """Carry out each changing action; one audit record per attempted change.
+
+    Each is independent, except that a move waits for its pool and a commission for its
+    machine's password: one whose password was not set this cycle is skipped.
+    """
     outcome = Outcome()
     failed_pools: set[str] = set()
+    no_password: set[str | None] = set()
     for action in actions:
         if not action.changes:
             continue
@@ -380,8 +481,12 @@ def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
             audit.record(action, "failed", f"the pool {action.after} could not be created")
             outcome.failed += 1
             continue
+        if action.kind == COMMISSION and action.system_id in no_password:
+            audit.record(action, "skipped", "the BMC password is not in place: not commissioned")
+            outcome.skipped += 1
+            continue
         try:
-            _perform(client, action)
+            _perform(client, action, passwords)
         except MAASAuthError:
             raise
         except MAASError as failure:
@@ -390,6 +495,8 @@ def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
             result = ("unknown" if failure.in_flight else "failed") if stopped else _classify(action, failure)
             if action.kind == CREATE_POOL and result == "failed":
                 failed_pools.add(action.after)
+            if action.kind == SET_PASSWORD:
+                no_password.add(action.system_id)
             audit.record(action, result, str(failure))
             if result == "skipped":
                 outcome.skipped += 1
@@ -401,6 +508,7 @@ def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
         else:
             audit.record(action, "ok")
             outcome.ok += 1
+            outcome.done.append(action)
     return outcome
 
 
@@ -419,19 +527,22 @@ class Cycle:
 
 
 class Reconciler:
-    """Cycles against one MAAS, remembering each redfish machine's power_address."""
+    """Cycles against one MAAS, remembering of each redfish machine its address and whether its
+    password was right (never the password)."""
 
     def __init__(self, client: MAASClient, settings: Settings, audit: Audit | None = None,
-                 stop: threading.Event | None = None):
+                 stop: threading.Event | None = None, *, passwords: Passwords):
         self.client = client
         self.settings = settings
+        self.passwords = passwords
         self.audit = audit or Audit("")
         self.stop = stop or threading.Event()
-        # system_id -> (status_name when fetched, power_address or None). Never power_pass.
-        self.known: dict[str, tuple[Any, str | None]] = {}
+        # system_id -> (status_name when read, Power). Never power_pass.
+        self.known: dict[str, tuple[Any, Power]] = {}
         self.version: str | None = None
         self._reported: set[tuple[str | None, str]] = set()
         self._malformed: set[tuple[str, str]] = set()
+        self._duplicates: dict[tuple[str | None, str | None], Any] = {}
 
     def check_version(self) -> None:
         if self.version is None:
@@ -440,28 +551,36 @@ class Reconciler:
                 warn(message)
             self.version = version
 
-    def power_addresses(self, machines: Sequence[Mapping[str, Any]]) -> dict[str, str | None]:
-        """power_address of every redfish machine, asking MAAS only about new or changed ones."""
-        current: dict[str, tuple[Any, str | None]] = {}
+    def _judge(self, parameters: Mapping[str, Any]) -> Power:
+        return self.passwords.judge(parameters, self.settings.domain)
+
+    def _ours(self, power: Power) -> bool:
+        return identity.parse_redfish_address(power.address, self.settings.domain) is not None
+
+    def power_facts(self, machines: Sequence[Mapping[str, Any]]) -> dict[str, Power]:
+        """Power of every redfish machine. One bulk request for those not seen before, whose
+        status changed, or that are ours and in Commissioning or Testing."""
+        current: dict[str, tuple[Any, Power]] = {}
         wanted: list[str] = []
+        statuses: dict[str, Any] = {}
         for machine in machines:
             if machine.get("power_type") != "redfish":
                 continue
             system_id = machine.get("system_id")
             if not isinstance(system_id, str):
                 continue
-            status = machine.get("status_name")
+            status = statuses[system_id] = machine.get("status_name")
             entry = self.known.get(system_id)
-            if entry is not None and entry[0] == status:
+            if entry is not None and entry[0] == status and not (
+                    status in REREAD_STATUSES and self._ours(entry[1])):
                 current[system_id] = entry
             else:
                 wanted.append(system_id)
         if wanted:
-            fetched = self.client.power_addresses(wanted)  # bulk: one op=power_parameters
-            statuses = {m.get("system_id"): m.get("status_name") for m in machines}
+            fetched = self.client.power_parameters(wanted, self._judge)  # bulk: one op=power_parameters
             for system_id in wanted:
                 if system_id in fetched:
-                    current[system_id] = (statuses.get(system_id), fetched[system_id])
+                    current[system_id] = (statuses[system_id], fetched[system_id])
         self.known = current
         return {system_id: entry[1] for system_id, entry in current.items()}
 
@@ -481,18 +600,60 @@ class Reconciler:
                 warn(f"machine {name}: skipped, MAAS sent a malformed record ({problem})")
         return usable
 
-    def observe(self) -> tuple[list[dict], dict[str, str | None], list[Match]]:
+    def observe(self) -> tuple[list[dict], dict[str, Power], list[Match]]:
         machines = self.well_formed(self.client.machines())
-        addresses = self.power_addresses(machines)
-        return machines, addresses, matching(machines, addresses, self.settings.domain)
+        power = self.power_facts(machines)
+        return machines, power, matching(machines, power, self.settings.domain)
 
     def make_plan(self) -> list[Action]:
-        machines, addresses, matches = self.observe()
+        machines, power, matches = self.observe()
         pools: list[Any] = self.client.pools() if needs_pools(matches) else []
         # Only when a rename is possible: an idle cycle asks nothing more.
         wanted = names_to_check(matches)
         taken = self.client.taken_hostnames(wanted) if wanted else {}
-        return plan(machines, addresses, pools, self.settings, taken)
+        actions = plan(machines, power, pools, self.settings, taken)
+        return self.refresh(machines, power, pools, taken, actions)
+
+    def refresh(self, machines: Sequence[Mapping[str, Any]], power: Mapping[str, Power],
+                pools: Sequence[Any], taken: Mapping[str, str], actions: list[Action]) -> list[Action]:
+        """Re-read, in one bulk request, the power parameters of the machines about to change.
+
+        A machine whose address no longer names the VM it was planned for is left alone this
+        cycle; for the others the plan is made again with what was just read (a password set
+        meanwhile, or written back by a commissioning script).
+        """
+        planned = {a.system_id: (a.vm, a.namespace) for a in actions if a.changes and a.system_id}
+        if not planned:
+            return actions
+        fresh = self.client.power_parameters(sorted(planned), self._judge)
+        statuses = {m.get("system_id"): m.get("status_name") for m in machines}
+        updated = dict(power)
+        moved: list[Action] = []
+        for system_id, claimed in planned.items():
+            now = fresh.get(system_id)
+            parsed = None if now is None else identity.parse_redfish_address(now.address, self.settings.domain)
+            if parsed != claimed:
+                updated.pop(system_id, None)
+                self.known.pop(system_id, None)
+                hostname = next((a.hostname for a in actions if a.system_id == system_id), None)
+                moved.append(Action(SKIP, system_id, hostname, *claimed, note=(
+                    "power address changed since it was read: left alone until the next cycle")))
+            else:
+                updated[system_id] = now
+                self.known[system_id] = (statuses.get(system_id), now)
+        if not moved and all(updated[sid] == power.get(sid) for sid in planned):
+            return actions
+        again = plan(machines, updated, pools, self.settings, taken)
+        return [a for a in again if not a.changes or a.system_id is None or a.system_id in planned] + moved
+
+    def report_duplicates(self, actions: Sequence[Action]) -> None:
+        """One audit record and one warning per duplicate claim, again only when its set changes."""
+        current = {(a.vm, a.namespace): a.after for a in actions if a.kind == DUPLICATE}
+        for action in actions:
+            if action.kind == DUPLICATE and self._duplicates.get((action.vm, action.namespace)) != action.after:
+                self.audit.record(action, "refused")
+                warn(action.note)
+        self._duplicates = current
 
     def cycle(self, dry_run: bool = False) -> Cycle:
         """One cycle, all of its requests within settings.cycle_deadline."""
@@ -513,9 +674,14 @@ class Reconciler:
             return result
         if dry_run:
             return result
+        self.report_duplicates(result.actions)
         for action in result.actions:
-            if not action.changes and (action.system_id, action.note) not in self._reported:
+            if action.kind == SKIP and (action.system_id, action.note) not in self._reported:
                 self._reported.add((action.system_id, action.note))
                 note(f"{action.system_id} {action.hostname}: {action.note}")
-        result.outcome = apply(self.client, result.actions, self.audit, self.stop)
+        result.outcome = apply(self.client, result.actions, self.audit, self.stop, self.passwords)
+        for action in result.outcome.done:
+            if action.kind == SET_PASSWORD and action.system_id in self.known:
+                status, power = self.known[action.system_id]
+                self.known[action.system_id] = (status, Power(power.address, RIGHT))
         return result

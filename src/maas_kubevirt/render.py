@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
-import secrets
 import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
 from maas_kubevirt import EXIT_OK, PROG, policies
+from maas_kubevirt import seed as seeds
 from maas_kubevirt.paths import SCRIPT_NAME, data_dir, write_atomic
 from maas_kubevirt.policies import KUSTOMIZATION_FILE, SEED_SECRET_FILE, render_kubernetes
-from maas_kubevirt.values import ValuesError
 
-SEED_FILE = "seed"
+# The output directory holding the seed is private; the others are readable (the files
+# holding the seed inside them are 0600). Set explicitly: the umask must not decide.
+PRIVATE_DIR, PUBLIC_DIR = 0o700, 0o755
 _SETTINGS_LINE = re.compile(r"^SETTINGS = .*# replaced by maas-kubevirt render$", re.MULTILINE)
 
 
@@ -49,42 +51,44 @@ def render_commissioning(values: dict, seed: str) -> str:
     return rendered
 
 
-def read_seed(values: dict, output: Path | None) -> str:
-    """The site secret: seed.file, else <output>/seed, generated there (mode 0600) the first time."""
-    configured = values["seed"]["file"]
-    if configured:
-        path = Path(configured)
-    elif output is None:
-        raise ValuesError(
-            ["seed.file: expected a seed file when rendering to stdout, found an empty string "
-             "(render to a directory once and point seed.file at <directory>/seed)"]
-        )
-    else:
-        path = output / SEED_FILE
-        if not path.exists():
-            write_atomic(path, secrets.token_hex(32) + "\n", mode=0o600)
-    try:
-        seed = path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError) as error:
-        raise ValuesError([f"seed.file: expected a readable seed file, found {path} ({error.__class__.__name__})"]) from None
-    if len(seed) < 16 or not seed.isprintable():
-        raise ValuesError([f"seed.file: expected at least 16 printable characters in {path}, found fewer"])
-    return seed
+def make_directory(path: Path, mode: int) -> None:
+    """Create path and its missing parents with mode, whatever the umask; leave existing ones."""
+    missing = []
+    for directory in [path, *path.parents]:
+        if directory.exists():
+            break
+        missing.append(directory)
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            continue
+        os.chmod(directory, mode if directory == path else PUBLIC_DIR)
 
 
 def render(values: dict, output: str | Path) -> list[Path]:
-    """Render the whole bundle into the output directory, or the manifests to stdout for '-'."""
+    """Render the whole bundle into the output directory, or the manifests to stdout for '-'.
+
+    Everything is computed and checked before the first file is written.
+    """
     if str(output) == "-":
-        seed = read_seed(values, None)
+        seed, _ = seeds.for_render(values, None)
         manifests = render_kubernetes(values, seed)
         documents = [text.rstrip("\n") + "\n" for name, text in manifests.items() if name != KUSTOMIZATION_FILE]
         sys.stdout.write("---\n".join(documents))
         return []
     output = Path(output)
-    seed = read_seed(values, output)
+    seed, new_seed_file = seeds.for_render(values, output)
     manifests = render_kubernetes(values, seed)
     script = render_commissioning(values, seed)
-    written = [write_atomic(output / "commissioning" / SCRIPT_NAME, script, mode=0o700)]
+    holds_seed = new_seed_file is not None or (output / seeds.SEED_FILE).exists()
+    make_directory(output, PRIVATE_DIR if holds_seed else PUBLIC_DIR)
+    make_directory(output / "commissioning", PUBLIC_DIR)
+    make_directory(output / "kubernetes", PUBLIC_DIR)
+    written = []
+    if new_seed_file is not None:
+        write_atomic(new_seed_file, seed + "\n", mode=0o600)
+    written.append(write_atomic(output / "commissioning" / SCRIPT_NAME, script, mode=0o700))
     for name, text in manifests.items():
         private = name == SEED_SECRET_FILE or seed in text
         written.append(write_atomic(output / "kubernetes" / name, text, mode=0o600 if private else 0o644))

@@ -1,0 +1,153 @@
+"""The site secret every BMC password derives from: its accepted forms, its file, its checks.
+
+One loader for ``render`` and ``reconcile``. A seed is at least 32 random bytes written as
+64 or more hexadecimal digits (what ``render`` generates: ``openssl rand -hex 32`` makes the
+same) or as base64 of 32 or more bytes (``openssl rand -base64 32``). The text itself, without
+its final newline, is the key: Kyverno and the reconciler hash exactly that text.
+
+A seed file must be a regular file owned by root or by the user reading it, with no permission
+for group or others (0600 or 0400). Under systemd the service gets it as the credential
+``seed`` (``LoadCredential=``) in ``$CREDENTIALS_DIRECTORY``, which then takes the place of
+``seed.file``. No message here ever contains the seed.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import re
+import secrets
+import stat
+from pathlib import Path
+from typing import Any, Mapping
+
+from maas_kubevirt.paths import credential_path
+from maas_kubevirt.values import ValuesError
+
+SEED_FILE = "seed"            # <output>/seed when render generates it
+CREDENTIAL = "seed"           # the systemd credential's name
+MIN_BYTES = 32
+MAX_FILE_BYTES = 4096
+ACCEPTED = (f"{2 * MIN_BYTES} or more hexadecimal digits, or base64 of {MIN_BYTES} or more bytes "
+            f"(make one with `openssl rand -hex {MIN_BYTES}`)")
+
+_HEX = re.compile(r"[0-9a-fA-F]+\Z")
+_BASE64 = re.compile(r"[A-Za-z0-9+/]+={0,2}\Z|[A-Za-z0-9_-]+={0,2}\Z")
+
+
+def generate() -> str:
+    """A fresh seed: 32 random bytes as 64 hexadecimal digits."""
+    return secrets.token_hex(MIN_BYTES)
+
+
+def random_bytes(text: str) -> int:
+    """How many bytes the seed text encodes (0 when it is neither hex nor base64)."""
+    if _HEX.match(text):
+        return len(text) // 2
+    if _BASE64.match(text):
+        padded = text + "=" * (-len(text) % 4)
+        try:
+            return len(base64.b64decode(padded.replace("-", "+").replace("_", "/"), validate=True))
+        except (binascii.Error, ValueError):
+            return 0
+    return 0
+
+
+def check(text: str, source: str) -> str:
+    """The seed in text (one line, the final newline dropped), or ValuesError without the seed."""
+    seed = text[:-1] if text.endswith("\n") else text
+    seed = seed[:-1] if seed.endswith("\r") else seed
+    if not seed:
+        raise ValuesError([f"{source}: expected {ACCEPTED}, found an empty file"])
+    if random_bytes(seed) < MIN_BYTES:
+        raise ValuesError([f"{source}: expected {ACCEPTED}, found {len(seed)} characters "
+                           f"that are {_shape(seed)}"])
+    return seed
+
+
+def _shape(seed: str) -> str:
+    if any(c.isspace() for c in seed):
+        return "not one word (spaces or several lines)"
+    if _HEX.match(seed) or _BASE64.match(seed):
+        return f"only {random_bytes(seed)} bytes"
+    return "neither hexadecimal nor base64"
+
+
+def read(path: Path, source: str, *, credential: bool = False, follow_symlinks: bool = True) -> str:
+    """Read and check a seed file; refuse one others could read or replace.
+
+    A systemd credential is 0400 with an ACL entry for the service's user, which stat shows
+    as a group read bit (systemd: src/core/execute.c, write_credential, fchmod 0400 then
+    fd_add_uid_acl_permission, else fchown to the user): so group read is allowed there only.
+    """
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (0 if follow_symlinks else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except OSError as error:
+        if error.errno == getattr(os, "ELOOP", 40) and not follow_symlinks:
+            raise ValuesError([f"{source}: {path} is a symbolic link; a seed file must be a "
+                               "regular file (remove the link, or point seed.file at the real file)"]
+                              ) from None
+        raise ValuesError([f"{source}: expected a readable seed file, found {str(path)!r}: "
+                           f"{error.strerror or type(error).__name__}"]) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValuesError([f"{source}: {path} is not a regular file"])
+        allowed = stat.S_IRUSR | stat.S_IWUSR | (stat.S_IRGRP if credential else 0)
+        if stat.S_IMODE(info.st_mode) & ~allowed & 0o077:
+            raise ValuesError([f"{source}: {path} has mode {stat.S_IMODE(info.st_mode):04o}: others can "
+                               f"read or change the seed; run `chmod 600 {path}`"])
+        owners = {0, os.geteuid()}
+        if info.st_uid not in owners:
+            raise ValuesError([f"{source}: {path} is owned by uid {info.st_uid}, not by root or by "
+                               f"this user (uid {os.geteuid()}): another user could change the seed; "
+                               f"run `chown root: {path}`"])
+        data = os.read(fd, MAX_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FILE_BYTES:
+        raise ValuesError([f"{source}: {path} is larger than {MAX_FILE_BYTES} bytes; expected {ACCEPTED}"])
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        raise ValuesError([f"{source}: {path} is not ASCII text; expected {ACCEPTED}"]) from None
+    return check(text, f"{source} ({path})")
+
+
+def load(values: Mapping[str, Any]) -> str:
+    """The seed for the reconciler: the systemd credential ``seed``, else seed.file (required)."""
+    given = credential_path(CREDENTIAL)
+    if given is not None:
+        return read(given, f"credential {CREDENTIAL}", credential=True)
+    configured = values["seed"]["file"]
+    if not configured:
+        raise ValuesError([
+            "seed.file: expected the seed file the bundle was rendered with (every BMC password "
+            "derives from it), found an empty string; set seed.file, e.g. /etc/maas-kubevirt/seed"
+        ])
+    return read(Path(configured), "seed.file")
+
+
+def for_render(values: Mapping[str, Any], output: Path | None) -> tuple[str, Path | None]:
+    """(seed, file to create) for render: seed.file, else ``<output>/seed``, else a new seed.
+
+    The new seed is returned, not written: render writes it with the rest once all is checked.
+    ``<output>/seed`` must not be a symbolic link (one planted there would take the seed).
+    """
+    configured = values["seed"]["file"]
+    if configured:
+        return read(Path(configured), "seed.file"), None
+    if output is None:
+        raise ValuesError(
+            ["seed.file: expected a seed file when rendering to stdout, found an empty string "
+             "(render to a directory once and point seed.file at <directory>/seed)"]
+        )
+    path = output / SEED_FILE
+    if path.is_symlink():
+        raise ValuesError([f"seed: {path} is a symbolic link; render will neither follow nor "
+                           "replace it: remove it, or set seed.file to the seed you mean"])
+    if path.exists():
+        return read(path, "seed", follow_symlinks=False), None
+    return generate(), path
