@@ -76,7 +76,8 @@ RANK = {
     "identity": 0, "paths": 0,
     "__init__": -1,               # PROG, the version and the exit codes: anyone may import them
 }
-COMMANDS = {"render": "render", "reconcile": "loop", "status": "status", "upload-script": "upload"}
+COMMANDS = {"render": "render", "reconcile": "loop", "status": "status", "upload-script": "upload",
+            "doctor": "doctor"}
 
 
 def _imports(path: Path) -> set[str]:
