@@ -471,7 +471,8 @@ class Generated:
     allowlist: Mapping[str, str]        # Ingress allowlist annotation -> value
 
     @classmethod
-    def from_policies(cls, objects: Iterable[Mapping[str, Any]]) -> "Generated":
+    def from_policies(cls, objects: Iterable[Mapping[str, Any]], allowlist_key: str) -> "Generated":
+        """From the rendered ClusterPolicies; allowlist_key is the Ingress class's allowlist annotation."""
         names: dict[str, str] = {}
         allowlist: dict[str, str] = {}
         for obj in objects:
@@ -484,7 +485,8 @@ class Generated:
                 names[generate["kind"]] = generate["name"]
                 if generate["kind"] == "Ingress":
                     annotations = ((generate.get("data") or {}).get("metadata") or {}).get("annotations") or {}
-                    allowlist.update({k: v for k, v in annotations.items() if k.endswith("-source-range")})
+                    if allowlist_key in annotations:
+                        allowlist[allowlist_key] = annotations[allowlist_key]
         return cls(names, allowlist)
 
     def name(self, kind: str, vm: str, namespace: str) -> str:
@@ -841,7 +843,7 @@ def cluster_checks(values: Mapping[str, Any], cluster: Any, seed: str | None, fi
     expected_policies = [o["metadata"]["name"] for o in bundle if o["kind"] == "ClusterPolicy"]
     expected_roles = [o for o in bundle if o["kind"] == "ClusterRole"
                       and any(k.startswith("rbac.kyverno.io/aggregate-to-") for k in o["metadata"].get("labels") or {})]
-    generated = Generated.from_policies(bundle)
+    generated = Generated.from_policies(bundle, policies.allowlist_annotation(values["ingress"]))
     opt_in = f"{kubernetes['opt_in_label']}={kubernetes['opt_in_value']}"
     checks: list[Check] = []
     try:
