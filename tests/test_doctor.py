@@ -167,7 +167,10 @@ def test_the_script_without_its_tags(site, tags, missing):
 def test_the_script_out_of_date(site):
     site.double.scripts[SCRIPT_NAME]["script"] = site.script.replace(b"bmc.example.com", b"bmc.example.org")
     check = site.run()["maas.script"]
-    assert check.status == "fail" and "differs from the render" in check.found
+    assert check.status == "fail" and "rendered from other values (domain differ" in check.found
+    site.double.scripts[SCRIPT_NAME]["script"] = site.script.replace(b"def ", b"def  ", 1)
+    check = site.run()["maas.script"]
+    assert check.status == "fail" and "its code differs" in check.found
 
 
 def test_enlist_commissioning_off(site):
@@ -204,7 +207,8 @@ def test_no_seed_file_configured(site):
     site.values["seed"]["file"] = ""
     checks = site.run()
     assert checks["maas.seed_file"].status == "fail" and "seed.file is empty" in checks["maas.seed_file"].found
-    assert checks["maas.script"].status == "warn"
+    assert checks["maas.power_password"].status == "skip"
+    assert checks["maas.script"].status == "ok"      # the script is compared with the render, not the seed
 
 
 def test_a_vm_claimed_twice(site):

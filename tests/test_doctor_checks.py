@@ -19,7 +19,7 @@ from maas_kubevirt.values import load_values
 
 VALUES = load_values(None)
 BUNDLE = policies.objects(policies.render_kubernetes(VALUES, None))
-GENERATED = doctor.Generated.from_policies(BUNDLE)
+GENERATED = doctor.Generated.from_policies(BUNDLE, policies.allowlist_annotation(VALUES["ingress"]))
 POLICY_NAMES = [o["metadata"]["name"] for o in BUNDLE if o["kind"] == "ClusterPolicy"]
 OUR_ROLES = [o for o in BUNDLE if o["kind"] == "ClusterRole"]
 OPT_IN = "maas.io/kubevirt-bmc=enabled"
@@ -78,7 +78,15 @@ def test_generated_names_and_allowlist_come_from_the_rendered_policy():
     assert GENERATED.name("Secret", "web1", "vms") == "web1-bmc"
     assert GENERATED.name("VirtualMachineBMC", "web1", "vms") == "web1"
     assert GENERATED.name("Ingress", "web1", "vms") == "web1-bmc"
-    assert doctor._cidrs(next(iter(GENERATED.allowlist.values()))) == set(VALUES["ingress"]["source_ranges"])
+    assert doctor._cidrs(GENERATED.allowlist[policies.ALLOWLIST_ANNOTATION]) == set(VALUES["ingress"]["source_ranges"])
+
+
+def test_another_ingress_class_keeps_its_own_allowlist_annotation():
+    values = load_values(None)
+    values["ingress"].update(class_name="traefik", allowlist_annotation="example.io/source-ranges")
+    bundle = policies.objects(policies.render_kubernetes(values, None))
+    generated = doctor.Generated.from_policies(bundle, policies.allowlist_annotation(values["ingress"]))
+    assert list(generated.allowlist) == ["example.io/source-ranges"]
 
 
 # --- CRDs and Kyverno ---------------------------------------------------------------------

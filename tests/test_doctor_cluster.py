@@ -102,10 +102,12 @@ def vm(name: str, mac: str | None) -> dict:
 
 
 def healthy(checks: dict[str, doctor.Check]) -> bool:
-    rows = [*GLOBAL_ROWS, f"cluster.vms/{NAMESPACE}", "cluster.ingress_allowlist"]
+    """Everything ok that concerns the whole cluster or this module's namespace."""
+    rows = [*GLOBAL_ROWS, f"cluster.vms/{NAMESPACE}"]
     rows += [name for name in checks if name.startswith("cluster.kyverno_rbac/")]
     return all(checks.get(name) and checks[name].status == "ok" for name in rows) and \
-        NAMESPACE not in checks["cluster.kubemacpool"].subjects
+        NAMESPACE not in checks["cluster.kubemacpool"].subjects and \
+        not any(s.startswith(f"{NAMESPACE}/") for s in checks["cluster.ingress_allowlist"].subjects)
 
 
 @pytest.fixture(scope="module")

@@ -43,15 +43,14 @@ from maas_kubevirt.maas import (
 from maas_kubevirt.console import error, table, warn
 from maas_kubevirt.paths import SCRIPT_NAME
 from maas_kubevirt.reconcile import Match, matching
+# What upload-script checks before it uploads is what doctor checks in MAAS.
+from maas_kubevirt.upload import REQUIRED_TAGS, rendering_problem
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 STATUSES = (OK, WARN, FAIL, SKIP)
 
 # `render`'s default output directory, named in the fixes.
 RENDER_DIR = "build"
-# The tags that make MAAS run the script at enlistment whatever enlist_commissioning says
-# (src/maasserver/models/scriptset.py, src/metadataserver/api.py).
-SCRIPT_TAGS = ("bmc-config", "enlisting")
 FIXED_DNS_VERSIONS = "upgrade to 3.6.5 or 3.7.3"
 CRDS = {
     "virtualmachines.kubevirt.io": "KubeVirt",
@@ -129,26 +128,25 @@ def admin_check(user: Mapping[str, Any], key_source: str) -> Check:
                  f"--generate > {key_source}` (one key, mode 0600)")
 
 
-def script_check(script: Mapping[str, Any] | None, stored: bytes | None, rendered: bytes | None,
-                 upload: str) -> Check:
-    """The commissioning script is in MAAS, equal to the render of these values, and tagged."""
+def script_check(script: Mapping[str, Any] | None, render_problem: str | None, upload: str) -> Check:
+    """The commissioning script is in MAAS, tagged, and its stored text is the render of these values.
+
+    render_problem: why the stored text is not that render (``upload.rendering_problem``), or None.
+    """
     name = "maas.script"
     if script is None:
         return Check(name, FAIL, f"MAAS has no script {SCRIPT_NAME}", upload)
     problems = []
     tags = script.get("tags")
     tags = [str(t) for t in tags] if isinstance(tags, list) else []
-    missing = [tag for tag in SCRIPT_TAGS if tag not in tags]
+    missing = [tag for tag in REQUIRED_TAGS if tag not in tags]
     if missing:
         problems.append(f"not tagged {', '.join(missing)} (tags: {_clean(', '.join(tags)) or 'none'})")
-    if rendered is None:
-        problems.append("cannot tell whether it is current (no seed to render it with)")
-    elif stored is None or not hmac.compare_digest(stored, rendered):
-        problems.append("its text differs from the render of these values")
+    if render_problem:
+        problems.append(_clean(render_problem))
     if not problems:
-        return Check(name, OK, f"{SCRIPT_NAME} is current and tagged {', '.join(SCRIPT_TAGS)}")
-    status = WARN if rendered is None and not missing else FAIL
-    return Check(name, status, f"{SCRIPT_NAME}: " + "; ".join(problems), upload)
+        return Check(name, OK, f"{SCRIPT_NAME} is current and tagged {', '.join(REQUIRED_TAGS)}")
+    return Check(name, FAIL, f"{SCRIPT_NAME}: " + "; ".join(problems), upload)
 
 
 def enlist_commissioning_check(value: Any, profile_fix: str) -> Check:
@@ -471,7 +469,8 @@ class Generated:
     allowlist: Mapping[str, str]        # Ingress allowlist annotation -> value
 
     @classmethod
-    def from_policies(cls, objects: Iterable[Mapping[str, Any]]) -> "Generated":
+    def from_policies(cls, objects: Iterable[Mapping[str, Any]], allowlist_key: str) -> "Generated":
+        """From the rendered ClusterPolicies; allowlist_key is the Ingress class's allowlist annotation."""
         names: dict[str, str] = {}
         allowlist: dict[str, str] = {}
         for obj in objects:
@@ -484,7 +483,8 @@ class Generated:
                 names[generate["kind"]] = generate["name"]
                 if generate["kind"] == "Ingress":
                     annotations = ((generate.get("data") or {}).get("metadata") or {}).get("annotations") or {}
-                    allowlist.update({k: v for k, v in annotations.items() if k.endswith("-source-range")})
+                    if allowlist_key in annotations:
+                        allowlist[allowlist_key] = annotations[allowlist_key]
         return cls(names, allowlist)
 
     def name(self, kind: str, vm: str, namespace: str) -> str:
@@ -752,8 +752,6 @@ MAAS_CHECKS = ("maas.version", "maas.admin", "maas.script", "maas.enlist_commiss
 def maas_checks(values: Mapping[str, Any], client: MAASClient, seed: str | None, fixes: _Fixes,
                 reach: Reach) -> list[Check]:
     """The MAAS checks, and the hosts and credentials the network checks will use."""
-    from maas_kubevirt.render import render_commissioning
-
     domain = values["redfish"]["domain"]
     checks: list[Check] = []
     try:
@@ -780,9 +778,11 @@ def maas_checks(values: Mapping[str, Any], client: MAASClient, seed: str | None,
     admin = user.get("is_superuser") is True
     try:
         script = client.script(SCRIPT_NAME)
-        stored = client.script_text(SCRIPT_NAME) if script is not None else None
-        rendered = render_commissioning(dict(values), seed).encode("utf-8") if seed else None
-        checks.append(script_check(script, stored, rendered, fixes.upload))
+        problem = None
+        if script is not None:
+            stored = client.script_text(SCRIPT_NAME).decode("utf-8", "replace")
+            problem = rendering_problem(stored, dict(values), "the text MAAS stores")
+        checks.append(script_check(script, problem, fixes.upload))
     except MAASError as error:
         checks.append(Check("maas.script", FAIL, f"cannot read the script: {_clean(error)}", fixes.upload))
     try:
@@ -841,7 +841,7 @@ def cluster_checks(values: Mapping[str, Any], cluster: Any, seed: str | None, fi
     expected_policies = [o["metadata"]["name"] for o in bundle if o["kind"] == "ClusterPolicy"]
     expected_roles = [o for o in bundle if o["kind"] == "ClusterRole"
                       and any(k.startswith("rbac.kyverno.io/aggregate-to-") for k in o["metadata"].get("labels") or {})]
-    generated = Generated.from_policies(bundle)
+    generated = Generated.from_policies(bundle, policies.allowlist_annotation(values["ingress"]))
     opt_in = f"{kubernetes['opt_in_label']}={kubernetes['opt_in_value']}"
     checks: list[Check] = []
     try:
