@@ -441,8 +441,9 @@ def test_a_namespace_labelled_after_its_vms_exist_is_served_without_restart(cont
     assert all(process.poll() is None for _, process in cp.processes)
 
 
-def test_removing_the_label_keeps_the_objects_and_serves_no_new_vm(control_plane, bundle, namespace):
-    """Opting out stops management; nothing in use is deleted (a BMC MAAS still drives stays)."""
+def test_removing_the_label_changes_nothing_already_there(control_plane, bundle, namespace):
+    """README: the VMs keep their identity and objects, no longer synchronised, gone with
+    their VM; a new VM gets nothing; an instance claiming the serial there is refused."""
     cp = control_plane
     create(cp, vm("stay", namespace)).check_returncode()
     eventually(cp, lambda: objects_match(cp, bundle.values, bundle.seed, "stay", namespace), "the BMC objects")
@@ -453,6 +454,11 @@ def test_removing_the_label_keeps_the_objects_and_serves_no_new_vm(control_plane
     assert has_identity(cp, "stay", namespace)
     assert firmware_of(get(cp, "virtualmachine", "after", namespace)) == {}
     assert not any(bmc_objects(cp, "after", namespace).values())
+    stay = firmware_of(get(cp, "virtualmachine", "stay", namespace))
+    assert_denied(create(cp, vmi("stay", namespace, stay)), "serial")
+    cp.kubectl("delete", "virtualmachine", "stay", "-n", namespace)
+    eventually(cp, lambda: not any(bmc_objects(cp, "stay", namespace).values()),
+               "the objects to go with their VM")
 
 
 # Health of the install.
