@@ -86,7 +86,7 @@ def test_kyverno_test_suites_pass(kyverno):
     assert passed >= expected, output
 
 
-def _apply(kyverno: str, tmp_path: Path, resource: dict) -> tuple[dict, list]:
+def _apply(kyverno: str, tmp_path: Path, resource: dict, refused: bool = False) -> tuple[dict, list]:
     (tmp_path / "vm.yaml").write_text(yaml.safe_dump(resource))
     out = tmp_path / "out.yaml"
     result = subprocess.run(
@@ -95,7 +95,7 @@ def _apply(kyverno: str, tmp_path: Path, resource: dict) -> tuple[dict, list]:
          "-p", "--remove-color", "-o", str(out)],
         capture_output=True, text=True, timeout=600,
     )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert (result.returncode != 0) == refused, result.stdout + result.stderr
     start = result.stdout.find("apiVersion:")
     report = yaml.safe_load(result.stdout[start:]) if start >= 0 else {}
     mutated = [d for d in yaml.safe_load_all(out.read_text()) if d] if out.exists() else []
@@ -107,7 +107,8 @@ def test_vm_outside_opted_in_namespaces_is_untouched(kyverno, tmp_path):
     (tmp_path / "plain").mkdir()
     after, results = _apply(kyverno, tmp_path / "plain", original)
     assert after == original
-    assert results == []
+    # Only the cluster-wide claims policy looks at it, and "anything" claims no identity.
+    assert results and all((r["policy"], r["result"]) == (policies.POLICY_NAMES["claims"], "pass") for r in results)
     # The same VM in an opted-in namespace is stamped and gets its BMC objects.
     opted = fx.vm("web1", "tenant-a", serial="anything")
     after, results = _apply(kyverno, tmp_path, opted)
@@ -166,3 +167,13 @@ def test_engine_uuid_and_password_equal_the_identity_module(kyverno, tmp_path_fa
     summary = re.findall(r"Test Summary: (\d+) tests? passed", output)[-1]
     assert int(summary) == len(vms) + 3 * len(bmc_ok), output
     assert seed not in output
+
+
+def test_a_spoofed_serial_in_an_opted_in_namespace_is_refused_not_rewritten(kyverno, tmp_path):
+    """Admission as the API server runs it: the identity mutate leaves the spoof alone, the claims policy refuses it."""
+    spoofed = fx.vm("web2", "tenant-a", serial="web1.tenant-b")
+    after, results = _apply(kyverno, tmp_path, spoofed, refused=True)
+    assert after["spec"]["template"]["spec"]["domain"]["firmware"]["serial"] == "web1.tenant-b"
+    outcomes = {(r["policy"], r["rule"], r["result"]) for r in results}
+    assert (policies.POLICY_NAMES["claims"], "vm-serial-is-its-own", "fail") in outcomes
+    assert not any(r["result"] == "fail" for r in results if r["rule"] != "vm-serial-is-its-own")
