@@ -177,3 +177,54 @@ def test_a_spoofed_serial_in_an_opted_in_namespace_is_refused_not_rewritten(kyve
     outcomes = {(r["policy"], r["rule"], r["result"]) for r in results}
     assert (policies.POLICY_NAMES["claims"], "vm-serial-is-its-own", "fail") in outcomes
     assert not any(r["result"] == "fail" for r in results if r["rule"] != "vm-serial-is-its-own")
+
+
+# --- the claims policy decides what the identity module decides -------------------------------
+
+_ascii = string.ascii_letters + string.digits + "-. \t_:/"
+_claimish = st.builds(lambda vm, ns, pad, upper: pad + (f"{vm}.{ns}".upper() if upper else f"{vm}.{ns}") + pad,
+                      st.one_of(_label, _subdomain), st.one_of(_label, st.sampled_from(fx.OPTED_IN + [fx.PLAIN])),
+                      st.sampled_from(["", " ", "\t"]), st.booleans())
+_serial = st.one_of(_claimish, st.text(alphabet=_ascii, max_size=24))
+_host_label = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,10}[a-z0-9])?", fullmatch=True)
+_host = st.one_of(
+    st.builds(lambda vm, ns: f"{vm}.{ns}.{fx.DOMAIN}", st.one_of(_host_label, st.just("*")),
+              st.sampled_from(fx.OPTED_IN + [fx.PLAIN, "other"])),
+    st.builds(lambda labels: ".".join(labels + [fx.DOMAIN]), st.lists(_host_label, max_size=3)),
+    st.builds(lambda labels: ".".join(labels + ["example.org"]), st.lists(_host_label, min_size=1, max_size=3)),
+)
+
+
+@settings(max_examples=25 if os.environ.get("HYPOTHESIS_PROFILE") == "ci" else 3, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(serials=st.lists(_serial, min_size=1, max_size=10), hosts=st.lists(st.lists(_host, min_size=1, max_size=2), min_size=1, max_size=8),
+       kind=st.sampled_from([k["name"] for k in policies.CLAIM_KINDS]))
+def test_engine_refuses_exactly_the_claims_the_identity_module_sees(kyverno, tmp_path_factory, serials, hosts, kind):
+    """Random serials and Ingress hosts through `kyverno test` against the oracle in policies_fixtures."""
+    suite = tmp_path_factory.mktemp("claims")
+    objects, results = [], []
+    spec = next(k for k in policies.CLAIM_KINDS if k["name"] == kind)
+    for index, serial in enumerate(serials):
+        ns = fx.OPTED_IN[0] if index % 2 else fx.PLAIN
+        obj = fx.with_firmware(kind, f"obj{index}", ns, {"serial": serial})
+        objects.append(obj)
+        for suffix, outcome in fx.claim_outcomes(obj, ns in fx.OPTED_IN).items():
+            results.append({"policy": policies.POLICY_NAMES["claims"], "rule": f"{spec['rule']}-{suffix}",
+                            "resources": [f"{ns}/obj{index}"], "kind": kind, "result": outcome})
+    for index, ingress_hosts in enumerate(hosts):
+        ns = fx.OPTED_IN[index % 2]
+        objects.append(fx.ingress_with_hosts(f"ing{index}", ns, ingress_hosts))
+        results.append({"policy": policies.POLICY_NAMES["claims"], "rule": "ingress-host-in-its-own-namespace",
+                        "resources": [f"{ns}/ing{index}"], "kind": "Ingress",
+                        "result": fx.ingress_outcome(ns, ingress_hosts)})
+    values_doc = {"apiVersion": "cli.kyverno.io/v1alpha1", "kind": "Values",
+                  "namespaceSelector": [{"name": ns, "labels": dict(fx.OPT_IN)} for ns in fx.OPTED_IN]
+                  + [{"name": fx.PLAIN, "labels": {"kubernetes.io/metadata.name": fx.PLAIN}}]}
+    test = {"apiVersion": "cli.kyverno.io/v1alpha1", "kind": "Test", "metadata": {"name": "claims"},
+            "policies": [str(fx.REFERENCE_DIR / "policy-identity-claims.yaml")],
+            "resources": ["resources.yaml"], "variables": "values.yaml", "results": results}
+    (suite / "resources.yaml").write_text(json_stream(objects))
+    (suite / "values.yaml").write_text(json_stream([values_doc]))
+    (suite / "kyverno-test.yaml").write_text(json_stream([test]))
+    output = run_tests(kyverno, suite)
+    assert int(re.findall(r"Test Summary: (\d+) tests? passed", output)[-1]) >= len(results), output
