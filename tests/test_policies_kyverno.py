@@ -86,7 +86,7 @@ def test_kyverno_test_suites_pass(kyverno):
     assert passed >= expected, output
 
 
-def _apply(kyverno: str, tmp_path: Path, resource: dict) -> tuple[dict, list]:
+def _apply(kyverno: str, tmp_path: Path, resource: dict, refused: bool = False) -> tuple[dict, list]:
     (tmp_path / "vm.yaml").write_text(yaml.safe_dump(resource))
     out = tmp_path / "out.yaml"
     result = subprocess.run(
@@ -95,7 +95,7 @@ def _apply(kyverno: str, tmp_path: Path, resource: dict) -> tuple[dict, list]:
          "-p", "--remove-color", "-o", str(out)],
         capture_output=True, text=True, timeout=600,
     )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert (result.returncode != 0) == refused, result.stdout + result.stderr
     start = result.stdout.find("apiVersion:")
     report = yaml.safe_load(result.stdout[start:]) if start >= 0 else {}
     mutated = [d for d in yaml.safe_load_all(out.read_text()) if d] if out.exists() else []
@@ -107,7 +107,8 @@ def test_vm_outside_opted_in_namespaces_is_untouched(kyverno, tmp_path):
     (tmp_path / "plain").mkdir()
     after, results = _apply(kyverno, tmp_path / "plain", original)
     assert after == original
-    assert results == []
+    # Only the cluster-wide claims policy looks at it, and "anything" claims no identity.
+    assert results and all((r["policy"], r["result"]) == (policies.POLICY_NAMES["claims"], "pass") for r in results)
     # The same VM in an opted-in namespace is stamped and gets its BMC objects.
     opted = fx.vm("web1", "tenant-a", serial="anything")
     after, results = _apply(kyverno, tmp_path, opted)
@@ -166,3 +167,64 @@ def test_engine_uuid_and_password_equal_the_identity_module(kyverno, tmp_path_fa
     summary = re.findall(r"Test Summary: (\d+) tests? passed", output)[-1]
     assert int(summary) == len(vms) + 3 * len(bmc_ok), output
     assert seed not in output
+
+
+def test_a_spoofed_serial_in_an_opted_in_namespace_is_refused_not_rewritten(kyverno, tmp_path):
+    """Admission as the API server runs it: the identity mutate leaves the spoof alone, the claims policy refuses it."""
+    spoofed = fx.vm("web2", "tenant-a", serial="web1.tenant-b")
+    after, results = _apply(kyverno, tmp_path, spoofed, refused=True)
+    assert after["spec"]["template"]["spec"]["domain"]["firmware"]["serial"] == "web1.tenant-b"
+    outcomes = {(r["policy"], r["rule"], r["result"]) for r in results}
+    assert (policies.POLICY_NAMES["claims"], "vm-serial-is-its-own", "fail") in outcomes
+    assert not any(r["result"] == "fail" for r in results if r["rule"] != "vm-serial-is-its-own")
+
+
+# --- the claims policy decides what the identity module decides -------------------------------
+
+_ascii = string.ascii_letters + string.digits + "-. \t_:/"
+_claimish = st.builds(lambda vm, ns, pad, upper: pad + (f"{vm}.{ns}".upper() if upper else f"{vm}.{ns}") + pad,
+                      st.one_of(_label, _subdomain), st.one_of(_label, st.sampled_from(fx.OPTED_IN + [fx.PLAIN])),
+                      st.sampled_from(["", " ", "\t"]), st.booleans())
+_serial = st.one_of(_claimish, st.text(alphabet=_ascii, max_size=24))
+_host_label = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,10}[a-z0-9])?", fullmatch=True)
+_host = st.one_of(
+    st.builds(lambda vm, ns: f"{vm}.{ns}.{fx.DOMAIN}", st.one_of(_host_label, st.just("*")),
+              st.sampled_from(fx.OPTED_IN + [fx.PLAIN, "other"])),
+    st.builds(lambda labels: ".".join(labels + [fx.DOMAIN]), st.lists(_host_label, max_size=3)),
+    st.builds(lambda labels: ".".join(labels + ["example.org"]), st.lists(_host_label, min_size=1, max_size=3)),
+)
+
+
+@settings(max_examples=25 if os.environ.get("HYPOTHESIS_PROFILE") == "ci" else 3, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(serials=st.lists(_serial, min_size=1, max_size=10), hosts=st.lists(st.lists(_host, min_size=1, max_size=2), min_size=1, max_size=8),
+       kind=st.sampled_from([k["name"] for k in policies.CLAIM_KINDS]))
+def test_engine_refuses_exactly_the_claims_the_identity_module_sees(kyverno, tmp_path_factory, serials, hosts, kind):
+    """Random serials and Ingress hosts through `kyverno test` against the oracle in policies_fixtures."""
+    suite = tmp_path_factory.mktemp("claims")
+    objects, results = [], []
+    spec = next(k for k in policies.CLAIM_KINDS if k["name"] == kind)
+    for index, serial in enumerate(serials):
+        ns = fx.OPTED_IN[0] if index % 2 else fx.PLAIN
+        obj = fx.with_firmware(kind, f"obj{index}", ns, {"serial": serial})
+        objects.append(obj)
+        for suffix, outcome in fx.claim_outcomes(obj, ns in fx.OPTED_IN).items():
+            results.append({"policy": policies.POLICY_NAMES["claims"], "rule": f"{spec['rule']}-{suffix}",
+                            "resources": [f"{ns}/obj{index}"], "kind": kind, "result": outcome})
+    for index, ingress_hosts in enumerate(hosts):
+        ns = fx.OPTED_IN[index % 2]
+        objects.append(fx.ingress_with_hosts(f"ing{index}", ns, ingress_hosts))
+        results.append({"policy": policies.POLICY_NAMES["claims"], "rule": "ingress-host-in-its-own-namespace",
+                        "resources": [f"{ns}/ing{index}"], "kind": "Ingress",
+                        "result": fx.ingress_outcome(ns, ingress_hosts)})
+    values_doc = {"apiVersion": "cli.kyverno.io/v1alpha1", "kind": "Values",
+                  "namespaceSelector": [{"name": ns, "labels": dict(fx.OPT_IN)} for ns in fx.OPTED_IN]
+                  + [{"name": fx.PLAIN, "labels": {"kubernetes.io/metadata.name": fx.PLAIN}}]}
+    test = {"apiVersion": "cli.kyverno.io/v1alpha1", "kind": "Test", "metadata": {"name": "claims"},
+            "policies": [str(fx.REFERENCE_DIR / "policy-identity-claims.yaml")],
+            "resources": ["resources.yaml"], "variables": "values.yaml", "results": results}
+    (suite / "resources.yaml").write_text(json_stream(objects))
+    (suite / "values.yaml").write_text(json_stream([values_doc]))
+    (suite / "kyverno-test.yaml").write_text(json_stream([test]))
+    output = run_tests(kyverno, suite)
+    assert int(re.findall(r"Test Summary: (\d+) tests? passed", output)[-1]) >= len(results), output
