@@ -17,6 +17,8 @@ SERIAL = "system-serial-number"
 # Behaviours other than printing recorded output.
 FAIL = "fail"  # exits 1 with a message on stderr, like dmidecode without /dev/mem access
 HANG = "hang"  # sleeps far past any timeout
+FLOOD = "flood"  # prints without end, as a broken or hostile firmware table might make it
+BEHAVIOURS = (FAIL, HANG, FLOOD)
 
 # `dmidecode -s` output recorded on real machines (the trailing newline is dmidecode's).
 VENDORS = {
@@ -46,6 +48,7 @@ VENDOR_SERIALS = {
 def _script(data: Path) -> str:
     sleep = shutil.which("sleep") or "/bin/sleep"
     cat = shutil.which("cat") or "/bin/cat"
+    yes = shutil.which("yes") or "/usr/bin/yes"
     return f"""#!/bin/sh
 # Fake dmidecode written by tests/fake_dmidecode.py: recorded output from {data}.
 data={shlex.quote(str(data))}
@@ -55,6 +58,7 @@ if [ "$#" -ne 2 ] || [ "$1" != "-s" ]; then
 fi
 echo "$2" >> "$data/calls"
 if [ -e "$data/$2.hang" ]; then exec {shlex.quote(sleep)} 600; fi
+if [ -e "$data/$2.flood" ]; then exec {shlex.quote(yes)} KubeVirt; fi
 if [ -e "$data/$2.fail" ]; then echo "/dev/mem: Permission denied" >&2; exit 1; fi
 if [ ! -e "$data/$2" ]; then echo "Invalid string keyword: $2" >&2; exit 2; fi
 exec {shlex.quote(cat)} "$data/$2"
@@ -62,21 +66,22 @@ exec {shlex.quote(cat)} "$data/$2"
 
 
 def _output(value: bytes | str | None) -> bytes | str | None:
-    """str values get dmidecode's trailing newline; bytes are printed exactly; FAIL/HANG pass through."""
-    if isinstance(value, str) and value not in (FAIL, HANG):
+    """str values get dmidecode's trailing newline; bytes are printed exactly; behaviours pass through."""
+    if isinstance(value, str) and value not in BEHAVIOURS:
         return value.encode("utf-8") + b"\n"
     return value
 
 
 def install_dmidecode(bin_dir: Path, manufacturer: bytes | str | None, serial: bytes | str | None) -> Path:
-    """An executable ``bin_dir/dmidecode``; each value is output (str or bytes), FAIL, HANG or None (unknown keyword)."""
+    """An executable ``bin_dir/dmidecode``; each value is output (str or bytes), FAIL, HANG, FLOOD
+    or None (unknown keyword)."""
     data = bin_dir / ".fake-dmidecode"
     data.mkdir(parents=True, exist_ok=True)
     for keyword, value in ((MANUFACTURER, manufacturer), (SERIAL, serial)):
         value = _output(value)
-        for suffix in ("", ".fail", ".hang"):
+        for suffix in ("", *(f".{behaviour}" for behaviour in BEHAVIOURS)):
             (data / f"{keyword}{suffix}").unlink(missing_ok=True)
-        if value in (FAIL, HANG):
+        if value in BEHAVIOURS:
             (data / f"{keyword}.{value}").touch()
         elif value is not None:
             (data / keyword).write_bytes(value)

@@ -1,15 +1,14 @@
 """The commissioning script (commissioning/31-kubevirt-bmc-config) against a fake SMBIOS.
 
 Most tests run the rendered script as MAAS does: an executable file with BMC_CONFIG_PATH
-set, dmidecode found on PATH (here a fake, see fake_dmidecode.py) and the DMI attributes
-in a directory the tests choose. Tests that need to replace a function (the Redfish
-resolver, a failing rename, pyudev) load the script in-process.
+and RESULT_PATH set, dmidecode found on PATH (here a fake, see fake_dmidecode.py) and the
+DMI attributes in a directory the tests choose. Tests that need to replace a function (the
+Redfish resolver, a failing rename, pyudev) load the script in-process.
 """
 
 from __future__ import annotations
 
 import ast
-import base64
 import copy
 import difflib
 import http.server
@@ -19,6 +18,7 @@ import io
 import os
 import re
 import shlex
+import shutil
 import socket
 import ssl
 import stat
@@ -37,6 +37,7 @@ import yaml
 from conftest import require_tool
 from fake_dmidecode import (
     FAIL,
+    FLOOD,
     HANG,
     MANUFACTURER,
     SERIAL,
@@ -52,9 +53,10 @@ from maas_kubevirt.render import _SETTINGS_LINE, render_commissioning, script_se
 from maas_kubevirt.values import load_values
 
 SCRIPT = data_dir() / "commissioning" / SCRIPT_NAME
-SEED = "unit-test-seed-5d1c0a9e7b3f4268"
 VALUES = load_values(None)
 DMI_ENV = "MAAS_KUBEVIRT_TEST_DMI_DIR"
+# What MAAS's built-in bmc-config writes to RESULT_PATH for a machine it leaves alone.
+SKIPPED = yaml.safe_dump({"status": "skipped"})
 
 
 def load_script(path: Path = SCRIPT, name: str = "kubevirt_bmc_config") -> types.ModuleType:
@@ -77,16 +79,12 @@ def values_with(**changes: str) -> dict:
     return values
 
 
-def render_to(directory: Path, values: dict | None = None, seed: str = SEED) -> Path:
-    """The rendered script written as `maas-kubevirt render` writes it (mode 0700)."""
+def render_to(directory: Path, values: dict | None = None) -> Path:
+    """The rendered script written as `maas-kubevirt render` writes it (mode 0755)."""
     path = directory / SCRIPT_NAME
-    path.write_text(render_commissioning(values or VALUES, seed), encoding="utf-8")
-    path.chmod(0o700)
+    path.write_text(render_commissioning(values or VALUES), encoding="utf-8")
+    path.chmod(0o755)
     return path
-
-
-def password(serial: str, seed: str = SEED) -> str:
-    return identity.bmc_password(seed, serial)
 
 
 @dataclass
@@ -101,7 +99,8 @@ class Run:
 
 
 class Machine:
-    """A fake machine: PATH with (or without) a fake dmidecode, a fake DMI sysfs, MAAS's BMC_CONFIG_PATH."""
+    """A fake machine: PATH with (or without) a fake dmidecode, a fake DMI sysfs, MAAS's
+    BMC_CONFIG_PATH and RESULT_PATH."""
 
     def __init__(self, root: Path):
         self.bin = root / "bin"
@@ -110,7 +109,9 @@ class Machine:
         self.maas = root / "maas"
         self.maas.mkdir()
         self.config = self.maas / "bmc-config.yaml"
-        self.secrets = [SEED]
+        self.out = root / "out"  # MAAS gives each script its own output directory
+        self.out.mkdir()
+        self.result = self.out / f"{SCRIPT_NAME}.yaml"
 
     def smbios(self, manufacturer="KubeVirt", serial="web1.vms", *, dmidecode=True, sysfs=True,
                sysfs_vendor=None, sysfs_serial=None) -> "Machine":
@@ -120,43 +121,49 @@ class Machine:
         if sysfs:
             make_sysfs(self.sysfs, _as_sysfs(manufacturer) if sysfs_vendor is None else sysfs_vendor,
                        _as_sysfs(serial) if sysfs_serial is None else sysfs_serial)
-        if isinstance(serial, str):
-            try:
-                self.secrets.append(password(serial.strip()))
-            except identity.IdentityError:
-                pass
         return self
 
     @property
     def path(self) -> str:
         return f"{self.bin}{os.pathsep}{Path(sys.executable).parent}"
 
-    def run(self, script: Path, *, bmc_config_path: str | None = "", env: dict | None = None) -> Run:
-        """Run the script as MAAS does; returns its status and output, checked for secrets."""
-        environ = {"PATH": self.path, DMI_ENV: str(self.sysfs), "LC_ALL": "C.UTF-8"}
+    def environ(self, bmc_config_path: str | None) -> dict:
+        """What MAAS exports to a serial commissioning script (the two paths this script uses)."""
+        environ = {"RESULT_PATH": str(self.result)}
         if bmc_config_path is not None:
             environ["BMC_CONFIG_PATH"] = bmc_config_path or str(self.config)
-        environ.update(env or {})
+        return environ
+
+    def run(self, script: Path, *, bmc_config_path: str | None = "", env: dict | None = None) -> Run:
+        """Run the script as MAAS does; returns its status and output, checked by check_output."""
+        environ = {"PATH": self.path, DMI_ENV: str(self.sysfs), "LC_ALL": "C.UTF-8",
+                   **self.environ(bmc_config_path), **(env or {})}
+        environ = {key: value for key, value in environ.items() if value is not None}
         done = subprocess.run([str(script)], env=environ, capture_output=True, timeout=60, check=False)
         result = Run(done.returncode, done.stdout.decode("utf-8"), done.stderr.decode("utf-8"))
-        self.assert_no_secrets(result)
+        self.check_output(result)
         return result
 
     def run_inprocess(self, module: types.ModuleType, monkeypatch, *, bmc_config_path: str | None = "") -> Run:
         """main() of a loaded script with this machine's PATH and sysfs."""
         monkeypatch.setenv("PATH", self.path)
         monkeypatch.setattr(module, "DMI_DIR", str(self.sysfs))
-        environ = {} if bmc_config_path is None else {"BMC_CONFIG_PATH": bmc_config_path or str(self.config)}
         stdout, stderr = io.StringIO(), io.StringIO()
         with redirect_stdout(stdout), redirect_stderr(stderr):
-            status = module.main(environ)
+            status = module.main(self.environ(bmc_config_path))
         result = Run(status, stdout.getvalue(), stderr.getvalue())
-        self.assert_no_secrets(result)
+        self.check_output(result)
         return result
 
-    def assert_no_secrets(self, result: Run) -> None:
-        for secret in self.secrets:
-            assert secret not in result.output
+    @staticmethod
+    def check_output(result: Run) -> None:
+        """What every run must show: printable ASCII only (SMBIOS text escaped), and no power_pass."""
+        assert all(" " <= c <= "~" for c in result.output.replace("\n", "")), result.output
+        assert identity.PLACEHOLDER_PASSWORD not in result.output
+
+    def skipped(self) -> bool:
+        """True when RESULT_PATH says Skipped exactly as MAAS's built-in bmc-config writes it."""
+        return self.result.read_text(encoding="utf-8") == SKIPPED
 
     def written(self) -> dict:
         assert sorted(os.listdir(self.maas)) == [self.config.name], "stray files beside BMC_CONFIG_PATH"
@@ -169,20 +176,20 @@ class Machine:
 
 def _as_sysfs(value):
     """What the kernel shows for what dmidecode prints: an empty string is empty, not "Not Specified"."""
-    if value in (FAIL, HANG, None):
+    if value in (FAIL, HANG, FLOOD, None):
         return None
     if isinstance(value, bytes):
         return value
     return "" if value == "Not Specified" else value
 
 
-def expected_config(serial: str, *, scheme="https", domain="bmc.example.com", user="maas", seed=SEED) -> dict:
+def expected_config(serial: str, *, scheme="https", domain="bmc.example.com", user="maas") -> dict:
     vm, namespace = identity.parse_serial(serial)
     return {
         "power_type": "redfish",
         "power_address": f"{scheme}://{identity.redfish_host(vm, namespace, domain)}",
         "power_user": user,
-        "power_pass": identity.bmc_password(seed, serial),
+        "power_pass": identity.PLACEHOLDER_PASSWORD,
         "node_id": "1",
     }
 
@@ -235,10 +242,10 @@ def test_file_is_an_executable_python3_script():
     assert stat.S_IMODE(SCRIPT.stat().st_mode) == 0o755
 
 
-def test_repository_settings_are_the_defaults_with_an_empty_seed():
+def test_repository_settings_are_the_defaults_not_rendered():
     text = SCRIPT.read_text(encoding="utf-8")
     assert len(_SETTINGS_LINE.findall(text)) == 1
-    assert load_script().SETTINGS == script_settings(VALUES, "")
+    assert load_script().SETTINGS == {**script_settings(VALUES), "rendered": False}
 
 
 def test_importing_runs_nothing(capsys, monkeypatch):
@@ -253,7 +260,7 @@ def test_render_changes_only_the_settings_line(rendered):
     after = rendered.read_text(encoding="utf-8").splitlines()
     changed = [line for line in difflib.ndiff(before, after) if line[:1] in "+-"]
     assert len(changed) == 2 and all(line[2:].startswith("SETTINGS = ") for line in changed)
-    assert load_script(rendered, "rendered").SETTINGS == script_settings(VALUES, SEED)
+    assert load_script(rendered, "rendered").SETTINGS == script_settings(VALUES)
 
 
 @pytest.mark.parametrize("hostile", [
@@ -268,12 +275,13 @@ def test_render_injects_values_no_value_can_break_out_of(hostile, tmp_path):
     values = copy.deepcopy(VALUES)
     values["redfish"].update(domain=hostile, username=hostile, scheme=hostile, check=hostile)
     values["smbios"]["manufacturer"] = hostile
-    path = render_to(tmp_path, values, seed=hostile)
+    path = render_to(tmp_path, values)
     tree = ast.parse(path.read_text(encoding="utf-8"))
     original = ast.parse(SCRIPT.read_text(encoding="utf-8"))
     assert [ast.dump(n) for n in tree.body if not _is_settings(n)] == [
         ast.dump(n) for n in original.body if not _is_settings(n)]
-    assert load_script(path, "hostile").SETTINGS == {key: hostile for key in script_settings(VALUES, "")}
+    assert load_script(path, "hostile").SETTINGS == {
+        **{key: hostile for key in ("domain", "scheme", "username", "check", "manufacturer")}, "rendered": True}
 
 
 def _is_settings(node: ast.stmt) -> bool:
@@ -286,6 +294,7 @@ def test_unrendered_script_refuses_a_kubevirt_vm(machine):
     assert result.status == os.EX_CONFIG
     assert "not rendered: run maas-kubevirt render" in one_line(result.stderr)
     machine.nothing_written()
+    assert not machine.result.exists()
 
 
 def test_unrendered_script_leaves_other_machines_alone(machine):
@@ -293,6 +302,15 @@ def test_unrendered_script_leaves_other_machines_alone(machine):
     result = machine.run(SCRIPT)
     assert result.status == 0 and result.stderr == ""
     machine.nothing_written()
+    assert machine.skipped()
+
+
+def test_script_carries_no_password_rule():
+    """MAAS serves the script to anyone: it computes no password, whatever the seed."""
+    module = load_script()
+    assert not any("password" in name and callable(getattr(module, name)) for name in dir(module))
+    assert "hashlib" not in module.__dict__ and "sha256" not in SCRIPT.read_text(encoding="utf-8")
+    assert module.PLACEHOLDER_PASSWORD == identity.PLACEHOLDER_PASSWORD
 
 
 # --- KubeVirt VMs that are ours ------------------------------------------------------------
@@ -304,9 +322,16 @@ def test_kubevirt_vm_gets_redfish_power(machine, rendered):
     assert result.status == 0, result.output
     assert machine.written() == expected_config("web1.vms")
     assert machine.written()["power_address"] == "https://web1.vms.bmc.example.com"
+    assert machine.written()["power_pass"] == identity.PLACEHOLDER_PASSWORD
     assert "https://web1.vms.bmc.example.com" in one_line(result.stdout)
+    assert "placeholder password" in result.stdout
     assert result.stderr == ""
     assert dmidecode_calls(machine.bin) == [MANUFACTURER, SERIAL]
+    assert not machine.result.exists()  # configured, not skipped: MAAS shows Passed
+
+
+def test_placeholder_can_never_be_a_derived_password():
+    assert identity.PLACEHOLDER_PASSWORD and not re.fullmatch(r"[0-9a-f]{32}", identity.PLACEHOLDER_PASSWORD)
 
 
 def test_file_format_is_json_quoted_yaml(machine, rendered):
@@ -328,13 +353,10 @@ def test_dotted_vm_name_splits_on_the_last_dot(machine, rendered):
 
 def test_site_values_reach_the_file(machine, tmp_path):
     values = values_with(domain="lab.example.org", scheme="http", username="redfish.admin", manufacturer="Acme Cloud")
-    script = render_to(tmp_path, values, seed="another-site-seed-0123456789")
-    machine.secrets.append("another-site-seed-0123456789")
+    script = render_to(tmp_path, values)
     machine.smbios("Acme Cloud", "db-0.prod")
-    machine.secrets.append(password("db-0.prod", "another-site-seed-0123456789"))
     assert machine.run(script).status == 0
-    assert machine.written() == expected_config(
-        "db-0.prod", scheme="http", domain="lab.example.org", user="redfish.admin", seed="another-site-seed-0123456789")
+    assert machine.written() == expected_config("db-0.prod", scheme="http", domain="lab.example.org", user="redfish.admin")
 
 
 def test_whitespace_around_values_is_not_part_of_them(machine, rendered):
@@ -391,6 +413,7 @@ def test_kubevirt_vm_without_our_serial_is_left_alone(machine, rendered, serial,
     assert "nothing to do" in one_line(result.stdout)
     assert "serial" in result.stdout
     machine.nothing_written()
+    assert machine.skipped()
 
 
 def test_bare_uuid_says_what_it_is(machine, rendered):
@@ -407,6 +430,7 @@ def test_real_vendors_are_left_alone(machine, rendered, vendor, serial):
     assert f"system manufacturer is {ascii(vendor)}" in one_line(result.stdout)
     assert dmidecode_calls(machine.bin) == [MANUFACTURER]  # the serial is not even read
     machine.nothing_written()
+    assert machine.skipped()
 
 
 def test_manufacturer_is_matched_exactly(machine, rendered):
@@ -414,6 +438,15 @@ def test_manufacturer_is_matched_exactly(machine, rendered):
     result = machine.run(rendered)
     assert result.status == 0 and "not a KubeVirt VM" in result.stdout
     machine.nothing_written()
+
+
+def test_configured_manufacturer_with_surrounding_spaces_still_matches(machine, tmp_path):
+    """A values file may quote the manufacturer with spaces around it; the SMBIOS string has none."""
+    script = render_to(tmp_path, values_with(manufacturer="  KubeVirt \t"))
+    machine.smbios("KubeVirt", "web1.vms")
+    result = machine.run(script)
+    assert result.status == 0, result.output
+    assert machine.written() == expected_config("web1.vms")
 
 
 def test_existing_bmc_config_is_left_untouched(machine, rendered):
@@ -425,17 +458,72 @@ def test_existing_bmc_config_is_left_untouched(machine, rendered):
     assert machine.config.read_text() == "power_type: ipmi\npower_address: 10.0.0.9\n"
     assert machine.config.stat().st_mtime == 1_000_000_000
     assert dmidecode_calls(machine.bin) == []
+    assert machine.skipped()
+
+
+def test_dangling_symlink_at_bmc_config_path_is_left_alone(machine, rendered):
+    """Something put a link there: neither follow it (creating its target) nor replace it."""
+    machine.smbios("KubeVirt", "web1.vms")
+    target = machine.maas / "elsewhere" / "target.yaml"
+    machine.config.symlink_to(target)
+    result = machine.run(rendered)
+    assert result.status == 0 and "already exists" in one_line(result.stdout)
+    assert machine.config.is_symlink() and os.readlink(machine.config) == str(target)
+    assert not os.path.lexists(target) and sorted(os.listdir(machine.maas)) == [machine.config.name]
+    assert machine.skipped()
+
+
+# --- No SMBIOS at all (ppc64el, s390x): not ours -------------------------------------------
+
+
+def test_machine_without_smbios_is_left_alone(machine, rendered):
+    assert not machine.sysfs.exists() and shutil.which("dmidecode", path=machine.path) is None
+    result = machine.run(rendered)
+    assert result.status == 0, result.output
+    assert "no SMBIOS on this machine" in one_line(result.stdout) and result.stderr == ""
+    machine.nothing_written()
+    assert machine.skipped()
+
+
+# --- RESULT_PATH: Skipped, as MAAS's built-in bmc-config reports it -------------------------
+
+
+def test_skipped_result_is_what_the_builtin_bmc_config_writes(machine, rendered):
+    machine.smbios("Dell Inc.", "8XK2Q53")
+    assert machine.run(rendered).status == 0
+    assert yaml.safe_load(machine.result.read_text(encoding="utf-8")) == {"status": "skipped"}
+    assert machine.result.read_text(encoding="utf-8") == "status: skipped\n"
+    assert os.listdir(machine.out) == [machine.result.name]  # no temporary file left
+
+
+def test_without_result_path_nothing_is_recorded(machine, rendered):
+    machine.smbios("Dell Inc.", "8XK2Q53")
+    result = machine.run(rendered, env={"RESULT_PATH": None})
+    assert result.status == 0 and result.stderr == ""
+    assert os.listdir(machine.out) == []
+
+
+def test_unwritable_result_path_still_leaves_the_machine_alone(machine, rendered):
+    machine.smbios("Dell Inc.", "8XK2Q53")
+    missing = machine.out / "no-such-directory" / "result.yaml"
+    result = machine.run(rendered, env={"RESULT_PATH": str(missing)})
+    assert result.status == 0 and result.stderr == ""
+    assert "nothing to do (RESULT_PATH" in one_line(result.stdout) and "not written" in result.stdout
+    assert not missing.parent.exists()
 
 
 # --- Ours but cannot be configured: non-zero with the reason ------------------------------
 
 
-def test_bmc_config_path_unset_means_the_tag_is_missing(machine, rendered):
+def test_bmc_config_path_unset_means_not_maas_commissioning(machine, rendered):
     machine.smbios("KubeVirt", "web1.vms")
     result = machine.run(rendered, bmc_config_path=None)
     assert result.status == os.EX_USAGE
-    assert "BMC_CONFIG_PATH is not set" in one_line(result.stderr) and "bmc-config tag" in result.stderr
+    assert "BMC_CONFIG_PATH is not set" in one_line(result.stderr)
+    assert "every commissioning script with parallel: disabled" in result.stderr
+    assert metadata(SCRIPT.read_text(encoding="utf-8"))["parallel"] == "disabled"  # which is this one
     machine.nothing_written()
+    assert not machine.result.exists()
 
 
 def test_bmc_config_path_unset_on_another_machine_is_fine(machine, rendered):
@@ -470,12 +558,47 @@ def test_failed_rename_leaves_no_temporary_file(machine, rendered, monkeypatch):
     machine.nothing_written()
 
 
+def test_temporary_file_is_created_beside_the_target(machine, rendered, monkeypatch):
+    """The rename is atomic only within one file system: the temporary file must be beside
+    BMC_CONFIG_PATH, not in $TMPDIR (which may be the same file system by accident)."""
+    machine.smbios("KubeVirt", "web1.vms")
+    module = load_script(rendered, "rendered_beside")
+    renames = []
+    real_replace = os.replace
+
+    def spy(source, destination):
+        renames.append((Path(source), Path(destination)))
+        real_replace(source, destination)
+
+    monkeypatch.setattr(module.os, "replace", spy)
+    assert machine.run_inprocess(module, monkeypatch).status == 0
+    [(source, destination)] = renames
+    assert destination == machine.config
+    assert source.parent == machine.config.parent and source.name.startswith(".bmc-config.")
+    assert machine.written() == expected_config("web1.vms")
+
+
 def test_file_that_does_not_read_back_is_an_error(machine, rendered, monkeypatch):
     machine.smbios("KubeVirt", "web1.vms")
     module = load_script(rendered, "rendered_readback")
     monkeypatch.setattr(module, "config_text", lambda config: 'power_type: "redfish"\n')
     result = machine.run_inprocess(module, monkeypatch)
     assert result.status == os.EX_IOERR and "does not read back" in result.stderr
+
+
+@pytest.mark.parametrize("error", [OSError(5, "Input/output error"), ValueError("unexpected line"),
+                                   UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")])
+def test_read_back_that_raises_is_not_success(machine, rendered, monkeypatch, error):
+    machine.smbios("KubeVirt", "web1.vms")
+    module = load_script(rendered, "rendered_readback_raises")
+
+    def fail(path):
+        raise error
+
+    monkeypatch.setattr(module, "read_config", fail)
+    result = machine.run_inprocess(module, monkeypatch)
+    assert result.status == os.EX_IOERR and "does not read back" in one_line(result.stderr)
+    assert result.stdout == "" and not machine.result.exists()
 
 
 def test_longer_host_than_dns_allows_is_reported(machine, rendered):
@@ -489,6 +612,7 @@ def test_longer_host_than_dns_allows_is_reported(machine, rendered):
 
 @pytest.mark.parametrize("dmidecode", [None, FAIL, HANG])
 def test_dmidecode_and_sysfs_both_unavailable(machine, rendered, monkeypatch, dmidecode):
+    machine.sysfs.mkdir()  # the kernel has DMI, but the attributes cannot be read
     if dmidecode is not None:
         install_dmidecode(machine.bin, dmidecode, dmidecode)
     if dmidecode == HANG:  # in-process, with a short timeout, so the test does not wait 10 s
@@ -501,8 +625,43 @@ def test_dmidecode_and_sysfs_both_unavailable(machine, rendered, monkeypatch, dm
     reason = {None: "dmidecode not found", FAIL: "exited with status 1", HANG: "timed out after 0.5 s"}[dmidecode]
     assert reason in one_line(result.stderr) and "sysfs" in result.stderr
     machine.nothing_written()
+    assert not machine.result.exists()
 
 
+def test_dmidecode_failing_without_dmi_in_sysfs_is_not_taken_for_no_smbios(machine, rendered):
+    """dmidecode is there (x86, arm64) but cannot read: the machine may well be ours."""
+    install_dmidecode(machine.bin, FAIL, FAIL)
+    result = machine.run(rendered)
+    assert result.status == os.EX_UNAVAILABLE
+    assert "cannot read the SMBIOS system manufacturer" in one_line(result.stderr)
+
+
+def test_dmidecode_is_read_at_most_64_kib(rendered):
+    module = load_script(rendered, "rendered_bounded")
+    printing = [sys.executable, "-c", "import sys; sys.stdout.buffer.write(b'a' * int(sys.argv[1]))"]
+    output, why = module.run_command([*printing, str(64 * 1024)])
+    assert why is None and output == b"a" * 65536
+    output, why = module.run_command([*printing, str(64 * 1024 + 1)])
+    assert output is None and why.endswith("printed more than 65536 bytes")
+
+
+def test_dmidecode_that_never_stops_printing_is_cut_short(machine, rendered):
+    """A flood is refused after 64 KiB, long before the 10 s timeout; sysfs then decides alone."""
+    machine.smbios("KubeVirt", "web1.vms", dmidecode=False)
+    install_dmidecode(machine.bin, FLOOD, FLOOD)
+    started = time.monotonic()
+    result = machine.run(rendered)
+    assert time.monotonic() - started < 5
+    assert result.status == 0, result.output
+    assert machine.written() == expected_config("web1.vms")
+
+
+def test_flood_alone_is_reported_not_waited_for(machine, rendered):
+    machine.sysfs.mkdir()
+    install_dmidecode(machine.bin, FLOOD, FLOOD)
+    result = machine.run(rendered)
+    assert result.status == os.EX_UNAVAILABLE
+    assert "dmidecode printed more than 65536 bytes" in one_line(result.stderr)
 @pytest.mark.parametrize("dmidecode", ["absent", FAIL, HANG])
 def test_sysfs_alone_is_enough(machine, rendered, monkeypatch, dmidecode):
     machine.smbios("KubeVirt", "web1.vms", dmidecode=False)
@@ -570,15 +729,52 @@ def test_sources_that_disagree_on_another_vendor_are_not_ours(machine, rendered)
     result = machine.run(rendered)
     assert result.status == 0 and "'Dell Inc.'" in result.stdout and "'HPE'" in result.stdout
     machine.nothing_written()
+    assert machine.skipped()
+
+
+# --- SMBIOS text in messages: escaped and short --------------------------------------------
+
+
+@pytest.mark.parametrize("raw", [
+    b"\x1b[2J\x1b]0;owned\x07Evil\x9b31m" + b"x" * 5000 + b"\n",
+    "\u202eKubeVirt\u2028\u0000".encode("utf-8") * 300 + b"\n",
+])
+def test_echoed_manufacturer_is_escaped_and_shortened(machine, rendered, raw):
+    machine.smbios(raw, "web1.vms", sysfs_vendor=raw)
+    result = machine.run(rendered)  # run checks the output is printable ASCII
+    assert result.status == 0
+    line = one_line(result.stdout)
+    shown_length = len(raw.decode("utf-8", "replace").strip())
+    assert f"({shown_length} characters)" in line
+    assert len(line) < 400
+
+
+def test_echoed_serial_is_escaped_and_shortened(machine, rendered):
+    serial = "\x1b[31m" + "w" * 300 + ".vms"
+    machine.smbios("KubeVirt", serial.encode("utf-8") + b"\n", sysfs_serial=serial)
+    result = machine.run(rendered)
+    assert result.status == 0
+    line = one_line(result.stdout)
+    assert "'\\x1b[31mwww" in line and f"({len(serial)} characters)" in line
+    assert "w" * 100 not in line
+
+
+def test_disagreeing_sources_are_escaped_and_shortened(machine, rendered):
+    machine.smbios("KubeVirt", "web1.vms", sysfs_serial="\x07" + "s" * 200)
+    result = machine.run(rendered)
+    assert result.status == os.EX_DATAERR
+    line = one_line(result.stderr)
+    assert "'\\x07sss" in line and "(201 characters)" in line and "s" * 100 not in line
 
 
 def test_invalid_settings_are_a_configuration_error(machine, monkeypatch):
     machine.smbios("KubeVirt", "web1.vms")
     module = load_script()
-    monkeypatch.setattr(module, "SETTINGS", {**module.SETTINGS, "check": "sometimes", "domain": "x", "seed": SEED})
+    monkeypatch.setattr(module, "SETTINGS", {**module.SETTINGS, "check": "sometimes", "domain": "x", "rendered": "yes"})
     result = machine.run_inprocess(module, monkeypatch)
     assert result.status == os.EX_CONFIG
     assert "check is not off, advisory or strict" in result.stderr and "domain" in result.stderr
+    assert "rendered is not True or False" in one_line(result.stderr)
     machine.nothing_written()
 
 
@@ -640,28 +836,29 @@ def test_without_pyudev_the_files_are_read(machine, rendered, monkeypatch):
 
 
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt, MemoryError])
-def test_unexpected_errors_never_show_the_password_or_seed(machine, rendered, monkeypatch, error):
+def test_unexpected_errors_show_only_their_kind(machine, rendered, monkeypatch, error):
     machine.smbios("KubeVirt", "web1.vms")
     module = load_script(rendered, "rendered_crash")
 
     def crash(path, config):
-        raise error(f"{config['power_pass']} {module.SETTINGS['seed']} {config}")
+        raise error(f"{config['power_pass']} \x1b[2J {config}")
 
     monkeypatch.setattr(module, "write_config", crash)
-    result = machine.run_inprocess(module, monkeypatch)
+    result = machine.run_inprocess(module, monkeypatch)  # checks: no power_pass, no escape sequence
     assert result.status == os.EX_SOFTWARE
     assert f"unexpected {error.__name__} at line" in one_line(result.stderr)
     assert result.stdout == ""
 
 
-def test_no_output_path_shows_a_secret(tmp_path):
-    """Every outcome of the subprocess runs above is checked by Machine.run; this one checks the checker."""
-    machine = Machine(tmp_path)
-    machine.smbios("KubeVirt", "web1.vms")
+def test_output_checker_catches_a_password_and_raw_control_characters():
+    """Every run above goes through Machine.check_output; this checks the checker."""
     with pytest.raises(AssertionError):
-        machine.assert_no_secrets(Run(0, f"oops {password('web1.vms')}", ""))
+        Machine.check_output(Run(0, f"oops {identity.PLACEHOLDER_PASSWORD}\n", ""))
     with pytest.raises(AssertionError):
-        machine.assert_no_secrets(Run(1, "", SEED))
+        Machine.check_output(Run(0, "system manufacturer is \x1b[2J\n", ""))
+    with pytest.raises(AssertionError):
+        Machine.check_output(Run(0, "", "caf\u00e9\n"))
+    Machine.check_output(Run(0, "two\nlines\n", "'\\x1b'\n"))
 
 
 # --- The optional Redfish check -----------------------------------------------------------
@@ -740,19 +937,19 @@ def test_check_that_passes_writes(machine, tmp_path, monkeypatch, bmc, check):
     assert asked == [("web1.vms.bmc.example.com", 80)]
     assert machine.written() == expected_config("web1.vms", scheme="http")
     [request] = double.requests
-    assert request["path"] == "/redfish/v1/Systems/1"
+    assert request["path"] == "/redfish/v1/"  # the service root, public in Redfish and kubevirtBMC
     assert request["host"] == "web1.vms.bmc.example.com"
-    assert base64.b64decode(request["authorization"].split()[1]).decode() == f"maas:{password('web1.vms')}"
+    assert "authorization" not in request  # the script has no credential to send
 
 
 @pytest.mark.parametrize("check, status", [("advisory", 0), ("strict", os.EX_UNAVAILABLE)])
-def test_check_with_refused_credentials(machine, tmp_path, monkeypatch, bmc, check, status):
-    double = bmc(401)
+def test_check_refused_by_the_allowlist(machine, tmp_path, monkeypatch, bmc, check, status):
+    double = bmc(403)
     machine.smbios("KubeVirt", "web1.vms")
     module, _ = checking_script(tmp_path, check, port=double.port)
     result = machine.run_inprocess(module, monkeypatch)
     assert result.status == status
-    assert "answered 401 (credentials refused" in result.stdout
+    assert "answered 403 (refused: does ingress.source_ranges admit this machine?)" in result.stdout
     if check == "strict":
         assert "check is strict" in one_line(result.stderr)
         machine.nothing_written()
@@ -842,5 +1039,5 @@ def test_advisory_check_as_maas_runs_it(machine, tmp_path):
     result = machine.run(script)
     assert time.monotonic() - started < 10
     assert result.status == 0, result.output
-    assert result.stdout.startswith("Redfish check: https://web1.vms.bmc.invalid/redfish/v1/Systems/1: ")
+    assert result.stdout.startswith("Redfish check: https://web1.vms.bmc.invalid/redfish/v1/: ")
     assert machine.written() == expected_config("web1.vms", domain="bmc.invalid")

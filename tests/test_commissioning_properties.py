@@ -1,10 +1,16 @@
 """Properties of the commissioning script, in-process so the CI profile's examples run fast.
 
-1. Its copy of the identity rules equals maas_kubevirt.identity for arbitrary text.
+1. Its copy of the identity rules equals maas_kubevirt.identity for arbitrary text, and its
+   placeholder password is identity.PLACEHOLDER_PASSWORD.
 2. For any SMBIOS serial and any values it writes a file that parses (yaml.safe_load) to
-   exactly the five keys with the right values, or writes nothing; and when everything is
-   in order it does write.
+   exactly the five keys with the right values (the placeholder the only password), or
+   writes nothing and, when it exits 0, records Skipped; and when everything is in order it
+   does write. Whatever it prints is one line of printable ASCII that never contains the
+   password it writes nor a long SMBIOS string whole.
 3. render_commissioning injects any text as a literal and changes nothing else.
+
+Guarded assertions count how often their branch ran, and the test fails when that share is
+too small to prove anything (tests/test_commissioning_properties.py, `Share`).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import os
 import re
 import stat
 import tempfile
+from collections import Counter
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from unittest import mock
@@ -25,7 +32,7 @@ from hypothesis import strategies as st
 
 from maas_kubevirt import identity
 from maas_kubevirt.render import render_commissioning, script_settings
-from test_commissioning import SCRIPT, VALUES, load_script
+from test_commissioning import SCRIPT, SKIPPED, VALUES, load_script
 
 CI = os.environ.get("HYPOTHESIS_PROFILE") == "ci"
 # The main property runs at least 10,000 examples under the ci profile (DESIGN.md section 7).
@@ -34,7 +41,6 @@ MANY = max(10_000, settings.default.max_examples) if CI else settings.default.ma
 script = load_script(SCRIPT, "kubevirt_bmc_config_properties")
 # Each example writes into a fresh directory: on tmpfs when there is one, where fsync costs nothing.
 SCRATCH = "/dev/shm" if os.access("/dev/shm", os.W_OK | os.X_OK) else None
-SCRIPT_TEXT = SCRIPT.read_text(encoding="utf-8")
 
 # --- Strategies: arbitrary text, plus text shaped like the names so the valid side is reached ---
 
@@ -59,7 +65,23 @@ domain = st.one_of(
     st.integers(230, 252).map(lambda n: ("d" * 60 + ".") * (n // 61) + "com"),
     st.text(max_size=40),
 )
-seed = st.one_of(st.just(""), st.text(max_size=40), st.text(alphabet="0123456789abcdef", min_size=32, max_size=64))
+
+
+class Share:
+    """Counts how many examples reached each guarded branch, to prove the guarded assertions ran."""
+
+    def __init__(self):
+        self.counts = Counter()
+
+    def __call__(self, branch: str) -> None:
+        self.counts[branch] += 1
+        event(branch)
+
+    def at_least(self, branch: str, share: float) -> None:
+        examples = self.counts["example"]
+        assert examples > 0 and self.counts[branch] >= share * examples, (
+            f"{branch!r} ran in {self.counts[branch]} of {examples} examples, fewer than {share:.0%}: "
+            "the assertions guarded by it prove too little")
 
 
 def outcome(rule, errors, *args):
@@ -95,10 +117,9 @@ def test_redfish_host_agrees(vm, namespace, text):
         identity.redfish_host, identity.IdentityError, vm, namespace, text)
 
 
-@given(seed, serial)
-def test_bmc_password_agrees(secret, text):
-    assert outcome(script.bmc_password, ValueError, secret, text) == outcome(
-        identity.bmc_password, identity.IdentityError, secret, text)
+def test_placeholder_password_agrees_and_no_password_rule_is_left():
+    assert script.PLACEHOLDER_PASSWORD == identity.PLACEHOLDER_PASSWORD
+    assert not hasattr(script, "bmc_password")  # the password rule lives only on the MAAS host and in the cluster
 
 
 # --- 2. Any serial, any values: exactly the five right keys, or nothing ----------------------
@@ -124,8 +145,8 @@ GOOD = {
     "scheme": st.sampled_from(["https", "http"]),
     "username": st.one_of(st.just("maas"), st.from_regex(USERNAME, fullmatch=True)),
     "check": st.sampled_from(["off", "advisory", "strict"]),
-    "manufacturer": st.sampled_from(["KubeVirt", "Acme Cloud", "ünïcødé VMs"]),
-    "seed": st.one_of(st.text(alphabet="0123456789abcdef", min_size=32, max_size=64), st.text(min_size=1)),
+    "manufacturer": st.sampled_from(["KubeVirt", "Acme Cloud", "ünïcødé VMs", " KubeVirt\t"]),
+    "rendered": st.just(True),
 }
 ANY = {
     "domain": domain,
@@ -133,10 +154,16 @@ ANY = {
     "username": st.text(max_size=70),
     "check": st.text(max_size=6),
     "manufacturer": st.text(max_size=20),
-    "seed": seed,
+    "rendered": st.one_of(st.booleans(), st.none(), st.text(max_size=3)),
 }
-REPORTED = st.one_of(st.sampled_from(VENDOR_NAMES), st.text(max_size=20))
-OTHER_SYSFS = st.fixed_dictionaries({"sys_vendor": st.text(max_size=20), "product_serial": serial})
+# SMBIOS text that a message could echo: control characters, non-ASCII, and longer than it may show.
+HOSTILE_TEXT = st.one_of(
+    st.text(max_size=20),
+    st.text(alphabet=st.characters(codec="utf-8"), min_size=65, max_size=200),
+    st.builds(lambda n, c: c * n, st.integers(65, 300), st.sampled_from(["\x1b", "\u202e", "\x9b", "a", "é"])),
+)
+REPORTED = st.one_of(st.sampled_from(VENDOR_NAMES), HOSTILE_TEXT)
+OTHER_SYSFS = st.fixed_dictionaries({"sys_vendor": HOSTILE_TEXT, "product_serial": st.one_of(serial, HOSTILE_TEXT)})
 
 
 def framed(framing: bytes | None, text: str) -> bytes | None:
@@ -148,7 +175,7 @@ def machines(draw):
     broken = not draw(USUALLY)  # some settings anything at all, or every one of them usable
     values = {key: draw(ANY[key] if broken and draw(st.booleans()) else GOOD[key]) for key in GOOD}
     manufacturer = values["manufacturer"] if draw(USUALLY) else draw(REPORTED)
-    the_serial = draw(GOOD_SERIAL if draw(USUALLY) else serial)
+    the_serial = draw(GOOD_SERIAL if draw(USUALLY) else st.one_of(serial, HOSTILE_TEXT))
     sysfs = draw(st.sampled_from(["absent", "same", "same", "other"]))
     return {
         "settings": values,
@@ -163,17 +190,16 @@ def machines(draw):
         "check_ok": draw(st.booleans()),
         "existing": draw(st.sampled_from([False] * 9 + [True])),
         "bmc_config_path": draw(st.sampled_from([True] * 9 + [False])),
+        # No DMI directory and no dmidecode (ppc64el, s390x): only when neither source can read.
+        "no_smbios": draw(st.booleans()),
     }
 
 
-def shown_anyway(machine: dict) -> str:
-    """Everything the script may print that is not a secret (a test input may contain the seed)."""
-    return repr(machine) + ascii(machine) + machine["settings"]["domain"].lower() + SCRIPT_TEXT
-
-
 def run(machine: dict, directory: Path):
-    """main() against the faked machine; (status, stdout, stderr, config path)."""
+    """main() against the faked machine; (status, stdout, stderr, config path, result path)."""
     config = directory / "bmc-config.yaml"
+    result = directory / "out" / "result.yaml"
+    result.parent.mkdir()
     if machine["existing"]:
         config.write_text("power_type: ipmi\n")
 
@@ -187,16 +213,22 @@ def run(machine: dict, directory: Path):
         source = machine["stamped"] if machine["sysfs"] == "same" else machine["sysfs_other"]
         return script._text(source[attribute].encode("utf-8")), None
 
-    def redfish_check(url, host, username, password):
+    def redfish_check(url, host):
         return machine["check_ok"], "Redfish check: (faked)"
 
-    environ = {"BMC_CONFIG_PATH": str(config)} if machine["bmc_config_path"] else {}
+    def smbios_absent():
+        return machine["no_smbios"] and machine["sysfs"] == "absent" and all(
+            output is None for output in machine["dmidecode"].values())
+
+    environ = {"RESULT_PATH": str(result)}
+    if machine["bmc_config_path"]:
+        environ["BMC_CONFIG_PATH"] = str(config)
     stdout, stderr = io.StringIO(), io.StringIO()
     with mock.patch.multiple(script, SETTINGS=machine["settings"], run_command=run_command,
-                             read_sysfs=read_sysfs, redfish_check=redfish_check), \
+                             read_sysfs=read_sysfs, redfish_check=redfish_check, smbios_absent=smbios_absent), \
             redirect_stdout(stdout), redirect_stderr(stderr):
         status = script.main(environ)
-    return status, stdout.getvalue(), stderr.getvalue(), config
+    return status, stdout.getvalue(), stderr.getvalue(), config, result
 
 
 def seen(machine: dict, keyword: str, attribute: str) -> str | None:
@@ -224,66 +256,109 @@ def in_order(machine: dict) -> bool:
     except identity.IdentityError:
         return False
     return (
-        bool(values["seed"]) and bool(values["manufacturer"].strip())
+        values["rendered"] is True and bool(values["manufacturer"].strip())
         and values["scheme"] in ("https", "http") and USERNAME.fullmatch(values["username"]) is not None
         and (values["check"] in ("off", "advisory") or (values["check"] == "strict" and machine["check_ok"]))
         and machine["bmc_config_path"] and not machine["existing"]
     )
 
 
+def smbios_texts(machine: dict) -> list[str]:
+    """Every SMBIOS string the faked machine shows the script, as the script reads it."""
+    texts = [script.parse_dmidecode(output) for output in machine["dmidecode"].values() if output is not None]
+    return texts + [text.strip() for source in (machine["stamped"], machine["sysfs_other"]) for text in source.values()]
+
+
+def check_output(machine: dict, status: int, stdout: str, stderr: str, share: Share) -> None:
+    """One line (besides the Redfish check's report) of printable ASCII, never the password it
+    writes, never a long SMBIOS string whole."""
+    output = stdout + stderr
+    lines = output.splitlines()
+    check_line = [line for line in lines if line.startswith("Redfish check:")]
+    assert len(lines) - len(check_line) == 1, lines
+    assert (status == 0) == (stderr == "")
+    assert all(" " <= c <= "~" for c in output.replace("\n", "")), output
+    assert identity.PLACEHOLDER_PASSWORD not in output
+    long_texts = [text for text in smbios_texts(machine) if len(text) > script.SHOWN_MAX]
+    if long_texts:
+        share("long SMBIOS text")
+    for text in long_texts:
+        assert ascii(text) not in output
+        try:
+            identity.parse_serial(text)  # a valid serial is named whole in "wrote Redfish power for ..."
+        except identity.IdentityError:
+            assert text not in output
+
+
 @settings(max_examples=MANY, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-@given(machines())
-def test_writes_exactly_the_five_keys_or_nothing(machine):
+@given(machine=machines())
+def check_writes_exactly_the_five_keys_or_nothing(machine, share):
+    share("example")
     with tempfile.TemporaryDirectory(dir=SCRATCH) as directory:
-        status, stdout, stderr, config = run(machine, Path(directory))
+        status, stdout, stderr, config, result = run(machine, Path(directory))
+        check_output(machine, status, stdout, stderr, share)
+        files = sorted(os.listdir(directory))
+        if status != 0:
+            share("refused")
+            assert not result.exists()
+        elif machine["existing"] or config.name not in files:
+            share("left alone")
+            assert result.read_text(encoding="utf-8") == SKIPPED  # as MAAS's built-in bmc-config writes it
+            assert os.listdir(result.parent) == [result.name]
         if machine["existing"]:
             assert config.read_text() == "power_type: ipmi\n"  # left alone, whatever else is wrong
-            assert os.listdir(directory) == [config.name]
+            assert files == [config.name, "out"]
             return
-        files = os.listdir(directory)
-        event(f"exit {status}, {'wrote' if files else 'nothing written'}")
-        if not files:
+        event(f"exit {status}, {'wrote' if config.name in files else 'nothing written'}")
+        if config.name not in files:
+            assert files == ["out"]
             assert not in_order(machine)
             return
-        assert files == [config.name], "a temporary file was left behind"
+        share("wrote")
+        assert files == [config.name, "out"], "a temporary file was left behind"
         assert status == 0 and stderr == ""
+        assert not result.exists()  # configured: MAAS shows Passed
         assert stat.S_IMODE(config.stat().st_mode) == 0o600
         written = yaml.safe_load(config.read_text(encoding="utf-8"))
     values = machine["settings"]
     assert seen(machine, "system-manufacturer", "sys_vendor") == values["manufacturer"].strip()
     the_serial = seen(machine, "system-serial-number", "product_serial")
     vm, namespace = identity.parse_serial(the_serial)
-    password = identity.bmc_password(values["seed"], the_serial)
     assert written == {
         "power_type": "redfish",
         "power_address": f"{values['scheme']}://{identity.redfish_host(vm, namespace, values['domain'])}",
         "power_user": values["username"],
-        "power_pass": password,
+        "power_pass": identity.PLACEHOLDER_PASSWORD,  # the only password the script ever writes
         "node_id": "1",
     }
     assert in_order(machine)
-    assert password not in stdout + stderr
-    if len(values["seed"]) >= 8 and values["seed"] not in shown_anyway(machine):
-        assert values["seed"] not in stdout + stderr
+
+
+def test_writes_exactly_the_five_keys_or_nothing():
+    share = Share()
+    check_writes_exactly_the_five_keys_or_nothing(share=share)
+    share.at_least("wrote", 0.25)
+    share.at_least("left alone", 0.15)
+    share.at_least("refused", 0.15)
+    share.at_least("long SMBIOS text", 0.15)
 
 
 @settings(suppress_health_check=[HealthCheck.too_slow])
-@given(machines())
-def test_one_line_and_no_secret_on_every_path(machine):
+@given(machine=machines())
+def check_one_line_of_plain_text_on_every_path(machine, share):
+    share("example")
     with tempfile.TemporaryDirectory(dir=SCRATCH) as directory:
-        status, stdout, stderr, _ = run(machine, Path(directory))
-    lines = (stdout + stderr).splitlines()
-    check_line = [line for line in lines if line.startswith("Redfish check:")]
-    assert len(lines) - len(check_line) == 1, lines
-    assert (status == 0) == (stderr == "")
-    values = machine["settings"]
-    if len(values["seed"]) >= 8 and values["seed"] not in shown_anyway(machine):
-        assert values["seed"] not in stdout + stderr
-        for text in (machine["stamped"]["product_serial"], machine["sysfs_other"]["product_serial"]):
-            try:
-                assert identity.bmc_password(values["seed"], text.strip()) not in stdout + stderr
-            except identity.IdentityError:
-                pass
+        status, stdout, stderr, config, _ = run(machine, Path(directory))
+        if config.exists() and not machine["existing"]:
+            share("wrote")  # the password is in the file: the output must still not show it
+    check_output(machine, status, stdout, stderr, share)
+
+
+def test_one_line_of_plain_text_on_every_path():
+    share = Share()
+    check_one_line_of_plain_text_on_every_path(share=share)
+    share.at_least("wrote", 0.2)
+    share.at_least("long SMBIOS text", 0.15)
 
 
 # --- 3. Rendering injects any value as a literal -------------------------------------------
@@ -293,18 +368,18 @@ ORIGINAL_LINES = SCRIPT.read_text(encoding="utf-8").split("\n")
 
 
 @settings(max_examples=min(settings.default.max_examples, 300))  # each render parses the whole script
-@given(st.fixed_dictionaries({key: st.text() for key in ("domain", "scheme", "username", "check", "manufacturer")}),
-       st.text(min_size=1))
-def test_render_injects_any_text_as_a_literal(values, secret):
+@given(st.fixed_dictionaries({key: st.text() for key in ("domain", "scheme", "username", "check", "manufacturer")}))
+def test_render_injects_any_text_as_a_literal(values):
     given_values = {
         **VALUES,
         "redfish": {key: values[key] for key in ("domain", "scheme", "username", "check")},
         "smbios": {"manufacturer": values["manufacturer"]},
     }
-    rendered = render_commissioning(given_values, secret).split("\n")
+    rendered = render_commissioning(given_values).split("\n")
     assert len(rendered) == len(ORIGINAL_LINES)
     changed = [i for i, (old, new) in enumerate(zip(ORIGINAL_LINES, rendered)) if old != new]
-    assert changed in ([SETTINGS_INDEX], [])
+    assert changed == [SETTINGS_INDEX]  # the source tree's copy says rendered: False
     [statement] = ast.parse(rendered[SETTINGS_INDEX]).body  # the line is one whole statement
     assert isinstance(statement, ast.Assign) and statement.targets[0].id == "SETTINGS"
-    assert ast.literal_eval(statement.value) == script_settings(given_values, secret)
+    injected = ast.literal_eval(statement.value)
+    assert injected == script_settings(given_values) == {**values, "rendered": True}  # nothing else: no secret

@@ -21,22 +21,22 @@ PRIVATE_DIR, PUBLIC_DIR = 0o700, 0o755
 _SETTINGS_LINE = re.compile(r"^SETTINGS = .*# replaced by maas-kubevirt render$", re.MULTILINE)
 
 
-def script_settings(values: dict, seed: str) -> dict[str, str]:
-    """The values the commissioning script needs, as plain strings."""
+def script_settings(values: dict) -> dict[str, str | bool]:
+    """The values the commissioning script needs: no secret, since MAAS serves the script to anyone."""
     return {
         "domain": values["redfish"]["domain"],
         "scheme": values["redfish"]["scheme"],
         "username": values["redfish"]["username"],
         "check": values["redfish"]["check"],
         "manufacturer": values["smbios"]["manufacturer"],
-        "seed": seed,
+        "rendered": True,
     }
 
 
-def render_commissioning(values: dict, seed: str) -> str:
-    """The commissioning script with the values injected as Python literals."""
+def render_commissioning(values: dict) -> str:
+    """The commissioning script with the values injected as Python literals; the same whatever the seed."""
     source = (data_dir() / "commissioning" / SCRIPT_NAME).read_text(encoding="utf-8")
-    settings = script_settings(values, seed)
+    settings = script_settings(values)
     line = f"SETTINGS = {settings!r}  # replaced by maas-kubevirt render"
     rendered, count = _SETTINGS_LINE.subn(lambda _: line, source)
     if count != 1:
@@ -80,7 +80,7 @@ def render(values: dict, output: str | Path) -> list[Path]:
     output = Path(output)
     seed, new_seed_file = seeds.for_render(values, output)
     manifests = render_kubernetes(values, seed)
-    script = render_commissioning(values, seed)
+    script = render_commissioning(values)
     holds_seed = new_seed_file is not None or (output / seeds.SEED_FILE).exists()
     make_directory(output, PRIVATE_DIR if holds_seed else PUBLIC_DIR)
     make_directory(output / "commissioning", PUBLIC_DIR)
@@ -88,7 +88,7 @@ def render(values: dict, output: str | Path) -> list[Path]:
     written = []
     if new_seed_file is not None:
         write_atomic(new_seed_file, seed + "\n", mode=0o600)
-    written.append(write_atomic(output / "commissioning" / SCRIPT_NAME, script, mode=0o700))
+    written.append(write_atomic(output / "commissioning" / SCRIPT_NAME, script, mode=0o755))
     for name, text in manifests.items():
         private = name == SEED_SECRET_FILE or seed in text
         written.append(write_atomic(output / "kubernetes" / name, text, mode=0o600 if private else 0o644))
