@@ -109,11 +109,9 @@ def rendering_problem(text: str, values: dict, source: str) -> str | None:
     template = (data_dir() / "commissioning" / SCRIPT_NAME).read_text(encoding="utf-8")
     if text == template:
         return f"{source}: the unrendered commissioning script from the source tree: {render_again}"
-    # While the script carries the seed, it is the script's own: the seed is not a value.
-    seed = settings.get("seed") if isinstance(settings.get("seed"), str) else ""
-    if text == render_commissioning(values, seed):
+    if text == render_commissioning(values):
         return None
-    expected = script_settings(values, seed)
+    expected = script_settings(values)
     differing = sorted(key for key in set(expected) | set(settings) if expected.get(key) != settings.get(key))
     if differing:
         return (f"{source}: rendered from other values ({', '.join(differing)} differ from these): "
