@@ -9,8 +9,8 @@
    password it writes nor a long SMBIOS string whole.
 3. render_commissioning injects any text as a literal and changes nothing else.
 
-Guarded assertions count how often their branch ran, and the test fails when that share is
-too small to prove anything (tests/test_commissioning_properties.py, `Share`).
+Guarded assertions count how often their branch ran (tests/branches.py), and the test fails
+when that share is too small to prove anything.
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ import os
 import re
 import stat
 import tempfile
-from collections import Counter
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from unittest import mock
 
 import yaml
-from hypothesis import HealthCheck, event, example, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from branches import branch, branches_taken
 from maas_kubevirt import identity
 from maas_kubevirt.render import render_commissioning, script_settings
 from test_commissioning import SCRIPT, SKIPPED, VALUES, load_script
@@ -65,23 +65,6 @@ domain = st.one_of(
     st.integers(230, 252).map(lambda n: ("d" * 60 + ".") * (n // 61) + "com"),
     st.text(max_size=40),
 )
-
-
-class Share:
-    """Counts how many examples reached each guarded branch, to prove the guarded assertions ran."""
-
-    def __init__(self):
-        self.counts = Counter()
-
-    def __call__(self, branch: str) -> None:
-        self.counts[branch] += 1
-        event(branch)
-
-    def at_least(self, branch: str, share: float) -> None:
-        examples = self.counts["example"]
-        assert examples > 0 and self.counts[branch] >= share * examples, (
-            f"{branch!r} ran in {self.counts[branch]} of {examples} examples, fewer than {share:.0%}: "
-            "the assertions guarded by it prove too little")
 
 
 def outcome(rule, errors, *args):
@@ -269,7 +252,7 @@ def smbios_texts(machine: dict) -> list[str]:
     return texts + [text.strip() for source in (machine["stamped"], machine["sysfs_other"]) for text in source.values()]
 
 
-def check_output(machine: dict, status: int, stdout: str, stderr: str, share: Share) -> None:
+def check_output(machine: dict, status: int, stdout: str, stderr: str) -> None:
     """One line (besides the Redfish check's report) of printable ASCII, never the password it
     writes, never a long SMBIOS string whole."""
     output = stdout + stderr
@@ -280,8 +263,7 @@ def check_output(machine: dict, status: int, stdout: str, stderr: str, share: Sh
     assert all(" " <= c <= "~" for c in output.replace("\n", "")), output
     assert identity.PLACEHOLDER_PASSWORD not in output
     long_texts = [text for text in smbios_texts(machine) if len(text) > script.SHOWN_MAX]
-    if long_texts:
-        share("long SMBIOS text")
+    branch("long_smbios_text", long_texts)
     for text in long_texts:
         assert ascii(text) not in output
         try:
@@ -290,31 +272,30 @@ def check_output(machine: dict, status: int, stdout: str, stderr: str, share: Sh
             assert text not in output
 
 
+# About half of each branch's usual share (wrote 0.4, left alone 0.2, refused 0.4, long 0.4),
+# so that a strategy change that starves a branch fails the test, and chance does not.
+@branches_taken(wrote=0.2, left_alone=0.08, refused=0.15, long_smbios_text=0.2)
 @settings(max_examples=MANY, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(machine=machines())
-def check_writes_exactly_the_five_keys_or_nothing(machine, share):
-    share("example")
+def test_writes_exactly_the_five_keys_or_nothing(machine):
     with tempfile.TemporaryDirectory(dir=SCRATCH) as directory:
         status, stdout, stderr, config, result = run(machine, Path(directory))
-        check_output(machine, status, stdout, stderr, share)
+        check_output(machine, status, stdout, stderr)
         files = sorted(os.listdir(directory))
-        if status != 0:
-            share("refused")
+        wrote = branch("wrote", config.name in files and not machine["existing"])
+        if branch("refused", status != 0):
             assert not result.exists()
-        elif machine["existing"] or config.name not in files:
-            share("left alone")
+        if branch("left_alone", status == 0 and not wrote):
             assert result.read_text(encoding="utf-8") == SKIPPED  # as MAAS's built-in bmc-config writes it
             assert os.listdir(result.parent) == [result.name]
         if machine["existing"]:
             assert config.read_text() == "power_type: ipmi\n"  # left alone, whatever else is wrong
             assert files == [config.name, "out"]
             return
-        event(f"exit {status}, {'wrote' if config.name in files else 'nothing written'}")
-        if config.name not in files:
+        if not wrote:
             assert files == ["out"]
             assert not in_order(machine)
             return
-        share("wrote")
         assert files == [config.name, "out"], "a temporary file was left behind"
         assert status == 0 and stderr == ""
         assert not result.exists()  # configured: MAAS shows Passed
@@ -334,31 +315,15 @@ def check_writes_exactly_the_five_keys_or_nothing(machine, share):
     assert in_order(machine)
 
 
-def test_writes_exactly_the_five_keys_or_nothing():
-    share = Share()
-    check_writes_exactly_the_five_keys_or_nothing(share=share)
-    share.at_least("wrote", 0.25)
-    share.at_least("left alone", 0.15)
-    share.at_least("refused", 0.15)
-    share.at_least("long SMBIOS text", 0.15)
-
-
-@settings(suppress_health_check=[HealthCheck.too_slow])
+@branches_taken(wrote=0.15, long_smbios_text=0.2)  # as above, about half the usual share
+@settings(max_examples=settings.default.max_examples * 3, suppress_health_check=[HealthCheck.too_slow])
 @given(machine=machines())
-def check_one_line_of_plain_text_on_every_path(machine, share):
-    share("example")
+def test_one_line_of_plain_text_on_every_path(machine):
     with tempfile.TemporaryDirectory(dir=SCRATCH) as directory:
         status, stdout, stderr, config, _ = run(machine, Path(directory))
-        if config.exists() and not machine["existing"]:
-            share("wrote")  # the password is in the file: the output must still not show it
-    check_output(machine, status, stdout, stderr, share)
-
-
-def test_one_line_of_plain_text_on_every_path():
-    share = Share()
-    check_one_line_of_plain_text_on_every_path(share=share)
-    share.at_least("wrote", 0.2)
-    share.at_least("long SMBIOS text", 0.15)
+        # When the password is in the file, the output must still not show it.
+        branch("wrote", config.exists() and not machine["existing"])
+    check_output(machine, status, stdout, stderr)
 
 
 # --- 3. Rendering injects any value as a literal -------------------------------------------
