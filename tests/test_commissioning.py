@@ -574,7 +574,7 @@ def test_temporary_file_is_created_beside_the_target(machine, rendered, monkeypa
     assert machine.run_inprocess(module, monkeypatch).status == 0
     [(source, destination)] = renames
     assert destination == machine.config
-    assert source.parent == machine.config.parent and source.name.startswith(".bmc-config.")
+    assert source.parent == machine.config.parent and source.name.startswith(f".{machine.config.name}.")
     assert machine.written() == expected_config("web1.vms")
 
 
