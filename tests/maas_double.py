@@ -19,6 +19,18 @@ left empty is refused. ``op=commission`` records ``skip_bmc_config`` (read like 
 BooleanField, as src/maasserver/forms/ephemeral.py CommissionForm does); without it, a KubeVirt
 VM's bmc-config script runs again and writes the placeholder password back.
 
+Machine objects weigh what they weigh in MAAS: every field of ``DISPLAYED_MACHINE_FIELDS``
+(src/maasserver/api/machines.py) with interfaces, VLANs, subnets, block devices, partitions
+and NUMA nodes (``maas_objects.py``), each machine's JSON cached until it changes.
+
+The event log (GET events/?op=query, src/maasserver/api/events.py) records what MAAS records:
+a "Node changed status" event (DEBUG) for every status transition, enlistment included, the
+commissioning request events, and an audited "Node" event for UI node actions; API edits of
+hostname, pool or power parameters record nothing, as in MAAS. ``after``, ``before``,
+``limit`` (default 100, at most 1,000), ``level`` (default INFO; AUDIT alone or everything at
+or above the level, AUDIT excluded) and the node filters behave as MAAS's handler does; events
+of deleted machines are detached and no longer returned; ``prune_events`` drops the oldest.
+
 It counts requests and injects faults into the next matching requests: "503" (Retry-After:
 10, as MAAS sends), "409" (Retry-After: 5: MAAS ran out of database retries), "500", "hang"
 (past the client's timeout, then the connection is dropped), "reset" (TCP RST), "malformed" (a
@@ -29,7 +41,8 @@ MAAS might: a client must not pass it on unscrubbed).
 ``extra_records`` are appended, as they are, to every machines/ list.
 
 Run as a program (`python tests/maas_double.py --machines 1000`) it serves until killed and
-prints its URL; GET /_double/stats (not counted, no auth) returns the request counts.
+prints its URL; GET /_double/stats (not counted, no auth) returns the request counts and
+the bytes received and sent, and GET /_double/advance finishes every commissioning.
 """
 
 from __future__ import annotations
@@ -51,7 +64,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlencode, urlsplit
+
+from maas_objects import machine_fields, machine_heavy_fields  # tests/ is on sys.path whenever this module is
 
 import yaml
 
@@ -68,6 +83,21 @@ STATUS = {
     "Failed to enter rescue mode": 18, "Exiting rescue mode": 19, "Failed to exit rescue mode": 20,
     "Testing": 21, "Failed testing": 22,
 }
+# Event levels (src/maasserver/models/eventtype.py; AUDIT is 0, src/maascommon/events.py).
+LEVELS = {"AUDIT": 0, "DEBUG": 10, "INFO": 20, "WARNING": 30, "ERROR": 40, "CRITICAL": 50}
+# Event types the double records: name -> (description, level), from src/maascommon/events.py.
+EVENT_TYPES = {
+    "NODE_CHANGED_STATUS": ("Node changed status", "DEBUG"),
+    "REQUEST_NODE_START_COMMISSIONING": ("User starting node commissioning", "DEBUG"),
+    "COMMISSIONING": ("Commissioning", "INFO"),
+    "NODE_POWERED_ON": ("Node powered on", "DEBUG"),
+    "NODE_POWERED_OFF": ("Node powered off", "DEBUG"),
+    "NODE_PXE_REQUEST": ("PXE Request", "DEBUG"),
+    "NODE_HTTP_REQUEST": ("HTTP Request", "DEBUG"),
+    "NODE": ("Node", "AUDIT"),
+}
+MAX_EVENT_LOG_COUNT = 1000
+DEFAULT_EVENT_LOG_LIMIT = 100
 COMMISSION_FROM = ("New", "Failed commissioning", "Ready", "Broken")
 # Each power type's parameters, and which are required: the drivers' settings in
 # src/provisioningserver/drivers/power/redfish.py and ipmi.py.
@@ -128,17 +158,44 @@ class Request:
         return (self.query.get("op") or [None])[0]
 
 
+class _Machine(dict):
+    """A machine's light fields; its JSON (with the heavy fields spliced in) is cached until one
+    of them is set again."""
+
+    def __init__(self, fields: dict, heavy: str):
+        super().__init__(fields)
+        self.heavy = heavy
+        self.json: bytes | None = None
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.json = None
+        super().__setitem__(key, value)
+
+    def encoded(self) -> bytes:
+        if self.json is None:
+            light = json.dumps(self, separators=(", ", ": "))
+            self.json = (light[:-1] + ", " + self.heavy + "}").encode() if self.heavy else light.encode()
+        return self.json
+
+
 class MaasDouble:
     def __init__(self, api_key: tuple[str, str, str] = DEFAULT_KEY, version: str = "3.5.4",
-                 admin: bool = True, auto_advance: bool = False, seed: int = 0):
+                 admin: bool = True, auto_advance: bool = False, seed: int = 0,
+                 realistic: bool = True):
         self.api_key = api_key
         self.version = version
         self.admin = admin
         self.auto_advance = auto_advance
+        self.realistic = realistic   # False: light machine objects (property tests, for speed)
         self.lock = threading.RLock()
-        self.machines: dict[str, dict] = {}
+        self.machines: dict[str, _Machine] = {}
         # Devices and controllers: nodes that machines/ does not list but whose hostnames count.
         self.other_nodes: dict[str, dict] = {}
+        self.events: list[dict] = []           # oldest first; "node" None once detached
+        self._event_ids = itertools.count(1)
+        self._numbers = itertools.count(0)
+        self.bytes_in = 0
+        self.bytes_out = 0
         self._hostnames: dict[str, str] = {}   # lower-cased hostname -> system_id (an index)
         self.power: dict[str, dict] = {}
         self.pools: dict[str, dict] = {"default": {"id": 0, "name": "default",
@@ -220,7 +277,9 @@ class MaasDouble:
                 hostname = f"{self._random.choice(_ADJ)}-{self._random.choice(_NOUN)}-{system_id}"
             if pool not in self.pools:
                 self.add_pool(pool)
-            self.machines[system_id] = {
+            number = next(self._numbers)
+            virtual = power_type == "redfish"
+            self.machines[system_id] = _Machine({
                 "system_id": system_id,
                 "hostname": hostname,
                 "fqdn": f"{hostname}.maas",
@@ -240,7 +299,8 @@ class MaasDouble:
                 "distro_series": "",
                 "hardware_uuid": None,
                 "resource_uri": f"/MAAS/api/2.0/machines/{system_id}/",
-            }
+                **machine_fields(number, virtual),
+            }, machine_heavy_fields(system_id, number, virtual) if self.realistic else "")
             self._set_pool(system_id, pool)
             self._hostnames[hostname.lower()] = system_id
             params: dict[str, str] = {}
@@ -256,6 +316,10 @@ class MaasDouble:
             elif power_address is not None:
                 params = {"power_address": power_address, "power_pass": power_pass or ""}
             self.power[system_id] = params
+            if status != "New":
+                # MAAS's status signal compares with the value at load: creating a machine in
+                # another status than the default New records the transition.
+                self.record(system_id, "NODE_CHANGED_STATUS", f"From 'New' to '{status}'")
             return system_id
 
     def add_node(self, hostname: str, node_type: str = "device", system_id: str | None = None) -> str:
@@ -290,21 +354,156 @@ class MaasDouble:
         }
 
     def set_status(self, system_id: str, status: str) -> None:
+        """A status transition, recorded as MAAS's signal does ("Node changed status", DEBUG)."""
         with self.lock:
             machine = self.machines[system_id]
+            before = machine["status_name"]
             machine["status_name"] = status
             machine["status"] = STATUS[status]
+            if before != status:
+                self.record(system_id, "NODE_CHANGED_STATUS", f"From '{before}' to '{status}'")
 
     def advance(self) -> int:
         """Commissioning machines finish: Ready. Returns how many moved."""
         with self.lock:
             moved = 0
-            for machine in self.machines.values():
+            for system_id, machine in self.machines.items():
                 if machine["status_name"] == "Commissioning":
-                    machine["status_name"], machine["status"] = "Ready", STATUS["Ready"]
                     machine["power_state"] = "off"
+                    self.record(system_id, "NODE_POWERED_OFF")
+                    self.set_status(system_id, "Ready")
                     moved += 1
             return moved
+
+    # --- changes behind the reconciler's back ------------------------------------------------
+    def enlist(self, vm: str, namespace: str, domain: str = "bmc.example.com", **kw: Any) -> str:
+        """A KubeVirt VM PXE-boots and enlists as MAAS does it: created in Commissioning
+        (``commission=True``), its BMC configuration uploaded by the commissioning script, then
+        back to New when enlistment commissioning ends; two status events, the PXE request."""
+        with self.lock:
+            system_id = self.add_vm(vm, namespace, domain, status="Commissioning", **kw)
+            self.record(system_id, "NODE_PXE_REQUEST", "PXE Request - enlistment")
+            self.set_status(system_id, "New")
+            return system_id
+
+    def rename(self, system_id: str, hostname: str) -> None:
+        """An operator renames a machine (API or UI edit: MAAS records no event)."""
+        with self.lock:
+            machine = self.machines[system_id]
+            self._hostnames.pop(machine["hostname"].lower(), None)
+            self._hostnames[hostname.lower()] = system_id
+            machine["hostname"], machine["fqdn"] = hostname, f"{hostname}.maas"
+
+    def move_to_pool(self, system_id: str, pool: str, *, via: str = "api") -> None:
+        """An operator moves a machine: by the API (no event) or the UI's set-pool node action
+        (an audited "Node" event, src/maasserver/node_action.py)."""
+        with self.lock:
+            if pool not in self.pools:
+                self.add_pool(pool)
+            self._set_pool(system_id, pool)
+            if via == "ui":
+                self.record(system_id, "NODE", f"Set the resource pool to '{pool}'.",
+                            username="admin")
+
+    def set_power_address(self, system_id: str, address: str) -> None:
+        """An operator edits the power address (PUT machines/{id}/: MAAS records no event)."""
+        with self.lock:
+            self.power[system_id]["power_address"] = address
+
+    def delete_machine(self, system_id: str, *, via: str = "api") -> None:
+        """An operator deletes a machine; its events are detached (node NULL), as MAAS does."""
+        with self.lock:
+            if via == "ui":
+                self.record(system_id, "NODE", "Deleted the machine.", username="admin")
+            machine = self.machines.pop(system_id)
+            self.power.pop(system_id, None)
+            if self._hostnames.get(machine["hostname"].lower()) == system_id:
+                del self._hostnames[machine["hostname"].lower()]
+            for event in self.events:
+                if event["node"] == system_id:
+                    event["node"] = None
+
+    def prune_events(self, keep: int) -> int:
+        """Delete all but the newest ``keep`` events (an operator trimming the table)."""
+        with self.lock:
+            dropped = max(0, len(self.events) - keep)
+            del self.events[:dropped]
+            return dropped
+
+    # --- the event log -----------------------------------------------------------------------
+    def record(self, system_id: str | None, type_name: str, description: str = "",
+               username: str = "") -> dict:
+        """Record one event of a type from EVENT_TYPES for a machine."""
+        with self.lock:
+            type_description, level = EVENT_TYPES[type_name]
+            machine = self.machines.get(system_id) if system_id else None
+            event = {
+                "id": next(self._event_ids), "node": system_id if machine else None,
+                "hostname": machine["hostname"] if machine else "", "level": level,
+                "created": time.strftime("%a, %d %b. %Y %H:%M:%S", time.gmtime()),
+                "type": type_description, "description": description,
+                "username": username or "unknown",
+            }
+            self.events.append(event)
+            return event
+
+    def newest_event_id(self) -> int:
+        with self.lock:
+            return self.events[-1]["id"] if self.events else 0
+
+    def _query_events(self, query: dict[str, list[str]]) -> tuple[int, Any]:
+        """GET events/?op=query as src/maasserver/api/events.py answers it."""
+        def number(name: str) -> int | None:
+            value = (query.get(name) or [None])[0]
+            if value is None:
+                return None
+            if not re.fullmatch(r"-?\d+", value):
+                raise ValueError(f"{name}: Please enter an integer value")
+            return int(value)
+
+        try:
+            after, before = number("after"), number("before")
+            limit = number("limit")
+        except ValueError as problem:
+            return 400, {"__all__": [str(problem)]}
+        limit = DEFAULT_EVENT_LOG_LIMIT if limit is None else limit
+        if limit > MAX_EVENT_LOG_COUNT:
+            return 400, (f"Requested number of events {limit} is greater than limit: "
+                         f"{MAX_EVENT_LOG_COUNT}")
+        limit = max(1, limit)
+        level = (query.get("level") or ["INFO"])[0]
+        if level not in LEVELS:
+            return 400, f"Unrecognised log level: {level}"
+        if after is not None and before is not None:
+            return 400, "There is undetermined behaviour when both `after` and `before` are specified."
+        nodes = set(self.machines)
+        if "id" in query:
+            nodes &= set(query["id"])
+        if "hostname" in query:
+            nodes = {sid for sid in nodes if self.machines[sid]["hostname"] in query["hostname"]}
+        if level == "AUDIT":
+            wanted = [e for e in self.events if e["level"] == "AUDIT" and e["node"] in nodes]
+        else:
+            floor = LEVELS[level]
+            wanted = [e for e in self.events if e["node"] in nodes and LEVELS[e["level"]] >= floor
+                      and e["level"] != "AUDIT"]
+        if after is None and before is None:
+            chosen = wanted[::-1][:limit]
+        elif after is None:
+            chosen = [e for e in wanted if e["id"] < before][::-1][:limit]
+        else:
+            chosen = [e for e in wanted if e["id"] > after][:limit][::-1]
+        base = "/MAAS/api/2.0/events/"
+        keep = {k: v for k, v in query.items() if k not in ("before", "after")}
+        newer = dict(keep, after=[str(chosen[0]["id"])] if chosen else
+                     ([str(before - 1)] if before is not None else []))
+        older = dict(keep, before=[str(chosen[-1]["id"])] if chosen else
+                     ([str(after + 1)] if after is not None else []))
+        return 200, {
+            "count": len(chosen), "events": chosen,
+            "next_uri": f"{base}?{urlencode(newer, doseq=True)}",
+            "prev_uri": f"{base}?{urlencode(older, doseq=True)}" if chosen or after is not None else None,
+        }
 
     def hostname_holder(self, hostname: str) -> str | None:
         """The node (machine, device or controller) holding hostname."""
@@ -335,6 +534,7 @@ class MaasDouble:
             self.log.clear()
             self.urls.clear()
             self.counts.clear()
+            self.bytes_in = self.bytes_out = 0
 
     @property
     def request_count(self) -> int:
@@ -407,11 +607,16 @@ class MaasDouble:
                 if method == "GET" and op is None:
                     if self.auto_advance:
                         self.advance()
-                    return 200, self._list_machines(request.query) + list(self.extra_records), {}
+                    return 200, self._encode(self._list_machines(request.query), self.extra_records), {}
                 return 400, f"Unrecognised signature: method={method} op={op}", {}
             match = re.fullmatch(r"machines/([^/]+)/", path)
             if match:
                 return self._machine(request, match[1])
+            if path == "events/":
+                if method == "GET" and op == "query":
+                    status, body = self._query_events(request.query)
+                    return status, body, {}
+                return 400, f"Unrecognised signature: method={method} op={op}", {}
             if path == "resourcepools/":
                 if method == "GET":
                     return 200, [self._pool_json(p) for p in self.pools.values()], {}
@@ -461,10 +666,23 @@ class MaasDouble:
                     return self._script_write(request, name)
             return 404, "Unknown API endpoint", {}
 
-    def _list_machines(self, query: dict[str, list[str]]) -> list[dict]:
-        machines = list(self.machines.values())
+    @staticmethod
+    def _encode(machines: list[_Machine], extra: Any = ()) -> bytes:
+        """A JSON list of machines from their cached JSON (and extra records, as they are)."""
+        parts = [machine.encoded() for machine in machines] + [json.dumps(r).encode() for r in extra]
+        return b"[" + b", ".join(parts) + b"]"
+
+    def machine_json(self, system_id: str) -> dict:
+        """One machine as the API sends it (every field, heavy ones included)."""
+        with self.lock:
+            return json.loads(self.machines[system_id].encoded())
+
+    def _list_machines(self, query: dict[str, list[str]]) -> list[_Machine]:
         if "id" in query:
-            machines = [m for m in machines if m["system_id"] in query["id"]]
+            machines = [self.machines[sid] for sid in dict.fromkeys(query["id"]) if sid in self.machines]
+            machines.sort(key=lambda m: m["system_id"])
+        else:
+            machines = list(self.machines.values())
         if "hostname" in query:
             machines = [m for m in machines if m["hostname"] in query["hostname"]]
         if "status" in query:
@@ -494,7 +712,7 @@ class MaasDouble:
         if method == "GET" and op == "power_parameters":
             return 200, self.power[system_id], {}
         if method == "GET" and op is None:
-            return 200, machine, {}
+            return 200, machine.encoded(), {}
         if method == "PUT" and op is None:
             errors: dict[str, list[str]] = {}
             hostname = request.fields.get("hostname")
@@ -522,19 +740,23 @@ class MaasDouble:
                 self._set_pool(system_id, pool)
             self.writes.append(("PUT", system_id, {key: "(withheld)" if key.endswith("power_pass") else value
                                                    for key, value in request.fields.items()}))
-            return 200, machine, {}
+            return 200, machine.encoded(), {}
         if method == "POST" and op == "commission":
             if machine["status_name"] not in COMMISSION_FROM:
                 return 400, {"__all__": [NOT_AVAILABLE]}, {}
             value = request.fields.get("skip_bmc_config", "")
             skip_bmc_config = bool(value) and value.lower() not in ("false", "0")
-            machine["status_name"], machine["status"] = "Commissioning", STATUS["Commissioning"]
+            # As Machine.start_commissioning records them (src/maasserver/models/node.py).
+            self.record(system_id, "REQUEST_NODE_START_COMMISSIONING", "(admin)", username="admin")
+            self.set_status(system_id, "Commissioning")
+            self.record(system_id, "COMMISSIONING")
             machine["power_state"] = "on"
+            self.record(system_id, "NODE_POWERED_ON")
             if not skip_bmc_config and system_id in self.bmc_config:
                 self.power[system_id] = {**self.power[system_id], **self.bmc_config[system_id]}
             self.commissions.append((system_id, skip_bmc_config))
             self.writes.append(("POST", system_id, {"op": "commission", "skip_bmc_config": skip_bmc_config}))
-            return 200, machine, {}
+            return 200, machine.encoded(), {}
         return 400, f"Unrecognised signature: method={method} op={op}", {}
 
     def _power_update(self, system_id: str, fields: dict[str, str]) -> tuple[dict | None, str]:
@@ -747,6 +969,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         for key, value in headers.items():
             self.send_header(key, value)
+        sent = sum(len(line) for line in getattr(self, "_headers_buffer", [])) + 2 + len(data)
+        with self.double.lock:
+            self.double.bytes_out += sent
         self.end_headers()
         self.wfile.write(data)
 
@@ -755,11 +980,26 @@ class _Handler(BaseHTTPRequestHandler):
         split = urlsplit(self.path)
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
+        if split.path == "/_double/advance":   # the bench: commissioning finishes now
+            data = json.dumps({"moved": double.advance()}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
         if split.path.startswith("/_double/"):
             with double.lock:
-                stats = {"requests": double.request_count, "counts": {f"{m} {p}": n for (m, p), n in double.counts.items()}}
-            self._send(200, stats)
+                stats = {"requests": double.request_count, "bytes_in": double.bytes_in,
+                         "bytes_out": double.bytes_out,
+                         "counts": {f"{m} {p}": n for (m, p), n in double.counts.items()}}
+            data = json.dumps(stats).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
             return
+        with double.lock:
+            double.bytes_in += len(self.raw_requestline) + len(bytes(self.headers)) + len(body)
         if not split.path.startswith(API_PREFIX):
             self._send(404, "Not Found")
             return

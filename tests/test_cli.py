@@ -71,7 +71,7 @@ RANK = {
     "loop": 5, "status": 5, "upload": 5, "doctor": 5,   # the commands' entry points
     "render": 4,                  # the render command, and what upload (and doctor) compare with
     "reconcile": 3, "policies": 3,
-    "maas": 2, "kube": 2, "audit": 2, "seed": 2,
+    "maas": 2, "kube": 2, "audit": 2, "seed": 2, "events": 2,
     "values": 1, "console": 1,
     "identity": 0, "paths": 0,
     "__init__": -1,               # PROG, the version and the exit codes: anyone may import them

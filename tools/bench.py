@@ -1,30 +1,35 @@
 #!/usr/bin/env python3
-"""Benchmark the reconciler against the MAAS double (`make bench`).
+"""Benchmark the reconciler's cost to MAAS against the MAAS double (`make bench`).
 
-For fleets of 100, 1,000 and 10,000 machines, 10 % of them KubeVirt VMs that have just
-enlisted (New, default pool, random hostnames), it measures for two strategies:
+For fleets of 100, 1,000 and 10,000 machines of the size MAAS sends (tests/maas_objects.py),
+10 % of them KubeVirt VMs that have just enlisted (New, default pool, random hostnames), it
+measures three strategies side by side, in requests and bytes on the wire (both directions,
+headers included, counted by the double):
 
-- bulk (the reconciler as shipped): one GET machines/ per cycle, power parameters in bulk
-  (GET machines/?op=power_parameters&id=...) only for redfish machines not seen before, whose
-  status changed or that are ours and commissioning, and once more in bulk for the machines
-  about to change;
-- per-machine (the naive baseline): one GET machines/{id}/?op=power_parameters per redfish
-  machine, twice per cycle (once to plan, once to re-check before applying), nothing remembered;
+- events (the reconciler as shipped): a full resync at start, then each cycle follows MAAS's
+  event log and reads only the machines named in new events and ours still commissioning
+  (GET machines/?id=...), their power parameters in bulk, and once more in bulk for the
+  machines about to change;
+- full list (the reconciler before the event log): one GET machines/ per cycle, power
+  parameters in bulk for redfish machines not seen before, whose status changed or that are
+  ours and commissioning, and once more in bulk for the machines about to change;
+- per machine (the public peer's approach): one GET machines/ per cycle and one power-parameter
+  request per redfish machine, twice (to plan, and to re-check before acting), nothing kept.
 
-requests per idle cycle, requests and wall time to converge the batch (cycles until a plan has
-no changes; the double finishes commissioning by the next cycle), and the peak Python memory
-of the reconciler (tracemalloc, a separate run so it does not slow the timing). The double
-runs in its own process so its work is neither timed as ours nor counted in our memory.
+For each: the cost to converge the batch (cycles until a plan changes nothing; the double
+finishes every commissioning between cycles) and the cost of one idle cycle after that.
+Goal: an idle cycle costs at most 2 requests and 4 KB at every size. The double runs in its own
+process so its work is not timed as ours. BENCH_SIZES=100,1000 picks the sizes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import time
-import tracemalloc
 import urllib.request
 from pathlib import Path
 
@@ -40,6 +45,7 @@ from maas_kubevirt.reconcile import Audit, Passwords, Reconciler, Settings  # no
 SIZES = [int(s) for s in os.environ.get("BENCH_SIZES", "100,1000,10000").split(",")]
 VM_FRACTION = 0.1
 MAX_CYCLES = 10
+GOAL_REQUESTS, GOAL_BYTES = 2, 4096
 
 
 class QuietAudit(Audit):
@@ -54,10 +60,15 @@ class QuietAudit(Audit):
         return {}
 
 
-class PerMachine(Reconciler):
-    """The baseline: per-machine power parameters, twice per cycle, nothing remembered."""
+class FullList(Reconciler):
+    def __init__(self, client, settings, *args, **kw):  # noqa: ANN001, ANN002, ANN003
+        super().__init__(client, dataclasses.replace(settings, resync_interval=None), *args, **kw)
 
-    def power_facts(self, machines):
+
+class PerMachine(FullList):
+    """The peer's approach: per-machine power parameters, twice per cycle, nothing remembered."""
+
+    def power_facts(self, machines, complete=True):  # noqa: ANN001
         found = {}
         for machine in machines:
             if machine.get("power_type") == "redfish":
@@ -66,7 +77,7 @@ class PerMachine(Reconciler):
                 found[system_id] = self._read(system_id)          # to re-check
         return found
 
-    def refresh(self, machines, power, pools, actions):
+    def refresh(self, machines, power, pools, taken, actions):  # noqa: ANN001
         return actions  # re-checked above already
 
     def _read(self, system_id):
@@ -75,94 +86,108 @@ class PerMachine(Reconciler):
         return self._judge(parameters if isinstance(parameters, dict) else {})
 
 
+STRATEGIES = (("events", Reconciler), ("full list", FullList), ("per machine", PerMachine))
+
+
 class Double:
     def __init__(self, machines: int):
         self.process = subprocess.Popen(
             [sys.executable, str(ROOT / "tests" / "maas_double.py"), "--machines", str(machines),
-             "--vm-fraction", str(VM_FRACTION), "--auto-advance"],
+             "--vm-fraction", str(VM_FRACTION)],
             stdout=subprocess.PIPE, text=True,
         )
         self.url = self.process.stdout.readline().strip()
         if not self.url.startswith("http://"):
             raise SystemExit("the MAAS double did not start")
 
-    def requests(self) -> int:
-        with urllib.request.urlopen(self.url.replace("/MAAS/", "/_double/stats")) as reply:
-            return json.load(reply)["requests"]
+    def control(self, name: str) -> dict:
+        with urllib.request.urlopen(self.url.replace("/MAAS/", f"/_double/{name}")) as reply:
+            return json.load(reply)
+
+    def traffic(self) -> tuple[int, int]:
+        stats = self.control("stats")
+        return stats["requests"], stats["bytes_in"] + stats["bytes_out"]
 
     def close(self) -> None:
         self.process.terminate()
-        self.process.wait(timeout=10)
+        self.process.wait(timeout=30)
 
 
-def run(strategy: type[Reconciler], machines: int, measure_memory: bool) -> dict:
+def run(strategy: type[Reconciler], machines: int) -> dict:
     double = Double(machines)
     try:
-        client = MAASClient(double.url, Signer(*DEFAULT_KEY), timeout=60,
+        client = MAASClient(double.url, Signer(*DEFAULT_KEY), timeout=300,
                             retry=RetryPolicy(attempts=2, backoff=0.1))
         audit = QuietAudit()
         reconciler = strategy(client, Settings(domain="bmc.example.com"), audit,
                               passwords=Passwords("be9c" * 16))
-        if measure_memory:
-            tracemalloc.start()
-        start_requests = double.requests()
+        start_requests, start_bytes = double.traffic()
         started = time.perf_counter()
         cycles = 0
-        while cycles < MAX_CYCLES:
+        while True:
             cycles += 1
             result = reconciler.cycle()
             if result.error:
                 raise SystemExit(f"cycle failed: {result.error}")
             if not any(action.changes for action in result.actions):
                 break
-        elapsed = time.perf_counter() - started
-        converge_requests = double.requests() - start_requests
-        before_idle = double.requests()
+            if cycles == MAX_CYCLES:
+                raise SystemExit(f"{machines} machines: no convergence in {MAX_CYCLES} cycles")
+            double.control("advance")
+        seconds = time.perf_counter() - started
+        requests, size = double.traffic()
         idle_started = time.perf_counter()
         idle = reconciler.cycle()
         idle_seconds = time.perf_counter() - idle_started
-        assert not any(action.changes for action in idle.actions)
-        idle_requests = double.requests() - before_idle
-        peak = tracemalloc.get_traced_memory()[1] if measure_memory else 0
-        if measure_memory:
-            tracemalloc.stop()
+        if idle.error or any(action.changes for action in idle.actions):
+            raise SystemExit(f"{machines} machines: the idle cycle was not idle")
+        idle_requests, idle_size = double.traffic()
         client.close()
-        return {"cycles": cycles, "converge_requests": converge_requests, "seconds": elapsed,
-                "idle_requests": idle_requests, "idle_seconds": idle_seconds, "changes": audit.records, "peak": peak}
+        return {"cycles": cycles, "requests": requests - start_requests, "bytes": size - start_bytes,
+                "seconds": seconds, "idle_requests": idle_requests - requests,
+                "idle_bytes": idle_size - size, "idle_seconds": idle_seconds, "changes": audit.records}
     finally:
         double.close()
 
 
+def human(size: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size:.1f} GB"
+
+
 def main() -> int:
-    print(f"maas-kubevirt reconciler benchmark: MAAS double in a separate process, "
-          f"{int(VM_FRACTION * 100)} % of machines are new KubeVirt VMs\n")
-    header = (f"{'machines':>8}  {'strategy':<11} {'idle req/cycle':>14} {'idle s':>6} {'converge req':>12} "
-              f"{'converge s':>10} {'cycles':>6} {'changes':>7} {'peak MiB':>8}")
+    print(f"maas-kubevirt reconciler benchmark: the MAAS double in its own process, machine objects "
+          f"of MAAS's size, {int(VM_FRACTION * 100)} % of machines new KubeVirt VMs\n")
+    header = (f"{'machines':>8}  {'strategy':<11}  {'idle req':>8} {'idle bytes':>10} {'idle s':>6}  "
+              f"{'converge req':>12} {'converge bytes':>14} {'cycles':>6} {'changes':>7} {'s':>6}")
     print(header)
     print("-" * len(header))
-    ratios = []
     total = time.perf_counter()
+    results: dict[tuple[int, str], dict] = {}
     for size in SIZES:
-        rows = {}
-        for name, strategy in (("bulk", Reconciler), ("per-machine", PerMachine)):
-            timing = run(strategy, size, measure_memory=False)
-            memory = run(strategy, size, measure_memory=True)
-            timing["peak"] = memory["peak"]
-            rows[name] = timing
-            print(f"{size:>8}  {name:<11} {timing['idle_requests']:>14} {timing['idle_seconds']:>6.2f} "
-                  f"{timing['converge_requests']:>12} "
-                  f"{timing['seconds']:>10.2f} {timing['cycles']:>6} {timing['changes']:>7} "
-                  f"{timing['peak'] / 2**20:>8.1f}", flush=True)
-        bulk, naive = rows["bulk"], rows["per-machine"]
-        ratios.append((size, naive["idle_requests"] / max(1, bulk["idle_requests"]),
-                       naive["converge_requests"] / max(1, bulk["converge_requests"]),
-                       naive["seconds"] / max(1e-9, bulk["seconds"])))
-    print("\nper-machine / bulk:")
-    for size, idle, converge, seconds in ratios:
-        print(f"{size:>8} machines: idle requests x{idle:.0f}, converge requests x{converge:.1f}, "
-              f"converge time x{seconds:.1f}")
+        for name, strategy in STRATEGIES:
+            row = results[size, name] = run(strategy, size)
+            print(f"{size:>8}  {name:<11}  {row['idle_requests']:>8} {human(row['idle_bytes']):>10} "
+                  f"{row['idle_seconds']:>6.2f}  {row['requests']:>12} {human(row['bytes']):>14} "
+                  f"{row['cycles']:>6} {row['changes']:>7} {row['seconds']:>6.1f}", flush=True)
+    missed = [size for size in SIZES
+              if results[size, "events"]["idle_requests"] > GOAL_REQUESTS
+              or results[size, "events"]["idle_bytes"] > GOAL_BYTES]
+    print(f"\ngoal, an idle cycle costs at most {GOAL_REQUESTS} requests and {GOAL_BYTES:,} bytes: "
+          + ("met at every size" if not missed else f"MISSED at {', '.join(map(str, missed))} machines"))
+    largest = max(SIZES)
+    events, full = results[largest, "events"], results[largest, "full list"]
+    print(f"events / full list at {largest:,} machines: idle cycle "
+          f"{human(events['idle_bytes'])} vs {human(full['idle_bytes'])} "
+          f"(1 : {full['idle_bytes'] / max(1, events['idle_bytes']):,.0f}), "
+          f"{events['idle_requests']} vs {full['idle_requests']} request(s); to converge "
+          f"{human(events['bytes'])} vs {human(full['bytes'])} "
+          f"(1 : {full['bytes'] / max(1, events['bytes']):,.1f})")
     print(f"\nbench time {time.perf_counter() - total:.0f} s")
-    return 0
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":

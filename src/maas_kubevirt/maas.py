@@ -676,6 +676,29 @@ class MAASClient:
         """power_address per system_id, fetched in bulk; every other parameter is dropped at once."""
         return self.power_parameters(system_ids, power_address_of)
 
+    def machines_by_id(self, system_ids: Iterable[str]) -> list[Any]:
+        """The machines with these system ids (``GET machines/?id=...``, split only when the query
+        would pass MAX_QUERY characters); an id with no machine is absent. Records as machines()."""
+        found: list[Any] = []
+        for chunk in _chunks(sorted(set(system_ids)), lambda sid: len(sid) + len("&id=")):
+            data = self.call("GET", "machines/", [("id", sid) for sid in chunk])
+            if not isinstance(data, list):
+                raise MAASError("GET", "machines/?id=...", 200, "expected a list of machines", "malformed")
+            found.extend(data)
+        return found
+
+    def events(self, level: str, after: int | None = None, limit: int = 1000) -> Any:
+        """One page of the event log (``GET events/?op=query``, src/maasserver/api/events.py);
+        after None: the newest events. The event list, for ``maas_kubevirt.events`` to check."""
+        params = [("op", "query"), ("level", level), ("limit", str(limit))]
+        if after is not None:
+            params.append(("after", str(after)))
+        data = self.call("GET", "events/", params)
+        if not isinstance(data, dict) or not isinstance(data.get("events"), list):
+            raise MAASError("GET", "events/?op=query", 200, "expected an object with a list of events",
+                            "malformed")
+        return data["events"]
+
     def power_address(self, system_id: str) -> str | None:
         """One machine's power_address (GET machines/{id}/?op=power_parameters)."""
         data = self.call("GET", f"machines/{system_id}/", [("op", "power_parameters")], withhold_body=True)

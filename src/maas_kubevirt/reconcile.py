@@ -8,13 +8,16 @@ pool ``<namespace>`` and, in New and with the password in place, commissioned.
 - ``apply(client, actions, audit, stop, passwords)`` carries them out one by one; each change
   is one JSON audit record, a 400 because MAAS moved the machine on is a skip, and a machine
   whose password could not be set is not commissioned.
-- ``Reconciler`` runs cycles: one ``GET machines/``; power parameters in one bulk request for
-  redfish machines not seen before or whose status changed, and for ours in Commissioning or
-  Testing (a commission started by hand writes the placeholder back); the pools only when a
-  machine may need moving, ``nodes/?hostname=`` only when a rename may happen; then, only
-  when something is to change, one bulk re-read of the addresses of the machines about to
-  change. An idle cycle costs at most 2 requests. A malformed machine record is skipped with
-  one warning; the whole cycle runs within ``maas.cycle_deadline``.
+- ``Reconciler`` runs cycles. A cycle asks MAAS's event log what happened since the last one
+  (``events.py``: two small requests when nothing did) and reads only the machines named there
+  and ours in Commissioning or Testing (``GET machines/?id=``), with their power parameters in
+  one bulk request; a full resync (one ``GET machines/``, every redfish machine's power
+  parameters) runs at start, every ``maas.resync_interval`` and when the log cannot be
+  trusted. The pools are read only when a machine may need moving, ``nodes/?hostname=`` only
+  when a rename may happen; then, only when something is to change, one bulk re-read of the
+  addresses of the machines about to change. An idle cycle costs 2 small requests. A
+  malformed machine record is skipped with one warning; the whole cycle runs within
+  ``maas.cycle_deadline``.
 - Two or more machines claiming one ``<vm>.<namespace>``: none of them is touched, and one
   audit record names them all each time that set changes.
 
@@ -25,10 +28,11 @@ from __future__ import annotations
 
 import hmac
 import threading
+import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from maas_kubevirt import identity
+from maas_kubevirt import events, identity
 from maas_kubevirt.audit import Audit
 from maas_kubevirt.console import error, note, warn
 from maas_kubevirt.maas import (
@@ -67,6 +71,8 @@ class Settings:
     approval_tag: str = "kubevirt-approved"
     on_hostname_taken: str = "fallback"  # fallback | skip
     cycle_deadline: float | None = None  # seconds a whole cycle may take (None: no limit)
+    # seconds between full resyncs; None: list every machine in every cycle (no event log)
+    resync_interval: float | None = events.DEFAULT_RESYNC_INTERVAL
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any]) -> "Settings":
@@ -77,6 +83,7 @@ class Settings:
             approval_tag=maas["approval_tag"],
             on_hostname_taken=maas["on_hostname_taken"],
             cycle_deadline=maas["cycle_deadline"],
+            resync_interval=maas["resync_interval"],
         )
 
 
@@ -528,10 +535,18 @@ class Cycle:
 
 class Reconciler:
     """Cycles against one MAAS, remembering of each redfish machine its address and whether its
-    password was right (never the password)."""
+    password was right (never the password).
+
+    With ``settings.resync_interval`` (the default) a cycle follows MAAS's event log
+    (``events.EventLog``) and reads only the machines named in new events, those it planned
+    changes for in the last cycle and those it watches (``watched``); it lists every machine
+    at start, every resync_interval seconds and whenever the log cannot be trusted. Without it
+    every cycle lists every machine.
+    """
 
     def __init__(self, client: MAASClient, settings: Settings, audit: Audit | None = None,
-                 stop: threading.Event | None = None, *, passwords: Passwords):
+                 stop: threading.Event | None = None, *, passwords: Passwords,
+                 clock: Callable[[], float] = time.monotonic):
         self.client = client
         self.settings = settings
         self.passwords = passwords
@@ -543,6 +558,12 @@ class Reconciler:
         self._reported: set[tuple[str | None, str]] = set()
         self._malformed: set[tuple[str, str]] = set()
         self._duplicates: dict[tuple[str | None, str | None], Any] = {}
+        self.log = (events.EventLog(settings.resync_interval, clock)
+                    if settings.resync_interval is not None else None)
+        # Machines with changes planned in the last cycle: read again to see them through.
+        self.pending: set[str] = set()
+        self.resyncs = 0
+        self.partial = False   # whether the last plan saw only some machines (event-driven)
 
     def check_version(self) -> None:
         if self.version is None:
@@ -557,9 +578,14 @@ class Reconciler:
     def _ours(self, power: Power) -> bool:
         return identity.parse_redfish_address(power.address, self.settings.domain) is not None
 
-    def power_facts(self, machines: Sequence[Mapping[str, Any]]) -> dict[str, Power]:
+    def power_facts(self, machines: Sequence[Mapping[str, Any]], complete: bool = True) -> dict[str, Power]:
         """Power of every redfish machine. One bulk request for those not seen before, whose
-        status changed, or that are ours and in Commissioning or Testing."""
+        status changed, or that are ours and in Commissioning or Testing.
+
+        complete: machines is every machine (the others are forgotten). Otherwise they are the
+        few an event-driven cycle is about to plan for: all of them are read (an edit of the
+        power address alone is no event) and the others are kept.
+        """
         current: dict[str, tuple[Any, Power]] = {}
         wanted: list[str] = []
         statuses: dict[str, Any] = {}
@@ -570,7 +596,7 @@ class Reconciler:
             if not isinstance(system_id, str):
                 continue
             status = statuses[system_id] = machine.get("status_name")
-            entry = self.known.get(system_id)
+            entry = self.known.get(system_id) if complete else None
             if entry is not None and entry[0] == status and not (
                     status in REREAD_STATUSES and self._ours(entry[1])):
                 current[system_id] = entry
@@ -581,7 +607,12 @@ class Reconciler:
             for system_id in wanted:
                 if system_id in fetched:
                     current[system_id] = (statuses[system_id], fetched[system_id])
-        self.known = current
+        if complete:
+            self.known = current
+        else:
+            for machine in machines:
+                self.known.pop(machine.get("system_id"), None)
+            self.known.update(current)
         return {system_id: entry[1] for system_id, entry in current.items()}
 
     def well_formed(self, records: Sequence[Any]) -> list[dict]:
@@ -605,8 +636,74 @@ class Reconciler:
         power = self.power_facts(machines)
         return machines, power, matching(machines, power, self.settings.domain)
 
+    def watched(self) -> set[str]:
+        """Our machines read every cycle because what ends their wait is not an event.
+
+        Commissioning and Testing (REREAD_STATUSES): a commissioning script can write the power
+        parameters back mid-run. New under ``maas.commission: approved``: the approval tag is
+        audited without the machine (src/maasserver/api/tags.py).
+        """
+        statuses = set(REREAD_STATUSES) | ({NEW} if self.settings.commission == "approved" else set())
+        return {system_id for system_id, (status, power) in self.known.items()
+                if status in statuses and self._ours(power)}
+
     def make_plan(self) -> list[Action]:
-        machines, power, matches = self.observe()
+        self.partial = False
+        if self.log is None:
+            return self.plan_for(*self.observe())
+        reason = self.log.resync_due()
+        if not reason:
+            try:
+                followed = self.log.follow(self.client.events)
+            except (MAASAuthError, MAASVersionError):
+                raise
+            except MAASError as failure:
+                if failure.kind == "interrupted":
+                    raise
+                reason = f"the event query failed: {failure}"
+                self.log.request_resync(reason)
+            else:
+                reason = followed.resync
+                if not reason:
+                    self.partial = True
+                    return self.plan_for(*self.observe_changed(followed.system_ids))
+        return self.resync(reason)
+
+    def resync(self, reason: str) -> list[Action]:
+        """List every machine and re-read every redfish machine's power parameters."""
+        assert self.log is not None
+        if self.log.reason:  # beyond the schedule: worth a line in the journal
+            note(f"full resync: {reason}")
+        self.log.begin_resync(self.log.newest(self.client.events))  # before listing: no gap
+        self.known = {}
+        actions = self.plan_for(*self.observe())
+        self.log.end_resync()
+        self.resyncs += 1
+        return actions
+
+    def observe_changed(self, changed: set[str]) -> tuple[list[dict], dict[str, Power], list[Match]]:
+        """The machines named in new events, pending or watched, read by id, with every other
+        machine known to claim the same ``<vm>.<namespace>`` (a duplicate claim must be seen)."""
+        machines = self.read_by_id(changed | self.pending | self.watched())
+        power = self.power_facts(machines, complete=False)
+        claimed = {identity.parse_redfish_address(p.address, self.settings.domain) for p in power.values()}
+        read = {m["system_id"] for m in machines}
+        others = {system_id for system_id, (_, p) in self.known.items() if system_id not in read
+                  and identity.parse_redfish_address(p.address, self.settings.domain) in claimed - {None}}
+        if others:
+            more = self.read_by_id(others)
+            machines += more
+            power.update(self.power_facts(more, complete=False))
+        return machines, power, matching(machines, power, self.settings.domain)
+
+    def read_by_id(self, wanted: set[str]) -> list[dict]:
+        """The usable records of these machines; a machine gone from MAAS is forgotten."""
+        machines = self.well_formed(self.client.machines_by_id(wanted)) if wanted else []
+        for system_id in wanted - {m["system_id"] for m in machines}:
+            self.known.pop(system_id, None)
+        return machines
+
+    def plan_for(self, machines: list[dict], power: dict[str, Power], matches: list[Match]) -> list[Action]:
         pools: list[Any] = self.client.pools() if needs_pools(matches) else []
         # Only when a rename is possible: an idle cycle asks nothing more.
         wanted = names_to_check(matches)
@@ -653,6 +750,9 @@ class Reconciler:
             if action.kind == DUPLICATE and self._duplicates.get((action.vm, action.namespace)) != action.after:
                 self.audit.record(action, "refused")
                 warn(action.note)
+        if self.partial:  # the claims of machines not read this cycle stand as they were
+            considered = {(a.vm, a.namespace) for a in actions if a.vm is not None}
+            current = {**{k: v for k, v in self._duplicates.items() if k not in considered}, **current}
         self._duplicates = current
 
     def cycle(self, dry_run: bool = False) -> Cycle:
@@ -672,6 +772,7 @@ class Reconciler:
             if failure.kind != "interrupted":
                 error(f"cycle failed: {failure}")
             return result
+        self.pending = {a.system_id for a in result.actions if a.changes and a.system_id}
         if dry_run:
             return result
         self.report_duplicates(result.actions)

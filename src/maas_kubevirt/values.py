@@ -213,6 +213,7 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "approval_tag": _maas_tag,
         "on_hostname_taken": _choice("fallback", "skip"),
         "interval": _seconds(1, 86400),
+        "resync_interval": _seconds(60, 604800),
         "timeout": _seconds(1, 600),
         "cycle_deadline": _seconds(10, 86400),
         "max_response_mib": _whole(1, 65536, "MiB"),
