@@ -23,15 +23,11 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from controlplane import control_plane  # noqa: E402,F401 (the session's control plane fixture)
 from maas_double import MaasDouble  # noqa: E402
 
 from maas_kubevirt import cli, doctor, kube, policies  # noqa: E402
 from maas_kubevirt.values import load_values  # noqa: E402
-
-# The tier's fixture (tests/controlplane.py) comes with the control plane work; until it is
-# there, this module skips.
-control_plane = pytest.importorskip("controlplane", reason="tests/controlplane.py (the control plane tier) "
-                                    "is not in this tree").control_plane
 
 DOMAIN = "bmc.doctor.example"
 NAMESPACE = "doctor-vms"
