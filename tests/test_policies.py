@@ -533,3 +533,31 @@ def test_every_derived_uuid_has_the_derived_form(vm, namespace):
 
     uuid = identity.smbios_uuid(vm, namespace)
     assert re.fullmatch(policies.UUID_DERIVED_HEX_REGEX.strip("^$"), uuid.replace("-", ""))
+
+
+# --- a new seed re-derives every Secret at once -------------------------------------------------
+
+def test_a_new_seed_updates_the_bmc_policy_in_place(defaults):
+    """The seed's digest sits in bmc-secret's data, so applying a render with a new seed updates
+    the policy and Kyverno re-derives every <vm>-bmc Secret (its data change sync)."""
+    other = "another-site-seed-of-enough-length-0001"
+    before = _policies_of(policies.render_kubernetes(defaults, SEED))
+    after = _policies_of(policies.render_kubernetes(defaults, other))
+    assert policies.policies_to_recreate(before, after) == []
+    old, new = (rules(p[policies.POLICY_NAMES["bmc"]])["bmc-secret"]["generate"]["data"]["metadata"]["annotations"]
+                for p in (before, after))
+    assert old == {policies.SEED_VERSION_ANNOTATION: policies.seed_version(SEED)}
+    assert new == {policies.SEED_VERSION_ANNOTATION: policies.seed_version(other)}
+    assert old != new
+    # Only the Secret carries it; the reference tree (no seed) has none.
+    reference = _policies_of(policies.render_kubernetes(defaults, None))
+    assert "annotations" not in rules(reference[policies.POLICY_NAMES["bmc"]])["bmc-secret"]["generate"]["data"]["metadata"]
+
+
+@given(st.text(min_size=1, max_size=64), st.text(min_size=1, max_size=64))
+def test_seed_versions_differ_per_seed_and_never_show_it(a, b):
+    assume(a != b)
+    assert policies.seed_version(a) != policies.seed_version(b)
+    assert len(policies.seed_version(a)) == 16 and set(policies.seed_version(a)) <= set("0123456789abcdef")
+    if len(a) >= 8:
+        assert a not in policies.seed_version(a)

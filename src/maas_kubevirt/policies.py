@@ -15,6 +15,7 @@ engine and compare with the identity module.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import re
 import sys
@@ -44,6 +45,8 @@ CLUSTER_ISSUER_ANNOTATION = "cert-manager.io/cluster-issuer"
 # Set on each VM by the opt-in rule: a new value on every opt-in makes the update that fires
 # the BMC policy's generate rules even when the VM already carries its serial and UUID.
 OPTED_IN_ANNOTATION = "maas-kubevirt/opted-in"
+# On each generated <vm>-bmc Secret: which seed its password comes from (seed_version).
+SEED_VERSION_ANNOTATION = "maas-kubevirt/seed-version"
 
 POLICY_NAMES = {
     "identity": "maas-kubevirt-vm-identity",
@@ -155,6 +158,11 @@ def allowlist_annotation(ingress: dict) -> str:
     return ingress["allowlist_annotation"] or ALLOWLIST_ANNOTATION
 
 
+def seed_version(seed: str) -> str:
+    """A one-way, domain-separated digest naming a seed; it reveals nothing about the seed."""
+    return hashlib.sha256(f"maas-kubevirt seed version\0{seed}".encode("utf-8")).hexdigest()[:16]
+
+
 def check_values(values: dict) -> None:
     """Object-level checks beyond values.py: raise ValuesError for values giving invalid objects."""
     problems: list[str] = []
@@ -226,6 +234,8 @@ def _context(values: dict, seed: str | None) -> dict[str, Any]:
         "policy_names": POLICY_NAMES,
         "example_namespace": EXAMPLE_NAMESPACE,
         "opted_in_annotation": OPTED_IN_ANNOTATION,
+        "seed_version_annotation": SEED_VERSION_ANNOTATION,
+        "seed_version": seed_version(seed) if seed is not None else "",
         "uuid_jmespath": UUID_JMESPATH,
         "target_uuid_jmespath": uuid_jmespath("target"),
         "own_uuid_hex_jmespath": f"regex_replace_all('-', {UUID_JMESPATH}, '')",
