@@ -51,7 +51,7 @@ class Site:
             "maas": {"url": double.url, "api_key_file": str(key), "timeout": 2},
         }))
         self.values = load_values(self.values_file)
-        self.script = render_commissioning(self.values, SEED).encode()
+        self.script = render_commissioning(self.values).encode()
         self.client().create_script(SCRIPT_NAME, self.script)   # as upload-script creates it
         assert set(double.scripts[SCRIPT_NAME]["tags"]) >= {"bmc-config", "enlisting"}
         self.ids = {}

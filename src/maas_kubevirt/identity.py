@@ -1,8 +1,8 @@
 """The one place for every name maas-kubevirt derives from a VM (DESIGN.md section 2).
 
 The commissioning script carries a copy of the serial and host rules and of the placeholder
-password; a test proves the copies equal. The Kyverno templates compute the UUID and password with JMESPath
-(sha256, join, truncate, regex_replace_all), so both rules are spelled in those terms.
+password; a test proves the copies equal. The Kyverno templates compute the UUID and password
+with JMESPath (sha256, join, truncate, regex_replace_all), so both rules are spelled in those terms.
 """
 
 from __future__ import annotations
@@ -14,11 +14,6 @@ LABEL_MAX = 63
 SUBDOMAIN_MAX = 253
 HOST_MAX = 253
 HASH_SUFFIX = 8
-# The power_pass the commissioning script writes at enlistment (MAAS requires one for redfish:
-# src/provisioningserver/drivers/power/redfish.py). The script is public, so it cannot know the
-# real password; the reconciler replaces this with bmc_password(). Never 32 hex digits, so it
-# never equals a derived password.
-PLACEHOLDER_PASSWORD = "placeholder-set-by-maas-kubevirt-reconcile"
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
 _DOMAIN_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
 _ADDRESS = re.compile(
