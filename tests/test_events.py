@@ -16,12 +16,13 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).parent))
 
 from maas_double import MaasDouble, populate  # noqa: E402
-from reconcile_helpers import DOMAIN, converged  # noqa: E402
+from reconcile_helpers import DOMAIN, SEED, converged, derived  # noqa: E402
 
 from maas_kubevirt import events, identity  # noqa: E402
+from maas_kubevirt.identity import PLACEHOLDER_PASSWORD as PLACEHOLDER  # noqa: E402
 from maas_kubevirt.events import AUDIT, DEBUG, EventLog, MalformedEvents, parse_events  # noqa: E402
 from maas_kubevirt.maas import MAASClient, RetryPolicy, Signer  # noqa: E402
-from maas_kubevirt.reconcile import Audit, Reconciler, Settings  # noqa: E402
+from maas_kubevirt.reconcile import Audit, Passwords, Reconciler, Settings  # noqa: E402
 
 SETTINGS = Settings(domain=DOMAIN)
 
@@ -281,7 +282,8 @@ def test_enlistment_records_maas_status_events(double):
 
 
 def reconciler_for(double: MaasDouble, clock: Clock | None = None, settings: Settings = SETTINGS) -> Reconciler:
-    return Reconciler(client_for(double), settings, QuietAudit(), clock=clock or Clock())
+    return Reconciler(client_for(double), settings, QuietAudit(), clock=clock or Clock(),
+                      passwords=Passwords(SEED))
 
 
 class QuietAudit(Audit):
@@ -392,7 +394,7 @@ def test_a_failed_event_query_resyncs(double):
 def test_the_full_list_strategy_is_still_there(double):
     populate(double, 50, new=True)
     reconciler = reconciler_for(double, settings=Settings(domain=DOMAIN, resync_interval=None))
-    settle(reconciler)
+    settle(reconciler, double=double)
     requests, _ = idle_cost(double, reconciler)
     assert requests == 1 and ("GET", "machines/") in double.counts
 
@@ -431,3 +433,59 @@ def test_machines_read_by_id_are_split_below_the_query_limit(double):
     found = client.machines_by_id(ids[::-1] + ["gone00"])
     assert sorted(m["system_id"] for m in found) == sorted(ids)
     assert double.counts[("GET", "machines/")] == 2, "900 ids of 6 characters: two requests"
+
+
+# --- the credential guarantees (issue 8) hold in event-driven cycles --------------------------
+
+
+def power_parameter_reads(double: MaasDouble) -> int:
+    return sum(n for (method, shape), n in double.counts.items() if shape.endswith("?op=power_parameters"))
+
+
+def test_the_placeholder_is_replaced_then_left_alone_event_driven(double):
+    sid = double.add_vm("web1", "vms", hostname="web1-vms", pool="vms", status="Ready")
+    reconciler = reconciler_for(double)
+    assert [a.kind for a in reconciler.cycle().actions] == ["set-password"]
+    assert double.power[sid]["power_pass"] == derived("web1", "vms")
+    double.reset_counts()
+    assert reconciler.cycle().actions == [], "read once more to see it through: nothing to do"
+    assert power_parameter_reads(double) == 1
+    double.reset_counts()
+    assert reconciler.cycle().actions == []
+    assert double.request_count == 2 and power_parameter_reads(double) == 0
+
+
+def test_a_commission_started_by_hand_is_repaired_event_driven(double):
+    sid = double.add_vm("web1", "vms", hostname="web1-vms", pool="vms", status="Ready")
+    reconciler = reconciler_for(double)
+    settle(reconciler, double=double)
+    client_for(double).call("POST", f"machines/{sid}/", [("op", "commission")], fields={})
+    assert double.power[sid]["power_pass"] == PLACEHOLDER, "the bmc-config script ran again"
+    result = reconciler.cycle()    # the status event names it: read, repaired
+    assert [(a.system_id, a.kind) for a in result.actions if a.changes] == [(sid, "set-password")]
+    assert double.power[sid]["power_pass"] == derived("web1", "vms")
+    # While it stays in Commissioning, each cycle reads it and its parameters again.
+    double.power[sid]["power_pass"] = PLACEHOLDER   # written back mid-run: no event
+    double.reset_counts()
+    result = reconciler.cycle()
+    assert [(a.system_id, a.kind) for a in result.actions if a.changes] == [(sid, "set-password")]
+    double.advance()
+    settle(reconciler, double=double)
+    double.reset_counts()
+    reconciler.cycle()
+    assert double.request_count == 2 and power_parameter_reads(double) == 0
+
+
+def test_a_second_claimant_read_alone_is_refused_event_driven(double):
+    """A new machine claiming an identity another machine holds: both are refused, though only
+    the new one was named in an event (the other comes from what the last resync learnt)."""
+    first = double.add_vm("web1", "vms")
+    reconciler = reconciler_for(double)
+    settle(reconciler, double=double)
+    assert double.power[first]["power_pass"] == derived("web1", "vms")
+    second = double.enlist("web1", "vms")
+    result = reconciler.cycle()
+    (duplicate,) = [a for a in result.actions if a.kind == "duplicate-claim"]
+    assert set(duplicate.after.split(",")) == {first, second}
+    assert not any(a.changes for a in result.actions)
+    assert double.power[second]["power_pass"] == PLACEHOLDER

@@ -709,6 +709,8 @@ class Reconciler:
         wanted = names_to_check(matches)
         taken = self.client.taken_hostnames(wanted) if wanted else {}
         actions = plan(machines, power, pools, self.settings, taken)
+        # Read again next cycle, even when the re-read below makes the plan leave them alone.
+        self.pending = {a.system_id for a in actions if a.changes and a.system_id}
         return self.refresh(machines, power, pools, taken, actions)
 
     def refresh(self, machines: Sequence[Mapping[str, Any]], power: Mapping[str, Power],
@@ -772,7 +774,6 @@ class Reconciler:
             if failure.kind != "interrupted":
                 error(f"cycle failed: {failure}")
             return result
-        self.pending = {a.system_id for a in result.actions if a.changes and a.system_id}
         if dry_run:
             return result
         self.report_duplicates(result.actions)
