@@ -817,3 +817,8 @@ def test_the_service_reads_its_secrets_as_systemd_credentials(tmp_path, double, 
     assert double.power[sid]["power_pass"] == derived("web1", "vms")
     assert "readable by group" not in err
     assert_no_secrets(double, out, err)
+
+
+def test_the_readme_names_the_placeholder_the_code_uses():
+    readme = (ROOT / "README.md").read_text()
+    assert f"`{identity.PLACEHOLDER_PASSWORD}`" in readme
