@@ -820,5 +820,5 @@ def test_the_service_reads_its_secrets_as_systemd_credentials(tmp_path, double, 
 
 
 def test_the_readme_names_the_placeholder_the_code_uses():
-    readme = (ROOT / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert f"`{identity.PLACEHOLDER_PASSWORD}`" in readme
