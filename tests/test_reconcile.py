@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -820,3 +821,27 @@ def test_the_service_reads_its_secrets_as_systemd_credentials(tmp_path, double, 
     assert double.power[sid]["power_pass"] == derived("web1", "vms")
     assert "readable by group" not in err
     assert_no_secrets(double, out, err)
+
+
+def test_the_readme_names_the_placeholder_the_code_uses():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert f"`{identity.PLACEHOLDER_PASSWORD}`" in readme
+
+
+# (not in test_render.py: the package build runs that file without README.md)
+def test_the_readme_seed_rotation_commands_make_a_new_private_seed_and_render_with_it(tmp_path):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("### Rotating the seed"):]
+    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    cli_command = f"{sys.executable} -m maas_kubevirt"
+    script = block.replace(".venv/bin/maas-kubevirt", cli_command)
+    assert script != block, "the rotation block no longer runs the CLI"
+    assert subprocess.run([sys.executable, "-m", "maas_kubevirt", "render", "--output", "build"],
+                          cwd=tmp_path, capture_output=True).returncode == 0
+    old = (tmp_path / "build" / "seed").read_text()
+    subprocess.run(["sh", "-eu", "-c", "umask 022\n" + script], cwd=tmp_path, check=True, capture_output=True)
+    new = (tmp_path / "build" / "seed").read_text()
+    assert new != old and (tmp_path / "build" / "seed").stat().st_mode & 0o777 == 0o600
+    assert not (tmp_path / "build" / "seed.new").exists()
+    secret = (tmp_path / "build" / "kubernetes" / "seed-secret.yaml").read_text()
+    assert new.strip() in secret and old.strip() not in secret

@@ -8,9 +8,6 @@ import os
 import re
 import secrets
 import stat
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -201,21 +198,3 @@ def test_nothing_is_written_when_a_value_fails_late(tmp_path, monkeypatch):
     with pytest.raises(ValuesError):
         render.render(DEFAULTS, tmp_path / "out")
     assert not (tmp_path / "out").exists()  # not even the generated seed
-
-
-def test_the_readme_seed_rotation_commands_make_a_new_private_seed_and_render_with_it(tmp_path):
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme[readme.index("### Rotating the seed"):]
-    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
-    cli_command = f"{sys.executable} -m maas_kubevirt"
-    script = block.replace(".venv/bin/maas-kubevirt", cli_command)
-    assert script != block, "the rotation block no longer runs the CLI"
-    assert subprocess.run([sys.executable, "-m", "maas_kubevirt", "render", "--output", "build"],
-                          cwd=tmp_path, capture_output=True).returncode == 0
-    old = (tmp_path / "build" / "seed").read_text()
-    subprocess.run(["sh", "-eu", "-c", "umask 022\n" + script], cwd=tmp_path, check=True, capture_output=True)
-    new = (tmp_path / "build" / "seed").read_text()
-    assert new != old and mode(tmp_path / "build" / "seed") == 0o600
-    assert not (tmp_path / "build" / "seed.new").exists()
-    secret = (tmp_path / "build" / "kubernetes" / "seed-secret.yaml").read_text()
-    assert new.strip() in secret and old.strip() not in secret

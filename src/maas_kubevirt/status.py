@@ -20,7 +20,7 @@ def main(values: dict, args: Any) -> int:
         reconciler = Reconciler(client, settings, passwords=passwords)
         try:
             with client.within(settings.cycle_deadline):
-                _, _, matches = reconciler.observe()
+                _, power, matches = reconciler.observe()
         except MAASAuthError as failure:
             error(str(failure))
             return EXIT_USAGE
@@ -29,7 +29,6 @@ def main(values: dict, args: Any) -> int:
             return EXIT_FAILED
     finally:
         client.close()
-    power = {system_id: entry[1] for system_id, entry in reconciler.known.items()}
     rows = [
         (m.vm, m.namespace, m.machine.get("hostname"), m.machine.get("system_id"),
          m.machine.get("status_name"), pool_of(m.machine)[0], m.machine.get("power_state"),
