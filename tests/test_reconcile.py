@@ -327,12 +327,10 @@ def test_idle_cycle_at_ten_thousand_machines(double):
                       password=derived(f"vm{i}", ns))
     client = MAASClient(double.url, Signer(*double.api_key), timeout=30)
     reconciler = Reconciler(client, SETTINGS, Audit(""), passwords=PASSWORDS)
-    started = time.monotonic()
     assert reconciler.cycle().actions == []
     double.reset_counts()
     assert reconciler.cycle().actions == []
     assert double.request_count <= 2
-    assert time.monotonic() - started < 30
     assert all("S3CRET" not in str(v) for v in reconciler.known.values())
 
 
