@@ -320,6 +320,7 @@ class MaasDouble:
                 # MAAS's status signal compares with the value at load: creating a machine in
                 # another status than the default New records the transition.
                 self.record(system_id, "NODE_CHANGED_STATUS", f"From 'New' to '{status}'")
+            self.machines[system_id].encoded()   # now, so a first listing answers at once
             return system_id
 
     def add_node(self, hostname: str, node_type: str = "device", system_id: str | None = None) -> str:
