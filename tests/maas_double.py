@@ -418,6 +418,7 @@ class MaasDouble:
                 self.record(system_id, "NODE", "Deleted the machine.", username="admin")
             machine = self.machines.pop(system_id)
             self.power.pop(system_id, None)
+            self.bmc_config.pop(system_id, None)
             if self._hostnames.get(machine["hostname"].lower()) == system_id:
                 del self._hostnames[machine["hostname"].lower()]
             for event in self.events:
