@@ -134,9 +134,10 @@ def test_rbac_aggregates_exactly_the_needed_verbs(defaults):
         ("networking.k8s.io", "ingresses", ()): generate,
         ("kubevirt.io", "virtualmachines", ()): {"get", "list", "watch", "update"},
     }
-    # No Secret read for the admission controller (issue 8 item 9); the live tier proves the
-    # policies are admitted without it.
+    # Kyverno admits a synchronised generate rule only if its admission controller may get and
+    # list the generated kinds (the live tier: refused without the Secret grant).
     assert admission == {
+        ("", "secrets", ()): {"get", "list"},
         ("bmc.kubevirt.io", "virtualmachinebmcs", ()): {"get", "list"},
         ("networking.k8s.io", "ingresses", ()): {"get", "list"},
     }
