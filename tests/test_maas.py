@@ -646,3 +646,18 @@ def test_cleartext_warning(url, warns):
     assert bool(warning) == warns
     if warns:
         assert "PLAINTEXT" in warning and "token secret" in warning and "https://" in warning
+
+
+def test_default_cap_holds_ten_thousand_real_machines_with_room(double):
+    """Machine objects of MAAS's size (tests/maas_objects.py) at 10,000 machines, three times
+    over (servers with more interfaces and disks than the double's), fit the default cap."""
+    from maas_kubevirt.values import load_values
+
+    for _ in range(20):
+        double.add_machine(power_type="ipmi", status="Deployed")
+    body = client_for(double).call("GET", "machines/", json_reply=False)
+    per_machine = len(body) / 20
+    assert per_machine > 10_000, "the double's machine objects are not of MAAS's size"
+    default_cap = load_values()["maas"]["max_response_mib"] * 2**20
+    assert default_cap == maas.DEFAULT_MAX_RESPONSE
+    assert 10_000 * per_machine * 3 < default_cap

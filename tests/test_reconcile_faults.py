@@ -287,9 +287,9 @@ def test_tag_names_as_a_string_never_approves(tmp_path, capsys):
 
 def test_response_over_the_cap_fails_the_cycle_with_the_key_to_raise(tmp_path, capsys):
     with MaasDouble() as double:
-        for i in range(3000):
+        for i in range(300):        # a real machine object is 10-20 KB: several MiB in all
             double.add_machine(power_type="ipmi", status="Deployed")
-        values = write_values(tmp_path, double, max_response_mib=1)
+        values = write_values(tmp_path, double, max_response_mib=1, timeout=10)
         code, out, err = run_cli(capsys, ["--values", str(values), "reconcile", "--once"])
         assert code == 1
         assert "GET machines/: too-large: response body larger than maas.max_response_mib (1 MiB" in err
