@@ -16,7 +16,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from conftest import require_tool  # noqa: E402
+from conftest import require, require_tool  # noqa: E402
 from maas_double import MaasDouble  # noqa: E402
 from redfish_responder import RedfishResponder  # noqa: E402
 
@@ -27,7 +27,7 @@ from maas_kubevirt.render import render_commissioning  # noqa: E402
 from maas_kubevirt.values import load_values  # noqa: E402
 
 DOMAIN = "bmc.example.com"
-SEED = "doctor-test-seed-0123456789abcdef0123456789abcdef"
+SEED = "5eed" * 16          # 32 random bytes' worth of hex, as the seed rules require
 VMS = [("web1", "vms"), ("web2", "vms"), ("db1", "tenant")]
 
 
@@ -182,14 +182,24 @@ def test_enlist_commissioning_off(site):
 
 def test_the_seed_file_readable_by_others(site):
     site.seed_file.chmod(0o644)
-    check = site.run()["maas.seed_file"]
+    checks = site.run()
+    check = checks["maas.seed_file"]
     assert check.status == "fail" and "mode 0644" in check.found
-    assert check.fix.startswith(f"`chmod 600 {site.seed_file}")
+    assert check.fix.startswith(f"`install -m 600 -o root SEEDFILE {site.seed_file}`")
+    assert checks["maas.power_password"].status == "skip"
 
 
 def test_the_seed_file_owned_by_someone_else(site):
-    check = site.run(seed_owners=(4242424,))["maas.seed_file"]
-    assert check.status == "fail" and "owned by" in check.found and "uid 4242424" in check.found
+    require(os.geteuid() == 0, "giving the seed file to another user needs root")
+    os.chown(site.seed_file, 65534, 65534)
+    check = site.run()["maas.seed_file"]
+    assert check.status == "fail" and "owned by uid 65534" in check.found
+
+
+def test_a_weak_seed(site):
+    site.seed_file.write_text("short-and-guessable\n")
+    check = site.run()["maas.seed_file"]
+    assert check.status == "fail" and "short-and-guessable" not in check.found
 
 
 def test_the_seed_file_missing_or_a_symlink(site):
@@ -334,12 +344,11 @@ def test_doctor_command_exits_1_on_a_failure_and_prints_no_secret(site, monkeypa
     monkeypatch.setattr(doctor, "system_resolve", site.resolve)
     site.add_vm("web3", "vms", password="wrong-S3CRET-pass")
     site.responder.accounts[site.host("web1", "vms")] = ("maas", "other-S3CRET")
-    site.seed_file.chmod(0o640)
     code = cli.main(["--values", str(site.values_file), "doctor"])
     out, err = capsys.readouterr()
     assert code == 1
     rows = table_statuses(out)
-    assert rows["maas.power_password"] == rows["network.redfish"] == rows["maas.seed_file"] == "fail"
+    assert rows["network.redfish"] == rows["maas.power_password"] == "fail"
     for secret in site.secrets() + ["other-S3CRET"]:
         assert secret not in out + err
 

@@ -23,7 +23,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from controlplane import control_plane  # noqa: E402,F401 (the session's control plane fixture)
+from controlplane import KubectlError, control_plane  # noqa: E402,F401 (the session's control plane fixture)
 from maas_double import MaasDouble  # noqa: E402
 
 from maas_kubevirt import cli, doctor, kube, policies  # noqa: E402
@@ -56,7 +56,17 @@ class Site:
         self.install()
 
     def install(self) -> None:
-        self.plane.apply_bundle(self.output)
+        """kubectl apply -k, as README says; again until Kyverno admits the policies (the RBAC
+        applied with them takes effect once the aggregation controller has merged it)."""
+        deadline = time.monotonic() + SETTLE
+        while True:
+            try:
+                self.plane.apply_bundle(self.output)
+                break
+            except KubectlError as failure:
+                if "requires permissions" not in failure.stderr or time.monotonic() > deadline:
+                    raise
+                time.sleep(2)
         self.plane.kubectl("wait", "--for=condition=Ready", "clusterpolicy", "-l",
                            "app.kubernetes.io/part-of=maas-kubevirt", "--timeout=120s")
 

@@ -13,7 +13,6 @@ SHA-256 digest) and never printed; the seed Secret's value never leaves :mod:`ku
 from __future__ import annotations
 
 import base64
-import errno
 import hashlib
 import hmac
 import http.client
@@ -28,10 +27,12 @@ import ssl
 import stat
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG, identity, policies
+from maas_kubevirt import seed as seeds
 from maas_kubevirt.maas import (
     DNS_NAME_REJECTED,
     MIN_MAAS_VERSION,
@@ -44,7 +45,8 @@ from maas_kubevirt.console import error, table, warn
 from maas_kubevirt.paths import SCRIPT_NAME
 from maas_kubevirt.reconcile import Match, matching
 # What upload-script checks before it uploads is what doctor checks in MAAS.
-from maas_kubevirt.upload import REQUIRED_TAGS, rendering_problem
+from maas_kubevirt.render import REQUIRED_TAGS, rendering_problem
+from maas_kubevirt.values import ValuesError
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 STATUSES = (OK, WARN, FAIL, SKIP)
@@ -131,7 +133,7 @@ def admin_check(user: Mapping[str, Any], key_source: str) -> Check:
 def script_check(script: Mapping[str, Any] | None, render_problem: str | None, upload: str) -> Check:
     """The commissioning script is in MAAS, tagged, and its stored text is the render of these values.
 
-    render_problem: why the stored text is not that render (``upload.rendering_problem``), or None.
+    render_problem: why the stored text is not that render (``render.rendering_problem``), or None.
     """
     name = "maas.script"
     if script is None:
@@ -160,50 +162,26 @@ def enlist_commissioning_check(value: Any, profile_fix: str) -> Check:
                  profile_fix)
 
 
-def seed_file_check(path: str, allowed_owners: Iterable[int]) -> tuple[Check, str | None]:
-    """The seed file is a regular file, mode 0600 or stricter, owned by root or this service's user.
+def seed_file_check(path: str) -> tuple[Check, str | None]:
+    """The seed file passes the reconciler's own checks (:func:`seed.read`): a regular file, not
+    a symlink, mode 0600 or 0400, owned by root or this user, 32 or more random bytes.
 
-    Returns the check and, when the file is readable, the seed (stripped), for the checks that
-    compare with it. The file is opened without following a symlink.
+    Returns the check and, when it passes, the seed, for the checks that compare with it.
     """
     name = "maas.seed_file"
+    install = (f"`install -m 600 -o root SEEDFILE {shlex.quote(path or '/etc/maas-kubevirt/seed')}`, "
+               "SEEDFILE holding the seed the cluster's seed Secret was rendered from "
+               f"({seeds.ACCEPTED})")
     if not path:
         return Check(name, FAIL, "seed.file is empty: the MAAS host has no seed",
-                     "set seed.file in the values to the seed file the cluster's seed Secret was "
-                     "rendered from (e.g. /etc/maas-kubevirt/seed, mode 0600)"), None
-    allowed = sorted(set(allowed_owners))
+                     f"set seed.file in the values, e.g. /etc/maas-kubevirt/seed, then {install}"), None
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as error:
-        reason = "a symbolic link (refused)" if error.errno == errno.ELOOP else (error.strerror or str(error))
-        return Check(name, FAIL, f"{path}: {reason}",
-                     f"put the seed in {path} as a regular file: `install -m 600 -o root SEEDFILE {path}`"), None
-    try:
-        info = os.fstat(fd)
-        data = os.read(fd, 65536) if stat.S_ISREG(info.st_mode) else b""
-    finally:
-        os.close(fd)
-    problems = []
-    if not stat.S_ISREG(info.st_mode):
-        problems.append("not a regular file")
-    mode = stat.S_IMODE(info.st_mode)
-    if mode & 0o077:
-        problems.append(f"mode {mode:04o} lets group or others read it")
-    if info.st_uid not in allowed:
-        problems.append(f"owned by {_user_name(info.st_uid)}, not {' or '.join(_user_name(u) for u in allowed)}")
-    try:
-        seed = data.decode("utf-8").strip()
-    except UnicodeDecodeError:
-        seed = ""
-    if not seed or not seed.isprintable():
-        problems.append("holds no printable seed")
-        seed = ""
-    del data
-    if problems:
-        return Check(name, FAIL, f"{path}: " + "; ".join(problems),
-                     f"`chmod 600 {shlex.quote(path)} && chown {_user_name(allowed[0])}: {shlex.quote(path)}`"), \
-            (seed or None)
-    return Check(name, OK, f"{path}: mode {mode:04o}, owned by {_user_name(info.st_uid)}"), seed
+        seed = seeds.read(Path(path), "seed.file", follow_symlinks=False)
+    except ValuesError as failure:
+        return Check(name, FAIL, _clean(failure), install), None
+    info = os.stat(path)
+    return Check(name, OK, f"{path}: mode {stat.S_IMODE(info.st_mode):04o}, owned by {_user_name(info.st_uid)}, "
+                 f"{seeds.random_bytes(seed)} random bytes"), seed
 
 
 def _user_name(uid: int) -> str:
@@ -713,7 +691,6 @@ class Options:
     command: str = PROG                      # how the operator runs us, for the fixes
     resolve: Resolver | None = None         # None: the system resolver
     redfish_deadline: float = REDFISH_DEADLINE
-    seed_owners: tuple[int, ...] = field(default_factory=lambda: (0, os.geteuid()))
 
 
 @dataclass
@@ -887,15 +864,11 @@ def cluster_checks(values: Mapping[str, Any], cluster: Any, seed: str | None, fi
     return checks
 
 
-def read_seed(values: Mapping[str, Any], options: Options) -> tuple[Check, str | None]:
-    return seed_file_check(values["seed"]["file"], options.seed_owners)
-
-
 def run(values: Mapping[str, Any], client: MAASClient, cluster: Any | None, options: Options) -> list[Check]:
     """Every check, in order: MAAS, the seed file, the cluster, the network."""
     fixes = _Fixes(options.command, values)
     reach = Reach()
-    seed_check, seed = read_seed(values, options)
+    seed_check, seed = seed_file_check(values["seed"]["file"])
     checks = maas_checks(values, client, seed, fixes, reach)
     checks.append(seed_check)
     if cluster is None:

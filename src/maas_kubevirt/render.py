@@ -19,6 +19,9 @@ from maas_kubevirt.policies import KUSTOMIZATION_FILE, SEED_SECRET_FILE, render_
 # holding the seed inside them are 0600). Set explicitly: the umask must not decide.
 PRIVATE_DIR, PUBLIC_DIR = 0o700, 0o755
 _SETTINGS_LINE = re.compile(r"^SETTINGS = .*# replaced by maas-kubevirt render$", re.MULTILINE)
+# Scripts run at enlistment: tagged enlisting (enlist_commissioning on) or bmc-config (off)
+# (src/maasserver/models/scriptset.py); DESIGN.md section 4. upload-script and doctor check them.
+REQUIRED_TAGS = ("bmc-config", "enlisting")
 
 
 def script_settings(values: dict) -> dict[str, str | bool]:
@@ -49,6 +52,46 @@ def render_commissioning(values: dict) -> str:
     if len(assigned) != 1 or ast.literal_eval(assigned[0]) != settings:
         raise RuntimeError(f"{SCRIPT_NAME}: the injected SETTINGS do not read back as written")
     return rendered
+
+
+
+def _embedded_settings(text: str) -> dict | None:
+    """The literal assigned to SETTINGS at the top level of the script, if there is one."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["SETTINGS"]:
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                return None
+            return value if isinstance(value, dict) else None
+    return None
+
+
+def rendering_problem(text: str, values: dict, source: str) -> str | None:
+    """Why text is not what ``render`` writes from these values, or None when it is.
+
+    Only the names of differing settings are given, never a value: a secret must not be echoed.
+    """
+    render_again = f"run `{PROG} --values FILE render` with the values you pass here"
+    settings = _embedded_settings(text)
+    if settings is None:
+        return f"{source}: not a script rendered by {PROG} (no SETTINGS): {render_again}"
+    template = (data_dir() / "commissioning" / SCRIPT_NAME).read_text(encoding="utf-8")
+    if text == template:
+        return f"{source}: the unrendered commissioning script from the source tree: {render_again}"
+    if text == render_commissioning(values):
+        return None
+    expected = script_settings(values)
+    differing = sorted(key for key in set(expected) | set(settings) if expected.get(key) != settings.get(key))
+    if differing:
+        return (f"{source}: rendered from other values ({', '.join(differing)} differ from these): "
+                f"{render_again}")
+    return (f"{source}: its code differs from what {PROG} renders (another version, or edited): "
+            f"{render_again}")
 
 
 def make_directory(path: Path, mode: int) -> None:

@@ -8,7 +8,6 @@ back: its tags hold bmc-config and enlisting, and its stored text is the rendere
 
 from __future__ import annotations
 
-import ast
 import re
 import shlex
 from pathlib import Path
@@ -20,15 +19,11 @@ from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG
 from maas_kubevirt.audit import Audit
 from maas_kubevirt.console import error, note, warn
 from maas_kubevirt.maas import MAASAuthError, MAASClient, MAASError, client_from_values
-from maas_kubevirt.paths import SCRIPT_NAME, data_dir
-from maas_kubevirt.render import render_commissioning, script_settings
+from maas_kubevirt.render import REQUIRED_TAGS, rendering_problem
 from maas_kubevirt.values import ValuesError
 
 # src/maasserver/forms/script.py, ScriptForm._read_script: the delimiters of the metadata block.
 _DELIMITER = re.compile(r"\s*#\s*-+\s*(Start|End) MAAS (?P<version>\d+\.\d+) script metadata\s+-+", re.I)
-# Scripts run at enlistment: tagged enlisting (enlist_commissioning on) or bmc-config (off)
-# (src/maasserver/models/scriptset.py); DESIGN.md section 4.
-REQUIRED_TAGS = ("bmc-config", "enlisting")
 COMMENT = "uploaded by maas-kubevirt"
 
 
@@ -79,45 +74,6 @@ def script_tags(metadata: dict) -> list[str]:
     if isinstance(tags, list) and all(isinstance(t, str) for t in tags):
         return [t.strip() for t in tags if t.strip()]
     return []
-
-
-def _embedded_settings(text: str) -> dict | None:
-    """The literal assigned to SETTINGS at the top level of the script, if there is one."""
-    try:
-        tree = ast.parse(text)
-    except SyntaxError:
-        return None
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["SETTINGS"]:
-            try:
-                value = ast.literal_eval(node.value)
-            except ValueError:
-                return None
-            return value if isinstance(value, dict) else None
-    return None
-
-
-def rendering_problem(text: str, values: dict, source: str) -> str | None:
-    """Why text is not what ``render`` writes from these values, or None when it is.
-
-    Only the names of differing settings are given, never a value: a secret must not be echoed.
-    """
-    render_again = f"run `{PROG} --values FILE render` with the values you pass here"
-    settings = _embedded_settings(text)
-    if settings is None:
-        return f"{source}: not a script rendered by {PROG} (no SETTINGS): {render_again}"
-    template = (data_dir() / "commissioning" / SCRIPT_NAME).read_text(encoding="utf-8")
-    if text == template:
-        return f"{source}: the unrendered commissioning script from the source tree: {render_again}"
-    if text == render_commissioning(values):
-        return None
-    expected = script_settings(values)
-    differing = sorted(key for key in set(expected) | set(settings) if expected.get(key) != settings.get(key))
-    if differing:
-        return (f"{source}: rendered from other values ({', '.join(differing)} differ from these): "
-                f"{render_again}")
-    return (f"{source}: its code differs from what {PROG} renders (another version, or edited): "
-            f"{render_again}")
 
 
 def _upload(client: MAASClient, name: str, content: bytes, metadata: dict) -> bool:
