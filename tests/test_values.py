@@ -6,7 +6,9 @@ import copy
 
 import pytest
 import yaml
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
+
+from branches import branch, branches_taken
 
 from maas_kubevirt import cli
 from maas_kubevirt.values import DEFAULT_VALUES_PATH, SCHEMA, ValuesError, load_values, validate
@@ -99,15 +101,28 @@ ANY_YAML = st.recursive(
 )
 
 
-@given(st.sampled_from(LEAVES), ANY_YAML)
+@branches_taken(refused=0.3, accepted=0.05)
+@given(st.sampled_from(LEAVES), ANY_YAML | st.just("default"))
+@example(("maas", "interval"), True)
+@example(("maas", "timeout"), False)
 def test_any_leaf_value_is_accepted_or_named(leaf, value):
     section, key = leaf
+    default = DEFAULTS[section][key]
+    value = copy.deepcopy(default) if value == "default" else value
     values = copy.deepcopy(DEFAULTS)
     values[section][key] = value
-    try:
-        validate(values)
-    except ValuesError as error:
-        assert all(p.startswith(f"{section}.{key}") for p in error.problems), error.problems
+    if branch("refused", type(value) is not type(default)):
+        # A value of another YAML type than the default's is never right (a bool is not seconds).
+        with pytest.raises(ValuesError) as raised:
+            validate(values)
+        assert raised.value.problems and all(p.startswith(f"{section}.{key}") for p in raised.value.problems)
+    elif branch("accepted", value == default):
+        assert validate(values)[section][key] == default
+    else:
+        try:
+            validate(values)
+        except ValuesError as error:
+            assert all(p.startswith(f"{section}.{key}") for p in error.problems), error.problems
 
 
 def test_cli_bad_values_exit_2_and_render_nothing(tmp_path, capsys):
@@ -118,3 +133,57 @@ def test_cli_bad_values_exit_2_and_render_nothing(tmp_path, capsys):
     assert capsys.readouterr().err == (
         "maas-kubevirt: error: maas.commission: expected one of auto, approved, never, found 'always'\n"
     )
+
+
+@pytest.mark.parametrize(
+    "section, key, value, accepted",
+    [
+        ("maas", "interval", 1, True),
+        ("maas", "interval", 86400, True),
+        ("maas", "interval", 0, False),
+        ("maas", "interval", 86401, False),
+        ("maas", "interval", True, False),
+        ("maas", "interval", 60.0, False),
+        ("maas", "timeout", 1, True),
+        ("maas", "timeout", 600, True),
+        ("maas", "timeout", 0, False),
+        ("maas", "timeout", 601, False),
+        ("maas", "timeout", True, False),
+        ("maas", "url", "https://maas.example.com:5443/MAAS/", True),
+        ("maas", "url", "ftp://maas.example.com/MAAS/", False),
+        ("maas", "url", "file:///etc/passwd", False),
+        ("maas", "url", "http://maas example/MAAS/", False),
+        ("maas", "url", "http:///MAAS/", False),
+        ("kubernetes", "opt_in_label", "a" * 63, True),
+        ("kubernetes", "opt_in_label", "a" * 64, False),
+        ("kubernetes", "opt_in_label", "maas.io/" + "a" * 63, True),
+        ("kubernetes", "opt_in_label", "maas.io/" + "a" * 64, False),
+        ("kubernetes", "opt_in_label", "maas.io/", False),
+        ("kubernetes", "opt_in_value", "v" * 63, True),
+        ("kubernetes", "opt_in_value", "v" * 64, False),
+        ("smbios", "manufacturer", "Kube Virt", True),
+        ("smbios", "manufacturer", "KubeVirt\n", False),
+        ("smbios", "manufacturer", "Kube\x1b[2JVirt", False),
+        ("smbios", "manufacturer", "Kube\tVirt", False),
+        ("smbios", "manufacturer", "   ", False),
+        ("redfish", "username", "maas\n", False),
+        ("maas", "approval_tag", "approved\x00", False),
+        ("maas", "api_key_file", "/etc/maas-kubevirt/api\x00key", False),
+        ("ingress", "tls_secret", None, False),
+        ("ingress", "cluster_issuer", None, False),
+        ("maas", "audit_log", None, False),
+        ("seed", "file", None, False),
+        ("ingress", "tls_secret", "", True),
+        ("maas", "audit_log", "", True),
+        ("maas", "audit_log", "audit.log", False),
+    ],
+)
+def test_boundaries_types_and_control_characters(section, key, value, accepted):
+    values = copy.deepcopy(DEFAULTS)
+    values[section][key] = value
+    if accepted:
+        assert validate(values)[section][key] == value
+    else:
+        with pytest.raises(ValuesError) as raised:
+            validate(values)
+        assert len(raised.value.problems) == 1 and raised.value.problems[0].startswith(f"{section}.{key}: expected ")
