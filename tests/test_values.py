@@ -187,3 +187,119 @@ def test_boundaries_types_and_control_characters(section, key, value, accepted):
         with pytest.raises(ValuesError) as raised:
             validate(values)
         assert len(raised.value.problems) == 1 and raised.value.problems[0].startswith(f"{section}.{key}: expected ")
+
+
+@pytest.mark.parametrize(
+    "section, key, value, problem",
+    [
+        ("redfish", "username", "a b", "expected a user name of 1-64 letters, digits, '.', '_' or '-', found 'a b'"),
+        ("redfish", "check", True, "expected one of off, advisory, strict, found true"),
+        ("redfish", "scheme", "ftp", "expected one of https, http, found 'ftp'"),
+        ("seed", "file", 5, "expected a file path, found 5"),
+        ("seed", "file", "/etc/\0seed", "expected a file path, found '/etc/\\x00seed'"),
+        ("kubernetes", "system_namespace", "Kube_System",
+         "expected a Kubernetes namespace name (DNS-1123 label), found 'Kube_System'"),
+        ("kubernetes", "seed_secret", "-x", "expected a Kubernetes object name (DNS-1123 subdomain), found '-x'"),
+        ("kubernetes", "opt_in_label", "a/b/c",
+         "expected a Kubernetes label key ([prefix/]name, name 1-63 characters), found 'a/b/c'"),
+        ("kubernetes", "opt_in_value", "",
+         "expected a non-empty Kubernetes label value (1-63 letters, digits, '-', '_', '.'), found an empty string"),
+        ("ingress", "class_name", None, "expected a Kubernetes object name (DNS-1123 subdomain), found nothing"),
+        ("ingress", "tls_secret", "A",
+         "expected a Kubernetes object name (DNS-1123 subdomain), or an empty string, found 'A'"),
+        ("ingress", "annotations", [], "expected a mapping of annotation keys to string values, found a list"),
+        ("maas", "approval_tag", "", "expected a MAAS tag name (letters, digits, '_' and '-'), found an empty string"),
+        ("maas", "on_hostname_taken", "x", "expected one of fallback, skip, found 'x'"),
+        ("maas", "interval", 0.5, "expected a whole number of seconds from 1 to 86400, found 0.5"),
+        ("maas", "audit_log", "audit.log", "expected an absolute file path, or an empty string, found 'audit.log'"),
+        ("maas", "url", "x", "expected an http:// or https:// URL, found 'x'"),
+    ],
+)
+def test_each_problem_reads_in_full(section, key, value, problem):
+    values = copy.deepcopy(DEFAULTS)
+    values[section][key] = value
+    with pytest.raises(ValuesError) as raised:
+        validate(values)
+    assert raised.value.problems == [f"{section}.{key}: {problem}"]
+
+
+def test_collection_problems_name_the_item():
+    values = copy.deepcopy(DEFAULTS)
+    values["ingress"]["source_ranges"] = ["10.0.0.0/8", 5, "10.0.0.1/8"]
+    values["ingress"]["annotations"] = {"bad key": "v", "ok/key": 1}
+    with pytest.raises(ValuesError) as raised:
+        validate(values)
+    assert raised.value.problems == [
+        "ingress.source_ranges[1]: expected a CIDR such as 10.0.0.0/8, found 5",
+        "ingress.source_ranges[2]: expected a CIDR such as 10.0.0.0/8, found '10.0.0.1/8'",
+        "ingress.annotations['bad key']: expected an annotation key ([prefix/]name), found 'bad key'",
+        "ingress.annotations['ok/key']: expected a string value (quote it), found 1",
+    ]
+
+
+def test_every_section_and_key_is_checked_after_a_problem():
+    values = copy.deepcopy(DEFAULTS)
+    values["redfish"] = 5
+    del values["kubernetes"]["system_namespace"]
+    values["kubernetes"]["opt_in_value"] = ""
+    values["maas"] = None
+    values["extra"] = {}
+    with pytest.raises(ValuesError) as raised:
+        validate(values)
+    assert raised.value.problems == [
+        "extra: unknown key; expected one of redfish, seed, smbios, kubernetes, ingress, maas",
+        "redfish: expected a mapping, found 5",
+        "kubernetes.system_namespace: expected a value, found nothing",
+        "kubernetes.opt_in_value: expected a non-empty Kubernetes label value (1-63 letters, digits, '-', '_', '.'), "
+        "found an empty string",
+        "maas: expected a mapping, found nothing",
+    ]
+    assert str(raised.value) == "\n".join(raised.value.problems)
+
+
+def test_not_a_mapping_names_the_source():
+    with pytest.raises(ValuesError) as raised:
+        validate([1])
+    assert raised.value.problems == ["values: expected a mapping of sections, found a list"]
+    with pytest.raises(ValuesError) as raised:
+        validate("x", "site.yaml")
+    assert raised.value.problems == ["site.yaml: expected a mapping of sections, found 'x'"]
+
+
+def test_a_section_overridden_by_a_scalar_is_reported_as_given(tmp_path):
+    with pytest.raises(ValuesError) as raised:
+        load_values(write(tmp_path, "redfish: 5\n"))
+    assert raised.value.problems == ["redfish: expected a mapping, found 5"]
+
+
+def test_unreadable_and_undecodable_files_say_so(tmp_path):
+    missing = tmp_path / "absent.yaml"
+    with pytest.raises(ValuesError) as raised:
+        load_values(str(missing))
+    assert raised.value.problems == [f"{missing}: cannot read the values file: No such file or directory"]
+    control = tmp_path / "control.yaml"
+    control.write_text("redfish:\n  domain: a\x07b\n")
+    with pytest.raises(ValuesError) as raised:
+        load_values(str(control))
+    assert raised.value.problems == [f"{control}: not valid YAML: invalid YAML"]
+
+
+@pytest.mark.parametrize(
+    "section, key, value, accepted",
+    [
+        ("kubernetes", "seed_secret", "s" * 253, True),
+        ("kubernetes", "seed_secret", "s" * 254, False),
+        ("kubernetes", "opt_in_label", "p" * 253 + "/name", True),
+        ("kubernetes", "opt_in_label", "p" * 254 + "/name", False),
+        ("maas", "approval_tag", "t", True),
+        ("maas", "approval_tag", "t" * 256, True),
+        ("maas", "approval_tag", "t" * 257, False),
+        ("redfish", "username", "MAAS-Admin_1.x", True),
+        ("redfish", "username", "u" * 64, True),
+        ("redfish", "username", "u" * 65, False),
+        ("ingress", "source_ranges", ["10.0.0.0/8", "fd00::/8"], True),
+        ("ingress", "source_ranges", [], False),
+    ],
+)
+def test_length_limits_and_accepted_forms(section, key, value, accepted):
+    test_boundaries_types_and_control_characters(section, key, value, accepted)
