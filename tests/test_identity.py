@@ -256,3 +256,39 @@ def test_redfish_host_of_exactly_253_characters_is_accepted():
     assert len(host) == 253
     with pytest.raises(IdentityError, match="254 characters"):
         identity.redfish_host("vvv", "nn", domain)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: identity.validate_namespace("Vms"),
+         "namespace 'Vms': not a DNS-1123 label (lower-case letters, digits and '-', starting and ending with a letter or digit)"),
+        (lambda: identity.validate_namespace(5), "namespace 5: must be a non-empty string"),
+        (lambda: identity.validate_vm_name("a" * 64 + ".b"),
+         f"VM name {'a' * 64 + '.b'!r}: not a DNS-1123 subdomain (dot-separated labels of 1-63 lower-case letters, "
+         "digits and '-', each starting and ending with a letter or digit)"),
+        (lambda: identity.validate_vm_name(["web1"]), "VM name ['web1']: must be a non-empty string"),
+        (lambda: identity.validate_domain(""), "domain '': must be a non-empty DNS name"),
+        (lambda: identity.validate_domain(5), "domain 5: must be a non-empty DNS name"),
+        (lambda: identity.validate_domain("localhost"),
+         "domain 'localhost': not a DNS name of two or more labels (letters, digits and '-', 1-63 characters each)"),
+        (lambda: identity.parse_serial(None), "serial None: must be a string"),
+        (lambda: identity.bmc_password("", "web1.vms"), "seed: must be a non-empty string"),
+        (lambda: identity.bmc_password(5, "web1.vms"), "seed: must be a non-empty string"),
+        (lambda: identity.bmc_password(b"seed", "web1.vms"), "seed: must be a non-empty string"),
+    ],
+)
+def test_each_rule_is_named_in_full(call, message):
+    with pytest.raises(IdentityError) as raised:
+        call()
+    assert str(raised.value) == message
+
+
+def test_a_label_longer_than_63_is_refused_inside_a_short_vm_name():
+    with pytest.raises(IdentityError, match="not a DNS-1123 subdomain"):
+        identity.parse_serial("a" * 64 + ".b.vms")
+
+
+@pytest.mark.parametrize("domain", ["example.com", "EXAMPLE.com.", "a.b", "x-1.y2"])
+def test_two_label_domains_are_enough(domain):
+    assert identity.validate_domain(domain) == domain.lower().rstrip(".")

@@ -241,6 +241,32 @@ def test_409_without_retry_after_is_not_retried(double):
     assert double.request_count == 1
 
 
+class ThenOK:
+    """503s carrying the given Retry-After values, then an empty machine list."""
+
+    def __init__(self, *retry_after: str):
+        self.replies = [Response(503, {"Retry-After": value}, b"busy") for value in retry_after]
+
+    def send(self, method, url, headers, files, timeout):
+        return self.replies.pop(0) if self.replies else Response(200, {"Content-Type": "application/json"}, b"[]")
+
+    def close(self):
+        pass
+
+
+def test_503_retry_after_as_an_http_date():
+    import email.utils
+
+    sleep = Recorder()
+    soon = email.utils.formatdate(time.time() + 30, usegmt=True)
+    past = email.utils.formatdate(time.time() - 3600, usegmt=True)
+    client = MAASClient("http://maas/MAAS/", Signer("c", "t", "s"), transport=ThenOK(soon, past, "soon"),
+                        sleep=sleep, retry=RetryPolicy(attempts=4, backoff=0.01, max_backoff=0.05, max_retry_after=60))
+    assert client.machines() == []
+    in_30, at_once, unreadable = sleep.sleeps
+    assert 27 <= in_30 <= 31 and at_once == 0.0 and 0.04 <= unreadable <= 0.05 * 1.1
+
+
 def test_backoff_grows_without_retry_after(double):
     sleep = Recorder()
     client = client_for(double, sleep=sleep, retry=RetryPolicy(attempts=4, backoff=1.0, max_backoff=3))
@@ -322,18 +348,20 @@ def test_power_parameter_error_bodies_are_withheld():
     assert "hunter2-SECRET" not in str(caught.value)
 
 
-def test_api_secret_echoed_by_maas_is_scrubbed():
+@pytest.mark.parametrize("status", [400, 401, 403])
+def test_api_secret_echoed_by_maas_is_scrubbed(status):
     class Echo:
         def send(self, method, url, headers, files, timeout):
-            return Response(400, {"Content-Type": "text/plain"}, headers["Authorization"].encode())
+            return Response(status, {"Content-Type": "text/plain"}, headers["Authorization"].encode())
 
         def close(self):
             pass
 
     client = MAASClient("http://maas/MAAS/", Signer("consumerX", "tokenXY", "secretXYZ"),
                         transport=Echo(), retry=FAST)
-    with pytest.raises(MAASError) as caught:
+    with pytest.raises(MAASAuthError if status in (401, 403) else MAASError) as caught:
         client.machines()
+    assert "<withheld>" in str(caught.value)
     for part in ("consumerX", "tokenXY", "secretXYZ"):
         assert part not in str(caught.value)
 
@@ -421,9 +449,12 @@ def test_old_versions_refused(version):
         maas.check_version(version)
 
 
-def test_minimum_version_is_one_constant():
-    assert maas.MIN_MAAS_VERSION == (2, 9, 0)
-    assert maas.check_version("garbage")[0].startswith("cannot read the MAAS version")
+def test_minimum_version_is_the_boundary_and_the_one_named():
+    assert maas.check_version("2.9.0") == []
+    with pytest.raises(MAASVersionError, match=r"MAAS 2\.8\.99 is too old: maas-kubevirt needs MAAS 2\.9\.0 or later"):
+        maas.check_version("2.8.99")
+    assert maas.check_version("garbage") == [
+        "cannot read the MAAS version 'garbage'; assuming at least 2.9.0"]
 
 
 # --- limits: body cap, deadline, stop mid-request --------------------------------------------
@@ -551,6 +582,20 @@ def test_api_key_from_file_and_env(tmp_path, monkeypatch):
     assert warnings == []
     monkeypatch.setenv("MAAS_API_KEY", "c2:t2:s2")
     assert maas.load_api_key({"api_key_file": str(key)}, warnings.append) == ("c2", "t2", "s2")
+
+
+@pytest.mark.parametrize("mode, warned", [(0o600, False), (0o400, False), (0o700, False), (0o640, True),
+                                           (0o610, True), (0o604, True), (0o601, True)])
+def test_api_key_group_or_other_bits_warn(tmp_path, monkeypatch, mode, warned):
+    monkeypatch.delenv("MAAS_API_KEY", raising=False)
+    key = tmp_path / "api-key"
+    key.write_text("c1:t1:s1secret")
+    key.chmod(mode)
+    warnings = []
+    assert maas.load_api_key({"api_key_file": str(key)}, warnings.append) == ("c1", "t1", "s1secret")
+    assert len(warnings) == warned
+    if warned:
+        assert f"mode {mode:04o}" in warnings[0] and "s1secret" not in warnings[0]
 
 
 def test_api_key_readable_by_others_warns(tmp_path, monkeypatch):

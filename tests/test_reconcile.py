@@ -31,7 +31,7 @@ from reconcile_helpers import (  # noqa: E402
 )
 
 from maas_kubevirt import cli, identity, loop, maas, reconcile, status  # noqa: E402
-from maas_kubevirt.maas import MAASClient, RetryPolicy, Signer  # noqa: E402
+from maas_kubevirt.maas import MAASClient, MAASError, RetryPolicy, Signer  # noqa: E402
 from maas_kubevirt.reconcile import (  # noqa: E402
     COMMISSION,
     CREATE_POOL,
@@ -400,7 +400,6 @@ def test_failed_pool_creation_fails_its_moves_without_requests(tmp_path, double,
 
 def test_pool_created_meanwhile_is_fine(tmp_path, double, capsys):
     a = double.add_vm("web1", "vms", hostname="web1-vms", status="Ready")
-    values = values_for(tmp_path, double)
     client = MAASClient(double.url, Signer(*double.api_key), timeout=5)
     actions = Reconciler(client, SETTINGS, passwords=PASSWORDS).make_plan()
     double.add_pool("vms")
@@ -410,7 +409,6 @@ def test_pool_created_meanwhile_is_fine(tmp_path, double, capsys):
     assert [(r["action"], r["outcome"]) for r in audit_records(out)] == [
         (CREATE_POOL, "skipped"), (SET_PASSWORD, "ok"), (MOVE_POOL, "ok")]
     assert double.machines[a]["pool"]["name"] == "vms"
-    assert values  # values file written for the double
 
 
 def test_dry_run_prints_a_table_and_changes_nothing(tmp_path, double, capsys):
@@ -843,3 +841,95 @@ def test_the_readme_seed_rotation_commands_make_a_new_private_seed_and_render_wi
     assert not (tmp_path / "build" / "seed.new").exists()
     secret = (tmp_path / "build" / "kubernetes" / "seed-secret.yaml").read_text()
     assert new.strip() in secret and old.strip() not in secret
+
+# --- cases a plausible bug would get wrong (issue 12) ---------------------------------------
+
+
+def test_plan_does_not_depend_on_the_order_maas_lists_machines():
+    machines = [machine("aaa", "web1-vms"), machine("bbb", "lucky-cat"), machine("ccc", "web2-vms", status="Ready"),
+                machine("ddd", "x", pool="ops", pool_id=4)]
+    power = {"aaa": addr("web2", "vms"), "bbb": addr("web1", "vms"), "ccc": addr("web3", "team-b"),
+             "ddd": addr("web1", "team-b")}
+    forward = plan(machines, power, ["default", "ops"], SETTINGS)
+    assert kinds(forward) and plan(machines[::-1], power, ["ops", "default"], SETTINGS) == forward
+
+
+def test_pool_given_as_a_name_string():
+    power = {"aaa": addr("web1", "vms")}
+    moved = plan([dict(machine("aaa", "web1-vms", status="Ready"), pool="default")], power, ["vms"], SETTINGS)
+    assert [(a.kind, a.before, a.after) for a in moved] == [(MOVE_POOL, "default", "vms")]
+    assert plan([dict(machine("aaa", "web1-vms", status="Ready"), pool="vms")], power, [], SETTINGS) == []
+    kept = plan([dict(machine("aaa", "web1-vms", status="Ready"), pool="ops")], power, [], SETTINGS)
+    assert [(a.kind, a.before) for a in kept] == [(SKIP, "ops")]
+
+
+def test_existing_empty_namespace_pool_is_not_created_again(tmp_path, double, capsys):
+    double.add_pool("vms")
+    sid = double.add_vm("web1", "vms", hostname="web1-vms", status="Ready")
+    assert kinds(plan([machine("aaa", "web1-vms", status="Ready")], {"aaa": addr("web1", "vms")}, ["default", "vms"],
+                      SETTINGS)) == [MOVE_POOL]
+    outcome = reconciler_for(double, full_list=True).cycle().outcome
+    assert outcome.ok >= 1 and outcome.failed == 0
+    assert ("POST", "resourcepools/") not in double.counts
+    assert double.machines[sid]["pool"]["name"] == "vms"
+
+
+@pytest.mark.parametrize("hostname", ["WEB1-VMS", "Web1-Vms"])
+def test_upper_case_hostname_is_not_renamed(hostname):
+    machines = [machine("aaa", hostname, status="Ready", pool="vms")]
+    assert plan(machines, {"aaa": addr("web1", "vms")}, ["vms"], SETTINGS) == []
+
+
+class RefusingClient:
+    """A MAAS client whose every change is refused with one status, as when a machine moves on mid-cycle."""
+
+    def __init__(self, status: int):
+        self.status = status
+        self.calls: list[str] = []
+
+    def _refuse(self, method: str, path: str) -> None:
+        self.calls.append(f"{method} {path}")
+        raise MAASError(method, path, self.status, "the machine moved on")
+
+    def create_pool(self, name, description):
+        self._refuse("POST", "resourcepools/")
+
+    def update_machine(self, system_id, **fields):
+        self._refuse("PUT", f"machines/{system_id}/")
+
+    def commission(self, system_id, **options):
+        self._refuse("POST", f"machines/{system_id}/?op=commission")
+
+
+@pytest.mark.parametrize("status, machines, expected", [
+    (404, [machine("aaa", "lucky-cat")], [CREATE_POOL, RENAME, MOVE_POOL, COMMISSION]),
+    (409, [machine("aaa", "lucky-cat", pool="vms", pool_id=3)], [RENAME, COMMISSION]),
+])
+def test_gone_or_conflict_between_plan_and_apply_is_a_skip(capsys, status, machines, expected):
+    actions = plan(machines, {"aaa": addr("web1", "vms")}, [], SETTINGS)
+    assert kinds(actions) == expected
+    client = RefusingClient(status)
+    outcome = reconcile.apply(client, actions, Audit(""))
+    assert (outcome.ok, outcome.skipped, outcome.failed) == (0, len(expected), 0)
+    assert len(client.calls) == len(expected)
+    records = audit_records(capsys.readouterr().out)
+    assert [(r["action"], r["outcome"]) for r in records] == [(kind, "skipped") for kind in expected]
+
+
+def test_id_left_out_of_a_bulk_power_parameters_reply_is_asked_for_again():
+    class Partial:
+        def __init__(self):
+            self.asked: list[list[str]] = []
+
+        def power_parameters(self, system_ids, reduce):
+            self.asked.append(sorted(system_ids))
+            return {sid: addr("web1", "vms") for sid in system_ids if sid != "bbb" or len(self.asked) > 2}
+
+    machines = [machine("aaa", "web1-vms", status="Ready"), machine("bbb", "web2-vms", status="Ready")]
+    client = Partial()
+    reconciler = Reconciler(client, SETTINGS, Audit(""), passwords=PASSWORDS)
+    assert reconciler.power_facts(machines) == {"aaa": addr("web1", "vms")}
+    assert reconciler.power_facts(machines) == {"aaa": addr("web1", "vms")}
+    assert reconciler.power_facts(machines) == {"aaa": addr("web1", "vms"), "bbb": addr("web1", "vms")}
+    assert reconciler.power_facts(machines) == {"aaa": addr("web1", "vms"), "bbb": addr("web1", "vms")}
+    assert client.asked == [["aaa", "bbb"], ["bbb"], ["bbb"]]

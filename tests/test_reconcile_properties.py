@@ -11,6 +11,7 @@ chosen by operators.
 from __future__ import annotations
 
 import copy
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -21,6 +22,7 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from branches import branch, branches_taken  # noqa: E402
 from maas_double import MaasDouble  # noqa: E402
 from reconcile_helpers import SEED, Args, assert_no_secrets, write_values  # noqa: E402
 
@@ -135,19 +137,32 @@ def inventories(draw):
     return machines, power, pools, settings
 
 
+# The oracle for "ours" does not call identity.parse_redfish_address, which the plan uses: an
+# optional http(s) scheme, exactly one of the generated <vm>.<ns>.<domain> hosts in any case
+# (a trailing dot allowed), then an optional port and path.
+OUR_HOSTS = {f"{vm}.{ns}.{DOMAIN}": (vm, ns) for vm, ns in IDENTITIES}
+OUR_ADDRESS = re.compile(r"(?:https?://)?(?P<host>[^/:]*?)\.?(?::[0-9]+)?(?:/.*)?")
+
+
+def claim_of(address):
+    """(vm, namespace) when the address names one of the generated VMs, else None."""
+    found = OUR_ADDRESS.fullmatch(address.lower()) if isinstance(address, str) else None
+    return OUR_HOSTS.get(found["host"]) if found else None
+
+
 def matching_ids(machines, power):
-    """Independent of the plan: redfish and an address that parses for the domain."""
+    """Independent of the plan: redfish and an address naming one of the generated VMs."""
     return {
         m["system_id"] for m in machines
         if m["power_type"] == "redfish" and m["system_id"] in power
-        and identity.parse_redfish_address(power[m["system_id"]].address, DOMAIN) is not None
+        and claim_of(power[m["system_id"]].address) is not None
     }
 
 
 def duplicate_ids(machines, power):
     """Independent of the plan: matching machines whose <vm>.<namespace> another one claims too."""
     ours = matching_ids(machines, power)
-    claimed = {sid: identity.parse_redfish_address(power[sid].address, DOMAIN) for sid in ours}
+    claimed = {sid: claim_of(power[sid].address) for sid in ours}
     counts = Counter(claimed.values())
     return {sid for sid, claim in claimed.items() if counts[claim] > 1}
 
@@ -178,10 +193,13 @@ def simulate(machines, power, pools, actions):
     return machines, power, sorted(p for p in pools if p)
 
 
+@branches_taken(ours=0.5, not_ours=0.5)
 @given(inventories())
 def test_no_action_names_a_machine_that_is_not_ours(inventory):
     machines, power, pools, settings = inventory
     allowed = matching_ids(machines, power)
+    branch("ours", allowed)
+    branch("not_ours", len(allowed) < len(machines))
     for action in plan(machines, power, pools, settings):
         if action.kind in (CREATE_POOL, DUPLICATE):
             assert action.system_id is None
@@ -254,6 +272,12 @@ def test_plan_is_pure(inventory):
     first = plan(machines, power, pools, settings)
     assert (machines, power, pools) == before
     assert plan(machines, power, pools, settings) == first
+
+
+@given(inventories())
+def test_plan_does_not_depend_on_the_order_maas_lists_machines(inventory):
+    machines, power, pools, settings = inventory
+    assert plan(machines[::-1], power, pools[::-1], settings) == plan(machines, power, pools, settings)
 
 
 @given(inventories())

@@ -6,7 +6,9 @@ import copy
 
 import pytest
 import yaml
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
+
+from branches import branch, branches_taken
 
 from maas_kubevirt import cli
 from maas_kubevirt.values import DEFAULT_VALUES_PATH, SCHEMA, ValuesError, load_values, validate
@@ -99,15 +101,28 @@ ANY_YAML = st.recursive(
 )
 
 
-@given(st.sampled_from(LEAVES), ANY_YAML)
+@branches_taken(refused=0.3, accepted=0.05)
+@given(st.sampled_from(LEAVES), ANY_YAML | st.just("default"))
+@example(("maas", "interval"), True)
+@example(("maas", "timeout"), False)
 def test_any_leaf_value_is_accepted_or_named(leaf, value):
     section, key = leaf
+    default = DEFAULTS[section][key]
+    value = copy.deepcopy(default) if value == "default" else value
     values = copy.deepcopy(DEFAULTS)
     values[section][key] = value
-    try:
-        validate(values)
-    except ValuesError as error:
-        assert all(p.startswith(f"{section}.{key}") for p in error.problems), error.problems
+    if branch("refused", type(value) is not type(default)):
+        # A value of another YAML type than the default's is never right (a bool is not seconds).
+        with pytest.raises(ValuesError) as raised:
+            validate(values)
+        assert raised.value.problems and all(p.startswith(f"{section}.{key}") for p in raised.value.problems)
+    elif branch("accepted", value == default):
+        assert validate(values)[section][key] == default
+    else:
+        try:
+            validate(values)
+        except ValuesError as error:
+            assert all(p.startswith(f"{section}.{key}") for p in error.problems), error.problems
 
 
 def test_cli_bad_values_exit_2_and_render_nothing(tmp_path, capsys):
@@ -118,3 +133,173 @@ def test_cli_bad_values_exit_2_and_render_nothing(tmp_path, capsys):
     assert capsys.readouterr().err == (
         "maas-kubevirt: error: maas.commission: expected one of auto, approved, never, found 'always'\n"
     )
+
+
+@pytest.mark.parametrize(
+    "section, key, value, accepted",
+    [
+        ("maas", "interval", 1, True),
+        ("maas", "interval", 86400, True),
+        ("maas", "interval", 0, False),
+        ("maas", "interval", 86401, False),
+        ("maas", "interval", True, False),
+        ("maas", "interval", 60.0, False),
+        ("maas", "timeout", 1, True),
+        ("maas", "timeout", 600, True),
+        ("maas", "timeout", 0, False),
+        ("maas", "timeout", 601, False),
+        ("maas", "timeout", True, False),
+        ("maas", "url", "https://maas.example.com:5443/MAAS/", True),
+        ("maas", "url", "ftp://maas.example.com/MAAS/", False),
+        ("maas", "url", "file:///etc/passwd", False),
+        ("maas", "url", "http://maas example/MAAS/", False),
+        ("maas", "url", "http:///MAAS/", False),
+        ("kubernetes", "opt_in_label", "a" * 63, True),
+        ("kubernetes", "opt_in_label", "a" * 64, False),
+        ("kubernetes", "opt_in_label", "maas.io/" + "a" * 63, True),
+        ("kubernetes", "opt_in_label", "maas.io/" + "a" * 64, False),
+        ("kubernetes", "opt_in_label", "maas.io/", False),
+        ("kubernetes", "opt_in_value", "v" * 63, True),
+        ("kubernetes", "opt_in_value", "v" * 64, False),
+        ("smbios", "manufacturer", "Kube Virt", True),
+        ("smbios", "manufacturer", "KubeVirt\n", False),
+        ("smbios", "manufacturer", "Kube\x1b[2JVirt", False),
+        ("smbios", "manufacturer", "Kube\tVirt", False),
+        ("smbios", "manufacturer", "   ", False),
+        ("redfish", "username", "maas\n", False),
+        ("maas", "approval_tag", "approved\x00", False),
+        ("maas", "api_key_file", "/etc/maas-kubevirt/api\x00key", False),
+        ("ingress", "tls_secret", None, False),
+        ("ingress", "cluster_issuer", None, False),
+        ("maas", "audit_log", None, False),
+        ("seed", "file", None, False),
+        ("ingress", "tls_secret", "", True),
+        ("maas", "audit_log", "", True),
+        ("maas", "audit_log", "audit.log", False),
+    ],
+)
+def test_boundaries_types_and_control_characters(section, key, value, accepted):
+    values = copy.deepcopy(DEFAULTS)
+    values[section][key] = value
+    if accepted:
+        assert validate(values)[section][key] == value
+    else:
+        with pytest.raises(ValuesError) as raised:
+            validate(values)
+        assert len(raised.value.problems) == 1 and raised.value.problems[0].startswith(f"{section}.{key}: expected ")
+
+
+@pytest.mark.parametrize(
+    "section, key, value, problem",
+    [
+        ("redfish", "username", "a b", "expected a user name of 1-64 letters, digits, '.', '_' or '-', found 'a b'"),
+        ("redfish", "check", True, "expected one of off, advisory, strict, found true"),
+        ("redfish", "scheme", "ftp", "expected one of https, http, found 'ftp'"),
+        ("seed", "file", 5, "expected a file path, found 5"),
+        ("seed", "file", "/etc/\0seed", "expected a file path, found '/etc/\\x00seed'"),
+        ("kubernetes", "system_namespace", "Kube_System",
+         "expected a Kubernetes namespace name (DNS-1123 label), found 'Kube_System'"),
+        ("kubernetes", "seed_secret", "-x", "expected a Kubernetes object name (DNS-1123 subdomain), found '-x'"),
+        ("kubernetes", "opt_in_label", "a/b/c",
+         "expected a Kubernetes label key ([prefix/]name, name 1-63 characters), found 'a/b/c'"),
+        ("kubernetes", "opt_in_value", "",
+         "expected a non-empty Kubernetes label value (1-63 letters, digits, '-', '_', '.'), found an empty string"),
+        ("ingress", "class_name", None, "expected a Kubernetes object name (DNS-1123 subdomain), found nothing"),
+        ("ingress", "tls_secret", "A",
+         "expected a Kubernetes object name (DNS-1123 subdomain), or an empty string, found 'A'"),
+        ("ingress", "annotations", [], "expected a mapping of annotation keys to string values, found a list"),
+        ("maas", "approval_tag", "", "expected a MAAS tag name (letters, digits, '_' and '-'), found an empty string"),
+        ("maas", "on_hostname_taken", "x", "expected one of fallback, skip, found 'x'"),
+        ("maas", "interval", 0.5, "expected a whole number of seconds from 1 to 86400, found 0.5"),
+        ("maas", "audit_log", "audit.log", "expected an absolute file path, or an empty string, found 'audit.log'"),
+        ("maas", "url", "x", "expected an http:// or https:// URL, found 'x'"),
+    ],
+)
+def test_each_problem_reads_in_full(section, key, value, problem):
+    values = copy.deepcopy(DEFAULTS)
+    values[section][key] = value
+    with pytest.raises(ValuesError) as raised:
+        validate(values)
+    assert raised.value.problems == [f"{section}.{key}: {problem}"]
+
+
+def test_collection_problems_name_the_item():
+    values = copy.deepcopy(DEFAULTS)
+    values["ingress"]["source_ranges"] = ["10.0.0.0/8", 5, "10.0.0.1/8"]
+    values["ingress"]["annotations"] = {"bad key": "v", "ok/key": 1}
+    with pytest.raises(ValuesError) as raised:
+        validate(values)
+    assert raised.value.problems == [
+        "ingress.source_ranges[1]: expected a CIDR such as 10.0.0.0/8, found 5",
+        "ingress.source_ranges[2]: expected a CIDR such as 10.0.0.0/8, found '10.0.0.1/8'",
+        "ingress.annotations['bad key']: expected an annotation key ([prefix/]name), found 'bad key'",
+        "ingress.annotations['ok/key']: expected a string value (quote it), found 1",
+    ]
+
+
+def test_every_section_and_key_is_checked_after_a_problem():
+    values = copy.deepcopy(DEFAULTS)
+    values["redfish"] = 5
+    del values["kubernetes"]["system_namespace"]
+    values["kubernetes"]["opt_in_value"] = ""
+    values["maas"] = None
+    values["extra"] = {}
+    with pytest.raises(ValuesError) as raised:
+        validate(values)
+    assert raised.value.problems == [
+        "extra: unknown key; expected one of redfish, seed, smbios, kubernetes, ingress, maas",
+        "redfish: expected a mapping, found 5",
+        "kubernetes.system_namespace: expected a value, found nothing",
+        "kubernetes.opt_in_value: expected a non-empty Kubernetes label value (1-63 letters, digits, '-', '_', '.'), "
+        "found an empty string",
+        "maas: expected a mapping, found nothing",
+    ]
+    assert str(raised.value) == "\n".join(raised.value.problems)
+
+
+def test_not_a_mapping_names_the_source():
+    with pytest.raises(ValuesError) as raised:
+        validate([1])
+    assert raised.value.problems == ["values: expected a mapping of sections, found a list"]
+    with pytest.raises(ValuesError) as raised:
+        validate("x", "site.yaml")
+    assert raised.value.problems == ["site.yaml: expected a mapping of sections, found 'x'"]
+
+
+def test_a_section_overridden_by_a_scalar_is_reported_as_given(tmp_path):
+    with pytest.raises(ValuesError) as raised:
+        load_values(write(tmp_path, "redfish: 5\n"))
+    assert raised.value.problems == ["redfish: expected a mapping, found 5"]
+
+
+def test_unreadable_and_undecodable_files_say_so(tmp_path):
+    missing = tmp_path / "absent.yaml"
+    with pytest.raises(ValuesError) as raised:
+        load_values(str(missing))
+    assert raised.value.problems == [f"{missing}: cannot read the values file: No such file or directory"]
+    control = tmp_path / "control.yaml"
+    control.write_text("redfish:\n  domain: a\x07b\n")
+    with pytest.raises(ValuesError) as raised:
+        load_values(str(control))
+    assert raised.value.problems == [f"{control}: not valid YAML: invalid YAML"]
+
+
+@pytest.mark.parametrize(
+    "section, key, value, accepted",
+    [
+        ("kubernetes", "seed_secret", "s" * 253, True),
+        ("kubernetes", "seed_secret", "s" * 254, False),
+        ("kubernetes", "opt_in_label", "p" * 253 + "/name", True),
+        ("kubernetes", "opt_in_label", "p" * 254 + "/name", False),
+        ("maas", "approval_tag", "t", True),
+        ("maas", "approval_tag", "t" * 256, True),
+        ("maas", "approval_tag", "t" * 257, False),
+        ("redfish", "username", "MAAS-Admin_1.x", True),
+        ("redfish", "username", "u" * 64, True),
+        ("redfish", "username", "u" * 65, False),
+        ("ingress", "source_ranges", ["10.0.0.0/8", "fd00::/8"], True),
+        ("ingress", "source_ranges", [], False),
+    ],
+)
+def test_length_limits_and_accepted_forms(section, key, value, accepted):
+    test_boundaries_types_and_control_characters(section, key, value, accepted)

@@ -1,0 +1,53 @@
+"""tools/mutate's own logic: the script's way into mutmut, and the equivalent-mutant lists."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+from pathlib import Path
+
+import pytest
+ROOT = Path(__file__).resolve().parents[1]
+_loader = importlib.machinery.SourceFileLoader("mutate_tool", str(ROOT / "tools" / "mutate"))
+mutate = importlib.util.module_from_spec(importlib.util.spec_from_loader("mutate_tool", _loader))
+_loader.exec_module(mutate)
+
+
+def test_the_script_as_a_module_names_its_functions_for_mutmut_however_it_is_loaded(tmp_path):
+    module_text = mutate.script_as_module((ROOT / mutate.SCRIPT).read_text(encoding="utf-8"))
+    path = tmp_path / "any-name"
+    path.write_text(module_text)
+    loader = importlib.machinery.SourceFileLoader("loaded_under_another_name", str(path))
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+    loader.exec_module(module)
+    assert module.main.__module__ == module.parse_serial.__module__ == mutate.SCRIPT_MODULE
+    assert module._RUN_AS_SCRIPT is False
+    # Run as a program (a rendered copy under test) it still reaches main().
+    assert module_text.count("sys.exit(main())") == 1
+    program = {"__name__": "__main__"}
+    exec(compile(module_text.replace("sys.exit(main())", "REACHED_MAIN = True"), str(path), "exec"), program)
+    assert program["REACHED_MAIN"] and program["main"].__module__ == mutate.SCRIPT_MODULE
+
+
+def test_function_names_from_mutant_names():
+    assert mutate.function_of("maas_kubevirt.identity.x_validate_domain__mutmut_9") == "validate_domain"
+    assert mutate.function_of("kubevirt_bmc_config.x__text__mutmut_2") == "_text"
+    assert mutate.function_of("maas_kubevirt.maas.xǁMAASClientǁcall__mutmut_3") == "MAASClient.call"
+
+
+def test_changed_lines_of_a_diff():
+    diff = "--- a\n+++ b\n@@ -1 +1 @@\n-    if a < b:\n+    if a <= b:\n     pass\n"
+    assert mutate.changed_lines(diff) == ("if a < b:", "if a <= b:")
+
+
+@pytest.mark.parametrize("module", sorted(mutate.TARGETS))
+def test_each_equivalent_mutant_is_explained_and_still_in_the_code(module):
+    """An entry whose line left the code is stale: make mutate would list it; this says so sooner."""
+    target = ROOT / (mutate.SCRIPT if module == "script" else mutate.TARGETS[module][0])
+    source = " ".join(target.read_text(encoding="utf-8").split())
+    for (function, before, after), reason in mutate.load_equivalents(module).items():
+        assert len(reason.split()) >= 4, (function, before)
+        assert function.rsplit(".", 1)[-1] in source and " ".join(before.split(" / ")[0].split()) in source, (
+            f"{module}: {function}: {before!r} is no longer in {target.name}"
+        )
+        assert before != after
