@@ -508,7 +508,7 @@ def test_deadline_ends_a_hanging_request(double):
         with pytest.raises(MAASError) as caught:
             client.machines()
     assert caught.value.kind == "deadline" and "maas.cycle_deadline" in str(caught.value)
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < 4  # the deadline (1 s) ended it, not the 6 s hang
     assert client.deadline is None and client.machines() == []
 
 
@@ -518,7 +518,7 @@ def test_deadline_stops_retrying(double):
     started = time.monotonic()
     with client.within(2.0), pytest.raises(MAASError) as caught:
         client.machines()
-    assert caught.value.status == 503 and time.monotonic() - started < 1
+    assert caught.value.status == 503 and time.monotonic() - started < 4  # no 5 s Retry-After sleep
     assert double.request_count == 1
 
 
@@ -531,7 +531,7 @@ def test_stop_ends_a_request_in_flight(double):
     with pytest.raises(MAASError) as caught:
         client.machines()
     assert caught.value.kind == "interrupted"
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 3  # the stop (0.3 s) ended it, not the 6 s hang
 
 
 # --- hostnames over all nodes ----------------------------------------------------------------

@@ -305,7 +305,7 @@ def test_cycle_deadline_bounds_a_hanging_maas():
                                 passwords=Passwords(SEED))
         started = time.monotonic()
         result = reconciler.cycle()
-        assert time.monotonic() - started < 2.5
+        assert time.monotonic() - started < 5  # the 1 s deadline, not the 8 s hang
         assert result.failed and "deadline" in result.error
         double.clear_faults()
         assert not reconciler.cycle().failed  # the next cycle has its own deadline
@@ -416,7 +416,7 @@ def test_a_write_abandoned_in_flight_is_audited_as_unknown(tmp_path, capsys):
         threading.Timer(0.5, stop.set).start()
         started = time.monotonic()
         result = reconciler.cycle()
-        assert time.monotonic() - started < 1.5
+        assert time.monotonic() - started < 3  # the stop at 0.5 s, not the 4 s hang
         assert result.outcome.interrupted
         (record,) = audit_records(capsys.readouterr().out)
         assert (record["action"], record["outcome"]) == ("rename", "unknown")
