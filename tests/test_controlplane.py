@@ -524,17 +524,38 @@ def test_policies_are_refused_without_the_aggregated_role_and_admitted_with_it(c
     assert {name: process.pid for name, process in cp.processes} == pids
 
 
-def test_admission_controller_works_without_secret_read_access(control_plane, bundle, namespace):
-    """Issue 8 item 9: generate works while Kyverno's admission controller cannot get or list Secrets."""
+def test_kyverno_controllers_hold_only_what_the_rules_need(control_plane, bundle, namespace):
+    """Issue 8 item 9, as Kyverno 1.19 really behaves: the admission controller may only read
+    Secrets, and needs even that (without it the synchronised Secret rule is refused)."""
     cp = control_plane
     admission = "system:serviceaccount:kyverno:kyverno-admission-controller"
     system_namespace = bundle.values["kubernetes"]["system_namespace"]
-    for verb in ("get", "list"):
-        for where in (namespace, system_namespace):
+    for where in (namespace, system_namespace):
+        for verb in ("create", "update", "patch", "delete"):
             answer = cp.kubectl("auth", "can-i", verb, "secrets", "-n", where, "--as", admission, check=False)
             assert answer.stdout.strip() == "no", f"the admission controller may {verb} Secrets in {where}"
-    create(cp, vm("norbac", namespace)).check_returncode()
-    eventually(cp, lambda: objects_match(cp, bundle.values, bundle.seed, "norbac", namespace), "the BMC objects")
+    create(cp, vm("rbac", namespace)).check_returncode()
+    eventually(cp, lambda: objects_match(cp, bundle.values, bundle.seed, "rbac", namespace), "the BMC objects")
+
+    # Take the Secret read away from the admission controller: the BMC policy is refused.
+    role = cp.get("clusterrole", "maas-kubevirt:kyverno:admission-controller")
+    without = copy.deepcopy(role)
+    without["rules"] = [r for r in role["rules"] if "secrets" not in r.get("resources", [])]
+    assert without["rules"] != role["rules"], "the admission controller has no Secret grant to take away"
+    for key in ("resourceVersion", "uid", "creationTimestamp", "managedFields"):
+        without["metadata"].pop(key, None)
+    cp.kubectl("replace", "-f", "-", input=json.dumps(without))
+    bmc_policy = next((bundle.output / "kubernetes").glob("policy-*bmc*.yaml"))
+    try:
+        cp.kubectl("delete", "-f", str(bmc_policy), "--wait=true")
+
+        def refused() -> bool:
+            result = cp.kubectl("apply", "-f", str(bmc_policy), check=False)
+            return result.returncode != 0 and f"{admission} requires permissions" in result.stderr
+
+        eventually(cp, refused, "the BMC policy to be refused without the admission controller's Secret read")
+    finally:
+        cp.kubectl("apply", "-f", str(bundle.output / "kubernetes" / "rbac.yaml"))
 
 
 # Identity claims, cluster-wide (issue 8 item 5), enforced by the real webhook.
