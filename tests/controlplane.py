@@ -387,10 +387,10 @@ class ControlPlane:
         wait_for(webhooks_registered, STARTUP_TIMEOUT, "Kyverno to register its policy webhook")
 
     def stop(self) -> None:
+        """Stop every process, last started first, each before the next (etcd last)."""
         for _, process in reversed(self.processes):
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGTERM)
-        for _, process in reversed(self.processes):
             try:
                 process.wait(timeout=15)
             except subprocess.TimeoutExpired:

@@ -382,7 +382,8 @@ def test_synchronize_restores_deleted_or_edited_objects(control_plane, bundle, n
     cp.kubectl("delete", "ingress", "sync1-bmc", "-n", namespace)
     eventually(cp, match, "the deleted Ingress to be restored")
     cp.kubectl("patch", "ingress", "sync1-bmc", "-n", namespace, "--type=json", "-p", json.dumps([
-        {"op": "replace", "path": "/spec/rules/0/host", "value": f"sync1.elsewhere.{bundle.domain}"},
+        # A host outside the domain: another namespace's would be refused (the squatting rule).
+        {"op": "replace", "path": "/spec/rules/0/host", "value": "sync1.example.org"},
     ]))
     eventually(cp, match, "the edited Ingress host to be restored")
     cp.kubectl("annotate", "ingress", "sync1-bmc", "-n", namespace, f"{ALLOWLIST}-")
@@ -475,15 +476,27 @@ def test_policies_ready_without_warnings_or_kyverno_errors(control_plane, bundle
         conditions = {c["type"]: c for c in policy.get("status", {}).get("conditions", [])}
         assert conditions.get("Ready", {}).get("status") == "True", (policy["metadata"]["name"], conditions)
     warnings = json.loads(cp.kubectl("get", "events", "-A", "--field-selector", "type=Warning", "-o", "json").stdout)
-    from_kyverno = [f"{e['involvedObject'].get('kind')}/{e['involvedObject'].get('name')}: {e.get('message')}"
-                    for e in warnings["items"] if "kyverno" in (e.get("source", {}).get("component", "")
+    # PolicyViolation warnings are the refusals other tests provoke on purpose; anything else
+    # (PolicyError, a failed generate or mutate-existing) is a fault of the bundle.
+    from_kyverno = [f"{e.get('reason')} {e['involvedObject'].get('kind')}/{e['involvedObject'].get('name')}: "
+                    f"{e.get('message')}"
+                    for e in warnings["items"]
+                    if e.get("reason") != "PolicyViolation" and not expected_noise(e.get("message", ""))
+                    and "kyverno" in (e.get("source", {}).get("component", "")
                                                        + e.get("reportingComponent", "")).lower()]
-    assert from_kyverno == []
+    assert from_kyverno == [], "\n".join(from_kyverno)
     names = {p["metadata"]["name"] for p in ours}
     for controller in ("kyverno-admission-controller", "kyverno-background-controller"):
         errors = [line for line in kyverno_log_errors(cp, controller)
-                  if any(n in line for n in names) or namespace in line]
-        assert errors == [], f"{controller} logged errors about the bundle"
+                  if (any(n in line for n in names) or namespace in line) and not expected_noise(line)]
+        assert errors == [], f"{controller} logged errors about the bundle:\n" + "\n".join(errors)
+
+
+def expected_noise(text: str) -> bool:
+    """Errors Kyverno retries or that the tests cause on purpose, not faults of the bundle:
+    a status write that lost an optimistic-concurrency race, and a synchronised object that
+    could not be put back into a namespace a finished test is deleting."""
+    return "the object has been modified" in text or "because it is being terminated" in text
 
 
 def kyverno_log_errors(cp: ControlPlane, controller: str) -> list[str]:
