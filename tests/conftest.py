@@ -35,3 +35,9 @@ def require(condition: bool, reason: str) -> None:
     if IN_CI:
         pytest.fail(f"CI=true and a prerequisite is missing: {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests on the live control plane run last: its processes stay up until the session ends,
+    and must not load the machine under the tests that measure how fast a stop is honoured."""
+    items.sort(key=lambda item: "control_plane" in getattr(item, "fixturenames", ()))
