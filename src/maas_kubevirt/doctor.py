@@ -43,7 +43,7 @@ from maas_kubevirt.maas import (
 )
 from maas_kubevirt.console import error, table, warn
 from maas_kubevirt.paths import SCRIPT_NAME
-from maas_kubevirt.reconcile import Match, matching
+from maas_kubevirt.reconcile import RIGHT, Match, Passwords, matching
 # What upload-script checks before it uploads is what doctor checks in MAAS.
 from maas_kubevirt.render import REQUIRED_TAGS, rendering_problem
 from maas_kubevirt.values import ValuesError
@@ -222,12 +222,6 @@ def password_check(verdicts: Mapping[str, bool], reconcile: str) -> Check:
     return Check("maas.power_password", FAIL,
                  f"{len(wrong)} machine(s) hold a power password other than the one derived from the seed: "
                  f"{_some(wrong)}", f"`{reconcile} reconcile --once` sets it", tuple(wrong))
-
-
-def password_matches(stored: Any, seed: str, vm: str, namespace: str) -> bool:
-    """Whether a stored power_pass is the VM's derived password (constant time)."""
-    expected = identity.bmc_password(seed, identity.format_serial(vm, namespace))
-    return isinstance(stored, str) and hmac.compare_digest(stored.encode("utf-8"), expected.encode("utf-8"))
 
 
 # --- cluster -----------------------------------------------------------------------------------
@@ -782,6 +776,8 @@ def maas_checks(values: Mapping[str, Any], client: MAASClient, seed: str | None,
                 reach.hosts[namespace] = identity.redfish_host(vm, namespace, domain)
                 chosen.add((vm, namespace))
 
+        passwords = Passwords(seed) if seed else None   # the reconciler's own comparison
+
         def keep(parameters: Mapping[str, Any]) -> bool | None:
             """Whether the password is right; MAAS's credentials kept only for the chosen VMs."""
             parsed = identity.parse_redfish_address(parameters.get("power_address"), domain)
@@ -792,7 +788,7 @@ def maas_checks(values: Mapping[str, Any], client: MAASClient, seed: str | None,
                     sole[identity.format_serial(*parsed)], str(parameters.get("power_address")),
                     str(parameters.get("power_user") or ""), str(parameters.get("power_pass") or ""),
                     str(parameters.get("node_id") or "1"))
-            return password_matches(parameters.get("power_pass"), seed, *parsed) if seed else None
+            return passwords.judge(parameters, domain).password == RIGHT if passwords else None
 
         verdicts = client.power_parameters(sole.values(), keep)
         if seed is None:
