@@ -67,6 +67,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 from maas_objects import machine_fields, machine_heavy_fields  # tests/ is on sys.path whenever this module is
+from loopback import LoopbackServer
 
 import yaml
 
@@ -178,7 +179,7 @@ class _Machine(dict):
         return self.json
 
 
-class MaasDouble:
+class MaasDouble(LoopbackServer):
     def __init__(self, api_key: tuple[str, str, str] = DEFAULT_KEY, version: str = "3.5.4",
                  admin: bool = True, auto_advance: bool = False, seed: int = 0,
                  realistic: bool = True):
@@ -230,28 +231,12 @@ class MaasDouble:
             pass
 
         Handler.double = double
-        self.server = _QuietServer(("127.0.0.1", port), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), name="maas-double", daemon=True)
-        self.thread.start()
+        self.thread = self.serve(_QuietServer(("127.0.0.1", port), Handler), "maas-double")
         return self
-
-    def stop(self) -> None:
-        if self.server:
-            self.server.shutdown()
-            self.server.server_close()
-            self.server = None
-
-    def __enter__(self) -> "MaasDouble":
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
     @property
     def url(self) -> str:
-        assert self.server is not None
-        return f"http://127.0.0.1:{self.server.server_address[1]}/MAAS/"
+        return f"http://127.0.0.1:{self.port}/MAAS/"
 
     @property
     def api_key_text(self) -> str:

@@ -11,13 +11,14 @@ from __future__ import annotations
 import base64
 import json
 import ssl
-import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from loopback import LoopbackServer
 
-class RedfishResponder:
+
+class RedfishResponder(LoopbackServer):
     def __init__(self, accounts: dict[str, tuple[str, str]] | None = None, *, delay: float = 0.0,
                  tls: tuple[str, str] | None = None):
         self.accounts = dict(accounts or {})     # host -> (user, password)
@@ -25,7 +26,6 @@ class RedfishResponder:
         self.tls = tls
         self.requests: list[dict[str, Any]] = []
         self.server_names: list[str | None] = []
-        self.server: ThreadingHTTPServer | None = None
 
     def start(self) -> "RedfishResponder":
         responder = self
@@ -34,8 +34,7 @@ class RedfishResponder:
             pass
 
         Handler.responder = responder
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         if self.tls:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.load_cert_chain(*self.tls)
@@ -44,26 +43,9 @@ class RedfishResponder:
                 responder.server_names.append(name)
 
             context.sni_callback = remember
-            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
-        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+            server.socket = context.wrap_socket(server.socket, server_side=True)
+        self.serve(server, "redfish-responder")
         return self
-
-    def stop(self) -> None:
-        if self.server:
-            self.server.shutdown()
-            self.server.server_close()
-            self.server = None
-
-    def __enter__(self) -> "RedfishResponder":
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-    @property
-    def port(self) -> int:
-        assert self.server is not None
-        return self.server.server_address[1]
 
 
 class _Handler(BaseHTTPRequestHandler):
