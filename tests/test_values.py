@@ -303,3 +303,50 @@ def test_unreadable_and_undecodable_files_say_so(tmp_path):
 )
 def test_length_limits_and_accepted_forms(section, key, value, accepted):
     test_boundaries_types_and_control_characters(section, key, value, accepted)
+
+
+@pytest.mark.parametrize(
+    "section, key, value, accepted",
+    [
+        ("maas", "max_response_mib", 1, True),
+        ("maas", "max_response_mib", 65536, True),
+        ("maas", "max_response_mib", 0, False),
+        ("maas", "max_response_mib", 65537, False),
+        ("maas", "max_response_mib", True, False),
+        ("maas", "max_response_mib", 2.5, False),
+        ("ingress", "source_ranges", ["0.0.0.0/1", "::/1"], True),
+        ("ingress", "tls_secret", "wildcard-tls", True),
+        ("ingress", "cluster_issuer", "letsencrypt", True),
+        ("maas", "audit_log", "/var/log/maas-kubevirt/audit.log", True),
+    ],
+)
+def test_more_limits_and_optional_values_given(section, key, value, accepted):
+    test_boundaries_types_and_control_characters(section, key, value, accepted)
+
+
+def test_source_ranges_refuse_nothing_and_everything():
+    values = copy.deepcopy(DEFAULTS)
+    values["ingress"]["source_ranges"] = []
+    with pytest.raises(ValuesError) as raised:
+        validate(values)
+    assert raised.value.problems == [
+        "ingress.source_ranges: expected at least one CIDR, such as the MAAS rack controllers' "
+        "(an empty list would leave every BMC open), found a list"]
+    values["ingress"]["source_ranges"] = ["10.0.0.0/8", "0.0.0.0/0", "::/0"]
+    with pytest.raises(ValuesError) as raised:
+        validate(values)
+    assert raised.value.problems == [
+        f"ingress.source_ranges[{i}]: expected a CIDR narrower than /0 (the rack controllers, not the whole "
+        f"Internet), found {cidr!r}" for i, cidr in ((1, "0.0.0.0/0"), (2, "::/0"))]
+
+
+def test_allowlist_annotation_is_an_annotation_key_or_empty():
+    values = copy.deepcopy(DEFAULTS)
+    for accepted in ("", "nginx.ingress.kubernetes.io/whitelist-source-range", "allowlist"):
+        values["ingress"]["allowlist_annotation"] = accepted
+        assert validate(copy.deepcopy(values))["ingress"]["allowlist_annotation"] == accepted
+    values["ingress"]["allowlist_annotation"] = "bad key"
+    with pytest.raises(ValuesError) as raised:
+        validate(values)
+    assert raised.value.problems == [
+        "ingress.allowlist_annotation: expected an annotation key ([prefix/]name), or an empty string, found 'bad key'"]
