@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from conftest import require  # noqa: E402
 from maas_double import MaasDouble, populate  # noqa: E402
 from reconcile_helpers import DOMAIN, SEED, converged, derived  # noqa: E402
 
@@ -402,8 +403,7 @@ def test_the_full_list_strategy_is_still_there(double):
 def test_bench_meets_the_idle_cycle_goal_at_100_machines():
     """`make bench` at its smallest size: it runs, and says the goal is met (exit 0)."""
     bench = Path(__file__).resolve().parents[1] / "tools" / "bench.py"
-    if not bench.exists():
-        pytest.skip("tools/bench.py is not shipped with the installed package")
+    require(bench.exists(), "tools/bench.py is not shipped with the installed package")
     done = subprocess.run([sys.executable, str(bench)], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "BENCH_SIZES": "100"})
     assert done.returncode == 0, done.stdout + done.stderr

@@ -9,6 +9,7 @@ import secrets
 import pytest
 from hypothesis import given, strategies as st
 
+from conftest import require
 from maas_kubevirt import seed
 from maas_kubevirt.values import ValuesError
 
@@ -93,8 +94,7 @@ def test_private_modes_are_accepted(tmp_path, mode):
 
 
 def test_owned_by_another_user_is_refused(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("only root can give a file to another user")
+    require(os.geteuid() == 0, "only root can give a file to another user")
     path = write(tmp_path / "seed", GOOD)
     os.chown(path, 4242, 4242)
     with pytest.raises(ValuesError, match="owned by uid 4242, not by root or by this user"):
