@@ -41,3 +41,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Tests on the live control plane run last: its processes stay up until the session ends,
     and must not load the machine under the tests that measure how fast a stop is honoured."""
     items.sort(key=lambda item: "control_plane" in getattr(item, "fixturenames", ()))
+
+
+# Offered here, not imported by each test file: a fixture imported into two modules is two
+# fixtures, and each would start a control plane of its own. (Imported last: controlplane
+# imports `require` from this module.)
+from controlplane import control_plane  # noqa: E402,F401

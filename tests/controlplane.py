@@ -7,7 +7,7 @@ binaries and Kyverno's install manifest come from `tools/build-controlplane`, th
 `CONTROLPLANE_BIN` environment variable (the Makefile's `test` target sets it); without it
 the tests that use the fixture skip, and fail under CI=true.
 
-Use it from any test file with `from controlplane import control_plane` (session scope: one
+Any test file may ask for the `control_plane` fixture: conftest.py offers it (session scope: one
 control plane for the whole run). The object it yields has:
 
 - `kubeconfig`: path of an admin kubeconfig (client certificate in `system:masters`), for
@@ -381,10 +381,13 @@ class ControlPlane:
         def webhooks_registered() -> bool:
             for deployment in KYVERNO_CONTROLLERS:
                 self._alive(deployment)
-            return self.kubectl("get", "validatingwebhookconfiguration", "kyverno-policy-validating-webhook-cfg",
-                                check=False).returncode == 0
+            # The webhook answers TLS handshakes only once its certificate Secret exists.
+            return all(self.kubectl(*query, check=False).returncode == 0 for query in (
+                ("get", "validatingwebhookconfiguration", "kyverno-policy-validating-webhook-cfg"),
+                ("-n", KYVERNO_NAMESPACE, "get", "secret", "kyverno-svc.kyverno.svc.kyverno-tls-pair"),
+            ))
 
-        wait_for(webhooks_registered, STARTUP_TIMEOUT, "Kyverno to register its policy webhook")
+        wait_for(webhooks_registered, STARTUP_TIMEOUT, "Kyverno to register its policy webhook and certificate")
 
     def stop(self) -> None:
         """Stop every process, last started first, each before the next (etcd last)."""

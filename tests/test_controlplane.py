@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controlplane import ControlPlane, KubectlError, control_plane, wait_for  # noqa: F401 (fixture)
+from controlplane import ControlPlane, KubectlError, wait_for  # noqa: F401
 from maas_kubevirt import identity
 
 ROOT = Path(__file__).resolve().parent.parent

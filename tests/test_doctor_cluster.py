@@ -23,7 +23,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from controlplane import KubectlError, control_plane  # noqa: E402,F401 (the session's control plane fixture)
+from controlplane import KubectlError  # noqa: E402
 from maas_double import MaasDouble  # noqa: E402
 
 from maas_kubevirt import cli, doctor, kube, policies  # noqa: E402
