@@ -198,3 +198,102 @@ def test_nothing_is_written_when_a_value_fails_late(tmp_path, monkeypatch):
     with pytest.raises(ValuesError):
         render.render(DEFAULTS, tmp_path / "out")
     assert not (tmp_path / "out").exists()  # not even the generated seed
+
+
+# --- rendering_problem: what upload-script and doctor say about a script ------------------
+
+SOURCE = "the-candidate"
+RENDER_AGAIN = "run `maas-kubevirt --values FILE render` with the values you pass here"
+
+
+def test_a_script_rendered_from_these_values_has_no_problem():
+    assert render.rendering_problem(render.render_commissioning(DEFAULTS), DEFAULTS, SOURCE) is None
+
+
+@pytest.mark.parametrize("text", [
+    "#!/bin/sh\necho no settings here\n",              # no SETTINGS at all
+    "SETTINGS = {'domain': \n",                        # not Python
+    "SETTINGS = dict(domain='bmc.example.com')\n",    # not a literal
+    "SETTINGS = ['domain', 'bmc.example.com']\n",     # a literal, not a mapping
+    "x = 1\n",                                        # SETTINGS absent, other assignments present
+])
+def test_a_script_without_literal_settings_is_not_ours(text):
+    assert render.rendering_problem(text, DEFAULTS, SOURCE) == (
+        f"{SOURCE}: not a script rendered by maas-kubevirt (no SETTINGS): {RENDER_AGAIN}")
+
+
+def test_settings_found_after_other_statements_are_read():
+    script = render.render_commissioning(DEFAULTS)
+    assert render._embedded_settings("import os\nx = 1\n" + script) == render.script_settings(DEFAULTS)
+    assert render._embedded_settings("a = b = 1\nSETTINGS = {'k': 1}\n") == {"k": 1}
+
+
+def test_the_unrendered_template_is_named_as_such():
+    template = (render.data_dir() / "commissioning" / SCRIPT_NAME).read_text()
+    assert render.rendering_problem(template, DEFAULTS, SOURCE) == (
+        f"{SOURCE}: the unrendered commissioning script from the source tree: {RENDER_AGAIN}")
+
+
+def test_other_values_are_named_by_key_never_by_value():
+    theirs = copy.deepcopy(DEFAULTS)
+    theirs["redfish"]["domain"] = "bmc.secret-site.example"
+    theirs["redfish"]["username"] = "operator-x"
+    problem = render.rendering_problem(render.render_commissioning(theirs), DEFAULTS, SOURCE)
+    assert problem == (f"{SOURCE}: rendered from other values (domain, username differ from these): "
+                       f"{RENDER_AGAIN}")
+    assert "secret-site" not in problem and "operator-x" not in problem
+
+
+def test_a_setting_only_one_side_has_is_named():
+    script = render.render_commissioning(DEFAULTS).replace("'rendered': True", "'rendered': True, 'extra': 1")
+    assert "(extra differ from these)" in render.rendering_problem(script, DEFAULTS, SOURCE)
+
+
+def test_edited_code_with_the_right_settings_is_named_as_edited():
+    script = render.render_commissioning(DEFAULTS) + "\n# a local change\n"
+    assert render.rendering_problem(script, DEFAULTS, SOURCE) == (
+        f"{SOURCE}: its code differs from what maas-kubevirt renders (another version, or edited): "
+        f"{RENDER_AGAIN}")
+
+
+# --- render's next steps -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv0, command", [
+    ("/usr/bin/maas-kubevirt", "/usr/bin/maas-kubevirt"),   # the command as the operator typed it
+    ("/srv/venv/lib/python3/site-packages/maas_kubevirt/__main__.py", "maas-kubevirt"),
+])
+def test_next_steps_name_the_files_and_the_values_just_used(tmp_path, capsys, monkeypatch, argv0, command):
+    values_file = tmp_path / "site values.yaml"       # a space, quoted for the shell
+    values_file.write_text("redfish:\n  domain: bmc.site.example\n")
+    out = tmp_path / "out"
+    monkeypatch.setattr("sys.argv", [argv0])
+    assert cli.main(["--values", str(values_file), "render", "--output", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    written = [p for p in out.rglob("*") if p.is_file() and p.name != "seed"]  # generated, not rendered
+    assert printed[0] == f"Rendered {len(written)} files into {out}/"
+    assert printed[1:] == [
+        "Next steps:",
+        f"  kubectl apply -k {out / 'kubernetes'}",
+        f"  MAAS_API_KEY=... {command} --values '{values_file}' upload-script "
+        f"--script {out / 'commissioning' / SCRIPT_NAME}",
+        f"     (or: maas $PROFILE node-scripts create name={SCRIPT_NAME} "
+        f"script@={out / 'commissioning' / SCRIPT_NAME})",
+    ]
+
+
+def test_next_steps_without_a_values_file_name_none(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["maas-kubevirt"])
+    assert cli.main(["render", "--output", str(tmp_path / "out")]) == 0
+    assert "  MAAS_API_KEY=... maas-kubevirt upload-script --script" in capsys.readouterr().out
+
+
+def test_a_stream_render_prints_only_the_manifests(tmp_path, capsys):
+    seed_file = private_file(tmp_path / "seed", SITE_SEED + "\n")
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(yaml.safe_dump({"seed": {"file": str(seed_file)}}))
+    assert cli.main(["--values", str(values_file), "render", "--output", "-"]) == 0
+    out = capsys.readouterr().out
+    assert "Next steps" not in out and not re.search(r"^Rendered \d+ files", out, re.MULTILINE)
+    assert all(d is None or "kind" in d for d in yaml.safe_load_all(out))
+    assert not (tmp_path / "-").exists()
