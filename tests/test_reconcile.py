@@ -933,3 +933,80 @@ def test_id_left_out_of_a_bulk_power_parameters_reply_is_asked_for_again():
     assert reconciler.power_facts(machines) == {"aaa": addr("web1", "vms"), "bbb": addr("web1", "vms")}
     assert reconciler.power_facts(machines) == {"aaa": addr("web1", "vms"), "bbb": addr("web1", "vms")}
     assert client.asked == [["aaa", "bbb"], ["bbb"], ["bbb"]]
+
+
+# --- how a refused change is counted, and what a cycle re-reads --------------------------------
+
+
+def refusal(status, message="refused"):
+    return MAASError("POST", "machines/abc/", status, message)
+
+
+@pytest.mark.parametrize("kind, status, message, result", [
+    (RENAME, 404, "", "skipped"),              # the machine is gone: nothing to do
+    (MOVE_POOL, 404, "", "skipped"),
+    (SET_PASSWORD, 409, "", "skipped"),        # MAAS is busy with the machine: next cycle
+    (MOVE_POOL, 409, "", "failed"),
+    (SET_PASSWORD, 410, "", "failed"),
+    (SET_PASSWORD, 400, "", "failed"),         # MAAS refused the password itself
+    (COMMISSION, 400, "", "skipped"),          # the machine left New in between
+    (COMMISSION, 409, "", "skipped"),
+    (RENAME, 409, "", "skipped"),
+    (COMMISSION, 503, "", "failed"),
+    (CREATE_POOL, 400, "Resource pool with this Name already exists.", "skipped"),
+    (CREATE_POOL, 400, "Name is not valid.", "failed"),
+    (CREATE_POOL, 409, "Resource pool with this Name already exists.", "failed"),
+    (MOVE_POOL, 400, "Resource pool with this Name already exists.", "failed"),
+])
+def test_a_refusal_is_a_skip_only_where_maas_moved_on(kind, status, message, result):
+    action = Action(kind, "abc", "web-vms", "web", "vms", after="vms")
+    assert reconcile._classify(action, refusal(status, message)) == result
+
+
+def test_passwords_never_show_the_seed():
+    assert repr(PASSWORDS) == "Passwords(<seed withheld>)" and SEED not in str(PASSWORDS)
+
+
+def test_setting_a_password_without_the_seed_names_the_fix():
+    action = Action(SET_PASSWORD, "abc", "web-vms", "web", "vms")
+    with pytest.raises(ValueError) as raised:
+        reconcile.apply(None, [action], Audit(""))
+    assert str(raised.value) == "set-password needs the seed: pass apply(..., passwords=Passwords(seed))"
+
+
+class NoClient:
+    """A MAAS that must not be asked: any request fails the test."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"MAAS was asked ({name})")
+
+
+@pytest.mark.parametrize("commission, watched", [
+    ("auto", {"ours-commissioning", "ours-testing"}),
+    ("never", {"ours-commissioning", "ours-testing"}),
+    ("approved", {"ours-commissioning", "ours-testing", "ours-new"}),  # the approval tag is no event
+])
+def test_watched_are_ours_in_the_statuses_that_end_without_an_event(commission, watched):
+    reconciler = Reconciler(NoClient(), Settings(domain=DOMAIN, commission=commission), passwords=PASSWORDS)
+    reconciler.known = {
+        "ours-commissioning": ("Commissioning", addr("a", "vms")),
+        "ours-testing": ("Testing", addr("b", "vms")),
+        "ours-new": ("New", addr("c", "vms")),
+        "ours-ready": ("Ready", addr("d", "vms")),
+        "other-commissioning": ("Commissioning", Power("https://bmc.elsewhere.example/redfish/v1/Systems/1")),
+        "unknown-address": ("Testing", Power(None)),
+    }
+    assert reconciler.watched() == watched
+
+
+def test_reading_no_machine_asks_nothing_and_a_vanished_machine_is_forgotten(double):
+    gone = double.add_vm("gone", "vms")
+    kept = double.add_vm("kept", "vms")
+    reconciler = Reconciler(NoClient(), SETTINGS, passwords=PASSWORDS)
+    reconciler.known = {"elsewhere": ("Ready", addr("x", "vms"))}
+    assert reconciler.read_by_id(set()) == []
+    reconciler.client = MAASClient(double.url, Signer(*double.api_key), timeout=5)
+    reconciler.known.update({gone: ("New", addr("gone", "vms")), kept: ("New", addr("kept", "vms"))})
+    double.delete_machine(gone)
+    assert [m["system_id"] for m in reconciler.read_by_id({gone, kept, "never-seen"})] == [kept]
+    assert set(reconciler.known) == {"elsewhere", kept}
