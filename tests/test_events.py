@@ -489,3 +489,42 @@ def test_a_second_claimant_read_alone_is_refused_event_driven(double):
     assert set(duplicate.after.split(",")) == {first, second}
     assert not any(a.changes for a in result.actions)
     assert double.power[second]["power_pass"] == PLACEHOLDER
+
+
+def test_an_event_driven_read_takes_fresh_power_and_keeps_what_it_did_not_read(double):
+    """An address edited by hand is no event; the next event naming the machine reads it afresh,
+    and the machines that event did not name stay known."""
+    web = double.add_vm("web", "vms", hostname="web-vms", pool="vms", status="Deployed",
+                        password=derived("web", "vms"))
+    db = double.add_vm("db", "vms", hostname="db-vms", pool="vms", status="Deployed",
+                       password=derived("db", "vms"))
+    reconciler = reconciler_for(double)
+    settle(reconciler)
+    assert set(reconciler.known) == {web, db}
+    double.set_power_address(web, f"https://app.vms.{DOMAIN}/redfish/v1/Systems/1")
+    double.move_to_pool(web, "vms", via="ui")     # an audited event, status unchanged
+    result = reconciler.cycle()
+    assert reconciler.partial
+    assert {(a.kind, a.after) for a in result.actions if a.changes} >= {("rename", "app-vms")}
+    assert set(reconciler.known) == {web, db}
+    assert reconciler.known[web][1].address == f"https://app.vms.{DOMAIN}/redfish/v1/Systems/1"
+
+
+def test_a_claimant_known_from_before_is_read_fresh_beside_the_machine_an_event_names(double):
+    """A machine known to claim the <vm>.<namespace> of the one an event names is read again
+    with it, its power afresh: here it has moved to another VM since, so no claim is shared."""
+    first = double.add_vm("web", "vms", hostname="web-vms", pool="vms", status="Deployed",
+                          password=derived("web", "vms"))
+    other = double.add_vm("db", "vms", hostname="db-vms", pool="vms", status="Deployed",
+                          password=derived("db", "vms"))
+    reconciler = reconciler_for(double)
+    settle(reconciler)
+    double.set_power_address(first, f"https://app.vms.{DOMAIN}/redfish/v1/Systems/1")  # no event
+    second = double.add_vm("web", "vms", status="Deployed")
+    double.record(second, "NODE", "Set the resource pool to 'default'.", username="admin")
+    result = reconciler.cycle()
+    assert reconciler.partial
+    assert not [a for a in result.actions if a.kind == "duplicate-claim"]
+    changed = {(a.system_id, a.kind) for a in result.actions if a.changes}
+    assert {(first, "rename"), (second, "set-password")} <= changed
+    assert set(reconciler.known) == {first, second, other}
