@@ -49,7 +49,7 @@ from maas_kubevirt.reconcile import (  # noqa: E402
     Settings,
     plan,
 )
-from maas_kubevirt.values import ValuesError  # noqa: E402
+from maas_kubevirt.values import ValuesError, load_values  # noqa: E402
 
 SETTINGS = Settings(domain=DOMAIN)
 PASSWORDS = Passwords(SEED)
@@ -1010,3 +1010,13 @@ def test_reading_no_machine_asks_nothing_and_a_vanished_machine_is_forgotten(dou
     double.delete_machine(gone)
     assert [m["system_id"] for m in reconciler.read_by_id({gone, kept, "never-seen"})] == [kept]
     assert set(reconciler.known) == {"elsewhere", kept}
+
+
+def test_settings_come_from_every_reconciler_value(tmp_path):
+    site = tmp_path / "site.yaml"
+    site.write_text("redfish:\n  domain: BMC.Site.Example.\n"
+                    "maas:\n  commission: approved\n  approval_tag: vm-ok\n  on_hostname_taken: skip\n"
+                    "  cycle_deadline: 45\n  resync_interval: 900\n")
+    assert Settings.from_values(load_values(str(site))) == Settings(
+        domain="bmc.site.example", commission="approved", approval_tag="vm-ok", on_hostname_taken="skip",
+        cycle_deadline=45, resync_interval=900)
