@@ -528,3 +528,20 @@ def test_a_claimant_known_from_before_is_read_fresh_beside_the_machine_an_event_
     changed = {(a.system_id, a.kind) for a in result.actions if a.changes}
     assert {(first, "rename"), (second, "set-password")} <= changed
     assert set(reconciler.known) == {first, second, other}
+
+
+def test_a_duplicate_claim_read_again_is_not_reported_again(double, capsys):
+    """The same set of claimants, read again after an event or a full resync, is one report."""
+    first = double.add_vm("web", "vms", hostname="first", status="Deployed")
+    second = double.add_vm("web", "vms", hostname="second", status="Deployed")
+    reconciler = reconciler_for(double)
+    reconciler.cycle()
+    assert capsys.readouterr().err.count("web.vms is claimed by 2 machines") == 1
+    double.record(first, "NODE", "Set the resource pool to 'default'.", username="admin")
+    assert [a.kind for a in reconciler.cycle().actions] == ["duplicate-claim"]
+    reconciler.log.request_resync("a test asks for one")
+    assert [a.kind for a in reconciler.cycle().actions] == ["duplicate-claim"]
+    assert reconciler.resyncs == 2
+    assert "claimed" not in capsys.readouterr().err
+    refused = [r for r in reconciler.audit.records if r[0] == "duplicate-claim"]
+    assert refused == [("duplicate-claim", None, "refused")]

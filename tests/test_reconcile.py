@@ -1020,3 +1020,18 @@ def test_settings_come_from_every_reconciler_value(tmp_path):
     assert Settings.from_values(load_values(str(site))) == Settings(
         domain="bmc.site.example", commission="approved", approval_tag="vm-ok", on_hostname_taken="skip",
         cycle_deadline=45, resync_interval=900)
+
+
+def test_a_namespace_pool_says_what_it_is_for(double):
+    double.add_vm("web", "vms")
+    reconciler_for(double).cycle()
+    assert double.pools["vms"]["description"] == "KubeVirt VMs of namespace vms (maas-kubevirt)"
+
+
+def test_an_action_that_changes_nothing_is_never_sent(double):
+    client = MAASClient(double.url, Signer(*double.api_key), timeout=5)
+    for kind in (SKIP, DUPLICATE):
+        with pytest.raises(ValueError) as raised:
+            reconcile._perform(client, Action(kind, "abc", "web-vms", "web", "vms"), PASSWORDS)
+        assert str(raised.value) == f"unknown action {kind}"
+    assert double.request_count == 0
