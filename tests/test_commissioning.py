@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import errno
 import difflib
 import http.server
 import importlib.machinery
@@ -292,7 +293,8 @@ def test_unrendered_script_refuses_a_kubevirt_vm(machine):
     machine.smbios("KubeVirt", "web1.vms")
     result = machine.run(SCRIPT)
     assert result.status == os.EX_CONFIG
-    assert "not rendered: run maas-kubevirt render" in one_line(result.stderr)
+    assert one_line(result.stderr) == (
+        f"{SCRIPT_NAME}: error: not rendered: run maas-kubevirt render and upload the rendered script\n")
     machine.nothing_written()
     assert not machine.result.exists()
 
@@ -323,8 +325,9 @@ def test_kubevirt_vm_gets_redfish_power(machine, rendered):
     assert machine.written() == expected_config("web1.vms")
     assert machine.written()["power_address"] == "https://web1.vms.bmc.example.com"
     assert machine.written()["power_pass"] == identity.PLACEHOLDER_PASSWORD
-    assert "https://web1.vms.bmc.example.com" in one_line(result.stdout)
-    assert "placeholder password" in result.stdout
+    assert one_line(result.stdout) == (
+        f"{SCRIPT_NAME}: wrote Redfish power for web1.vms: https://web1.vms.bmc.example.com (user maas, "
+        f"placeholder password for the maas-kubevirt reconciler to replace) to {machine.config}\n")
     assert result.stderr == ""
     assert dmidecode_calls(machine.bin) == [MANUFACTURER, SERIAL]
     assert not machine.result.exists()  # configured, not skipped: MAAS shows Passed
@@ -421,13 +424,32 @@ def test_bare_uuid_says_what_it_is(machine, rendered):
     assert "bare UUID" in machine.run(rendered).stdout
 
 
+@pytest.mark.parametrize("serial, sysfs_serial, problem", [
+    (b"\n", "", "the serial number is not set (is the namespace opted in to maas-kubevirt?)"),
+    ("Not Specified", "", "the serial number is not set (is the namespace opted in to maas-kubevirt?)"),
+    ("5f3b9d2c-1a4e-4b6f-8c7d-0e1f2a3b4c5d", None, "the serial number '5f3b9d2c-1a4e-4b6f-8c7d-0e1f2a3b4c5d' "
+     "is a bare UUID, not <vm>.<namespace> (is the namespace opted in?)"),
+    ("web1", None, "the serial number 'web1' is not <vm>.<namespace> (no dot)"),
+    ("Web1.vms", None, "the serial number 'Web1.vms' is not <vm>.<namespace> (the VM name is not a DNS-1123 subdomain)"),
+    ("web1.vm\u015b", None, "the serial number 'web1.vm\\u015b' is not <vm>.<namespace> "
+     "(the namespace is not a DNS-1123 label)"),
+], ids=["empty", "not-specified", "bare-uuid", "no-dot", "bad-vm", "bad-namespace"])
+def test_serial_that_is_not_ours_is_named_with_its_problem(machine, rendered, serial, sysfs_serial, problem):
+    """The operator reads this line to fix the VM's serial: it says which rule the serial broke."""
+    machine.smbios("KubeVirt", serial, sysfs_serial=sysfs_serial)
+    result = machine.run(rendered)
+    assert result.status == 0
+    assert one_line(result.stdout) == f"{SCRIPT_NAME}: not a maas-kubevirt VM: {problem}: nothing to do\n"
+
+
 @pytest.mark.parametrize("vendor", VENDORS, ids=lambda v: v.replace(" ", "_"))
 @pytest.mark.parametrize("serial", ["recorded", "web1.vms"])
 def test_real_vendors_are_left_alone(machine, rendered, vendor, serial):
     machine.smbios(VENDORS[vendor], VENDOR_SERIALS[vendor] if serial == "recorded" else serial)
     result = machine.run(rendered)
     assert result.status == 0 and result.stderr == ""
-    assert f"system manufacturer is {ascii(vendor)}" in one_line(result.stdout)
+    assert one_line(result.stdout) == (
+        f"{SCRIPT_NAME}: not a KubeVirt VM: system manufacturer is {ascii(vendor)}, not 'KubeVirt': nothing to do\n")
     assert dmidecode_calls(machine.bin) == [MANUFACTURER]  # the serial is not even read
     machine.nothing_written()
     assert machine.skipped()
@@ -454,7 +476,9 @@ def test_existing_bmc_config_is_left_untouched(machine, rendered):
     machine.config.write_text("power_type: ipmi\npower_address: 10.0.0.9\n")
     os.utime(machine.config, (1_000_000_000, 1_000_000_000))
     result = machine.run(rendered)
-    assert result.status == 0 and "already exists" in one_line(result.stdout)
+    assert result.status == 0
+    assert one_line(result.stdout) == (f"{SCRIPT_NAME}: BMC_CONFIG_PATH {str(machine.config)!a} already exists "
+                                       "(another script configured the BMC): leaving it\n")
     assert machine.config.read_text() == "power_type: ipmi\npower_address: 10.0.0.9\n"
     assert machine.config.stat().st_mtime == 1_000_000_000
     assert dmidecode_calls(machine.bin) == []
@@ -480,7 +504,9 @@ def test_machine_without_smbios_is_left_alone(machine, rendered):
     assert not machine.sysfs.exists() and shutil.which("dmidecode", path=machine.path) is None
     result = machine.run(rendered)
     assert result.status == 0, result.output
-    assert "no SMBIOS on this machine" in one_line(result.stdout) and result.stderr == ""
+    assert one_line(result.stdout) == (
+        f"{SCRIPT_NAME}: not a KubeVirt VM: no SMBIOS on this machine (no {machine.sysfs}, no dmidecode): nothing to do\n")
+    assert result.stderr == ""
     machine.nothing_written()
     assert machine.skipped()
 
@@ -500,6 +526,7 @@ def test_without_result_path_nothing_is_recorded(machine, rendered):
     machine.smbios("Dell Inc.", "8XK2Q53")
     result = machine.run(rendered, env={"RESULT_PATH": None})
     assert result.status == 0 and result.stderr == ""
+    assert one_line(result.stdout).endswith(": nothing to do\n")  # no note: nothing was meant to be written
     assert os.listdir(machine.out) == []
 
 
@@ -508,7 +535,8 @@ def test_unwritable_result_path_still_leaves_the_machine_alone(machine, rendered
     missing = machine.out / "no-such-directory" / "result.yaml"
     result = machine.run(rendered, env={"RESULT_PATH": str(missing)})
     assert result.status == 0 and result.stderr == ""
-    assert "nothing to do (RESULT_PATH" in one_line(result.stdout) and "not written" in result.stdout
+    assert one_line(result.stdout).endswith(
+        f": nothing to do (RESULT_PATH {str(missing)!a} not written: {os.strerror(errno.ENOENT)})\n")
     assert not missing.parent.exists()
 
 
@@ -519,8 +547,9 @@ def test_bmc_config_path_unset_means_not_maas_commissioning(machine, rendered):
     machine.smbios("KubeVirt", "web1.vms")
     result = machine.run(rendered, bmc_config_path=None)
     assert result.status == os.EX_USAGE
-    assert "BMC_CONFIG_PATH is not set" in one_line(result.stderr)
-    assert "every commissioning script with parallel: disabled" in result.stderr
+    assert one_line(result.stderr) == (
+        f"{SCRIPT_NAME}: error: BMC_CONFIG_PATH is not set: MAAS sets it for every commissioning script "
+        "with parallel: disabled, so this is not a MAAS commissioning run\n")
     assert metadata(SCRIPT.read_text(encoding="utf-8"))["parallel"] == "disabled"  # which is this one
     machine.nothing_written()
     assert not machine.result.exists()
@@ -541,7 +570,8 @@ def test_bmc_config_path_not_writable(machine, rendered, where):
         target = machine.maas / "no-such-directory" / "bmc-config.yaml"
     result = machine.run(rendered, bmc_config_path=str(target))
     assert result.status == os.EX_CANTCREAT
-    assert "cannot write BMC_CONFIG_PATH" in one_line(result.stderr)
+    reason = os.strerror(errno.ENOTDIR if where == "file-as-directory" else errno.ENOENT)
+    assert one_line(result.stderr) == f"{SCRIPT_NAME}: error: cannot write BMC_CONFIG_PATH {str(target)!a}: {reason}\n"
     assert not target.exists()
 
 
@@ -597,7 +627,9 @@ def test_read_back_that_raises_is_not_success(machine, rendered, monkeypatch, er
 
     monkeypatch.setattr(module, "read_config", fail)
     result = machine.run_inprocess(module, monkeypatch)
-    assert result.status == os.EX_IOERR and "does not read back" in one_line(result.stderr)
+    assert result.status == os.EX_IOERR
+    assert one_line(result.stderr) == (
+        f"{SCRIPT_NAME}: error: BMC_CONFIG_PATH {str(machine.config)!a} does not read back as written\n")
     assert result.stdout == "" and not machine.result.exists()
 
 
@@ -606,14 +638,19 @@ def test_longer_host_than_dns_allows_is_reported(machine, rendered):
     machine.smbios("KubeVirt", f"{vm}.vms")
     result = machine.run(rendered)
     assert result.status == os.EX_CONFIG
-    assert "no Redfish host name" in one_line(result.stderr) and "253" in result.stderr
+    host = f"{vm}.vms.bmc.example.com"
+    assert one_line(result.stderr) == (
+        f"{SCRIPT_NAME}: error: VM {ascii(vm[:64])}... (242 characters) in namespace 'vms': no Redfish host name "
+        f"under 'bmc.example.com': {len(host)} characters, more than the 253 of a DNS name\n")
     machine.nothing_written()
 
 
-@pytest.mark.parametrize("dmidecode", [None, FAIL, HANG])
+@pytest.mark.parametrize("dmidecode", [None, FAIL, HANG, "not-executable"])
 def test_dmidecode_and_sysfs_both_unavailable(machine, rendered, monkeypatch, dmidecode):
     machine.sysfs.mkdir()  # the kernel has DMI, but the attributes cannot be read
-    if dmidecode is not None:
+    if dmidecode == "not-executable":
+        install_dmidecode(machine.bin, "KubeVirt", "web1.vms").chmod(0o644)
+    elif dmidecode is not None:
         install_dmidecode(machine.bin, dmidecode, dmidecode)
     if dmidecode == HANG:  # in-process, with a short timeout, so the test does not wait 10 s
         module = load_script(rendered, "rendered_hang")
@@ -622,8 +659,12 @@ def test_dmidecode_and_sysfs_both_unavailable(machine, rendered, monkeypatch, dm
     else:
         result = machine.run(rendered)
     assert result.status == os.EX_UNAVAILABLE
-    reason = {None: "dmidecode not found", FAIL: "exited with status 1", HANG: "timed out after 0.5 s"}[dmidecode]
-    assert reason in one_line(result.stderr) and "sysfs" in result.stderr
+    reason = {None: "not found", FAIL: "exited with status 1", HANG: "timed out after 0.5 s",
+              "not-executable": f"cannot run ({os.strerror(errno.EACCES)})"}[dmidecode]
+    # Each source's own reason, so the operator knows what to fix.
+    assert one_line(result.stderr) == (
+        f"{SCRIPT_NAME}: error: cannot read the SMBIOS system manufacturer (dmidecode: dmidecode {reason}; "
+        f"sysfs: {machine.sysfs / 'sys_vendor'}: {os.strerror(errno.ENOENT)})\n")
     machine.nothing_written()
     assert not machine.result.exists()
 
@@ -697,7 +738,9 @@ def test_serial_unreadable_everywhere(machine, rendered):
     make_sysfs(machine.sysfs, "KubeVirt", None)
     result = machine.run(rendered)
     assert result.status == os.EX_UNAVAILABLE
-    assert "cannot read the SMBIOS system serial number" in one_line(result.stderr)
+    assert one_line(result.stderr) == (
+        f"{SCRIPT_NAME}: error: cannot read the SMBIOS system serial number (dmidecode: dmidecode exited with "
+        f"status 1; sysfs: {machine.sysfs / 'product_serial'}: {os.strerror(errno.ENOENT)})\n")
     machine.nothing_written()
 
 
@@ -710,9 +753,10 @@ def test_sources_that_disagree_on_the_serial_are_refused(machine, rendered, dmid
     machine.smbios("KubeVirt", dmidecode_serial, sysfs_serial=sysfs_serial)
     result = machine.run(rendered)
     assert result.status == os.EX_DATAERR
-    line = one_line(result.stderr)
     shown = sysfs_serial.decode().strip() if isinstance(sysfs_serial, bytes) else sysfs_serial
-    assert ascii(dmidecode_serial) in line and ascii(shown) in line and "disagree" in line
+    assert one_line(result.stderr) == (
+        f"{SCRIPT_NAME}: error: the SMBIOS system serial number sources disagree (dmidecode says "
+        f"{ascii(dmidecode_serial)}, sysfs says {ascii(shown)}): refusing to configure the BMC\n")
     machine.nothing_written()
 
 
@@ -720,14 +764,19 @@ def test_sources_that_disagree_on_being_kubevirt_are_refused(machine, rendered):
     machine.smbios("KubeVirt", "web1.vms", sysfs_vendor="Dell Inc.")
     result = machine.run(rendered)
     assert result.status == os.EX_DATAERR
-    assert "'KubeVirt'" in one_line(result.stderr) and "'Dell Inc.'" in result.stderr
+    assert one_line(result.stderr) == (
+        f"{SCRIPT_NAME}: error: the SMBIOS system manufacturer sources disagree (dmidecode says 'KubeVirt', "
+        "sysfs says 'Dell Inc.'): refusing to configure the BMC\n")
     machine.nothing_written()
 
 
 def test_sources_that_disagree_on_another_vendor_are_not_ours(machine, rendered):
     machine.smbios("Dell Inc.", "8XK2Q53", sysfs_vendor="HPE")
     result = machine.run(rendered)
-    assert result.status == 0 and "'Dell Inc.'" in result.stdout and "'HPE'" in result.stdout
+    assert result.status == 0
+    assert one_line(result.stdout) == (
+        f"{SCRIPT_NAME}: not a KubeVirt VM: the SMBIOS system manufacturer sources disagree "
+        "(dmidecode says 'Dell Inc.', sysfs says 'HPE'): nothing to do\n")
     machine.nothing_written()
     assert machine.skipped()
 
