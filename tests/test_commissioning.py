@@ -808,6 +808,16 @@ def test_echoed_serial_is_escaped_and_shortened(machine, rendered):
     assert "w" * 100 not in line
 
 
+@pytest.mark.parametrize("length", [64, 65])
+def test_smbios_text_is_shown_whole_up_to_64_characters(machine, rendered, length):
+    vendor = "V" * length
+    machine.smbios(vendor, "web1.vms")
+    result = machine.run(rendered)
+    shown = ascii(vendor) if length <= 64 else f"{ascii(vendor[:64])}... ({length} characters)"
+    assert one_line(result.stdout) == (
+        f"{SCRIPT_NAME}: not a KubeVirt VM: system manufacturer is {shown}, not 'KubeVirt': nothing to do\n")
+
+
 def test_disagreeing_sources_are_escaped_and_shortened(machine, rendered):
     machine.smbios("KubeVirt", "web1.vms", sysfs_serial="\x07" + "s" * 200)
     result = machine.run(rendered)
@@ -827,6 +837,69 @@ def test_invalid_settings_are_a_configuration_error(machine, monkeypatch):
     machine.nothing_written()
 
 
+SETTINGS_PROBLEMS = {
+    "domain": ("bmc", "domain is not a DNS name"),
+    "scheme": ("ftp", "scheme is not https or http"),
+    "check": ("sometimes", "check is not off, advisory or strict"),
+    "username": ("maas admin", "username is not 1-64 letters, digits, '.', '_' or '-'"),
+    "manufacturer": (" \t", "manufacturer is empty"),
+    "rendered": ("yes", "rendered is not True or False"),
+}
+
+
+@pytest.mark.parametrize("key", SETTINGS_PROBLEMS)
+def test_each_wrong_setting_is_named(machine, monkeypatch, key):
+    """A hand-edited SETTINGS line: the error names the key, so the operator knows what to render again."""
+    machine.smbios("KubeVirt", "web1.vms")
+    module = load_script(name=f"settings_{key}")
+    value, problem = SETTINGS_PROBLEMS[key]
+    monkeypatch.setattr(module, "SETTINGS", {**module.SETTINGS, "rendered": True, key: value})
+    result = machine.run_inprocess(module, monkeypatch)
+    assert result.status == os.EX_CONFIG
+    assert one_line(result.stderr) == f"{SCRIPT_NAME}: error: SETTINGS: {problem}: render the script again\n"
+    machine.nothing_written()
+
+
+def test_every_wrong_setting_is_named_at_once(machine, monkeypatch):
+    machine.smbios("KubeVirt", "web1.vms")
+    module = load_script(name="settings_all_wrong")
+    monkeypatch.setattr(module, "SETTINGS", {key: value for key, (value, _) in SETTINGS_PROBLEMS.items()})
+    result = machine.run_inprocess(module, monkeypatch)
+    assert result.status == os.EX_CONFIG
+    problems = "; ".join(problem for _, problem in SETTINGS_PROBLEMS.values())
+    assert one_line(result.stderr) == f"{SCRIPT_NAME}: error: SETTINGS: {problems}: render the script again\n"
+
+
+@pytest.mark.parametrize("missing", ["username", "manufacturer"])
+def test_missing_setting_is_named(machine, monkeypatch, missing):
+    """A key the line lacks is wrong, not a crash."""
+    machine.smbios("KubeVirt", "web1.vms")
+    module = load_script(name=f"settings_missing_{missing}")
+    settings = {key: value for key, value in module.SETTINGS.items() if key != missing}
+    monkeypatch.setattr(module, "SETTINGS", settings)
+    result = machine.run_inprocess(module, monkeypatch)
+    assert result.status == os.EX_CONFIG
+    assert one_line(result.stderr) == (
+        f"{SCRIPT_NAME}: error: SETTINGS: {SETTINGS_PROBLEMS[missing][1]}: render the script again\n")
+
+
+def test_settings_that_are_not_a_mapping(machine, monkeypatch):
+    machine.smbios("KubeVirt", "web1.vms")
+    module = load_script(name="settings_list")
+    monkeypatch.setattr(module, "SETTINGS", [("domain", "bmc.example.com")])
+    result = machine.run_inprocess(module, monkeypatch)
+    assert result.status == os.EX_CONFIG
+    assert one_line(result.stderr) == f"{SCRIPT_NAME}: error: SETTINGS is not a mapping: render the script again\n"
+
+
+@pytest.mark.parametrize("scheme", ["https", "http"])
+@pytest.mark.parametrize("check", ["off", "advisory", "strict"])
+def test_every_documented_setting_is_accepted(scheme, check):
+    module = load_script(name="settings_accepted")
+    settings = {**module.SETTINGS, "scheme": scheme, "check": check, "rendered": True, "username": "a" * 64}
+    assert module.check_settings(settings) == settings
+
+
 # --- Where DMI values come from ---------------------------------------------------------
 
 
@@ -840,21 +913,27 @@ def test_parse_dmidecode_takes_the_first_value_line():
     assert module.parse_dmidecode(b"w\xc3\xa9b\xff\n") == "wéb\ufffd"
 
 
-def test_pyudev_is_used_when_it_can_read_the_dmi_device(machine, rendered, monkeypatch):
+# pyudev's attributes are bytes; a str is taken too
+@pytest.mark.parametrize("kind", [str.encode, str], ids=["bytes", "str"])
+def test_pyudev_is_used_when_it_can_read_the_dmi_device(machine, rendered, monkeypatch, kind):
     machine.smbios("KubeVirt", "web1.vms", sysfs=False)
     seen = []
 
+    class Context:
+        pass
+
     class Device:
-        attributes = {"sys_vendor": b"KubeVirt", "product_serial": b"web2.vms"}
+        attributes = {"sys_vendor": kind("KubeVirt"), "product_serial": kind("web2.vms")}
 
     class Devices:
         @staticmethod
         def from_sys_path(context, path):
+            assert isinstance(context, Context)  # as pyudev, which reads the context's libudev handle
             seen.append(path)
             return Device()
 
     module = load_script(rendered, "rendered_pyudev")
-    monkeypatch.setattr(module, "pyudev", types.SimpleNamespace(Context=lambda: None, Devices=Devices))
+    monkeypatch.setattr(module, "pyudev", types.SimpleNamespace(Context=Context, Devices=Devices))
     result = machine.run_inprocess(module, monkeypatch)
     assert seen and seen[0] == os.path.realpath(machine.sysfs)
     assert result.status == os.EX_DATAERR and "'web2.vms'" in result.stderr  # pyudev's value was compared
@@ -895,7 +974,9 @@ def test_unexpected_errors_show_only_their_kind(machine, rendered, monkeypatch, 
     monkeypatch.setattr(module, "write_config", crash)
     result = machine.run_inprocess(module, monkeypatch)  # checks: no power_pass, no escape sequence
     assert result.status == os.EX_SOFTWARE
-    assert f"unexpected {error.__name__} at line" in one_line(result.stderr)
+    # The innermost line, where it was raised: what a bug report needs.
+    raised = crash.__code__.co_firstlineno + 1
+    assert one_line(result.stderr) == f"{SCRIPT_NAME}: error: unexpected {error.__name__} at line {raised}\n"
     assert result.stdout == ""
 
 
