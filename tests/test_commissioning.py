@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import ast
 import copy
-import errno
 import difflib
+import errno
+import http.client
 import http.server
 import importlib.machinery
 import importlib.util
@@ -135,13 +136,18 @@ class Machine:
             environ["BMC_CONFIG_PATH"] = bmc_config_path or str(self.config)
         return environ
 
-    def run(self, script: Path, *, bmc_config_path: str | None = "", env: dict | None = None) -> Run:
-        """Run the script as MAAS does; returns its status and output, checked by check_output."""
+    def run(self, script: Path, *, bmc_config_path: str | None = "", env: dict | None = None,
+            combined: bool = False) -> Run:
+        """Run the script as MAAS does; returns its status and output, checked by check_output.
+
+        combined: stderr goes into stdout's pipe, in the order written, as in MAAS's combined log.
+        """
         environ = {"PATH": self.path, DMI_ENV: str(self.sysfs), "LC_ALL": "C.UTF-8",
                    **self.environ(bmc_config_path), **(env or {})}
         environ = {key: value for key, value in environ.items() if value is not None}
-        done = subprocess.run([str(script)], env=environ, capture_output=True, timeout=60, check=False)
-        result = Run(done.returncode, done.stdout.decode("utf-8"), done.stderr.decode("utf-8"))
+        done = subprocess.run([str(script)], env=environ, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT if combined else subprocess.PIPE, timeout=60, check=False)
+        result = Run(done.returncode, done.stdout.decode("utf-8"), (done.stderr or b"").decode("utf-8"))
         self.check_output(result)
         return result
 
@@ -1069,6 +1075,7 @@ def test_check_that_passes_writes(machine, tmp_path, monkeypatch, bmc, check):
     [request] = double.requests
     assert request["path"] == "/redfish/v1/"  # the service root, public in Redfish and kubevirtBMC
     assert request["host"] == "web1.vms.bmc.example.com"
+    assert request["accept"] == "application/json"  # what a Redfish client asks for (DSP0266)
     assert "authorization" not in request  # the script has no credential to send
 
 
@@ -1081,7 +1088,8 @@ def test_check_refused_by_the_allowlist(machine, tmp_path, monkeypatch, bmc, che
     assert result.status == status
     assert "answered 403 (refused: does ingress.source_ranges admit this machine?)" in result.stdout
     if check == "strict":
-        assert "check is strict" in one_line(result.stderr)
+        assert one_line(result.stderr) == (f"{SCRIPT_NAME}: error: the Redfish check failed and check is strict: "
+                                           "not writing BMC_CONFIG_PATH\n")
         machine.nothing_written()
     else:
         assert machine.written() == expected_config("web1.vms", scheme="http")
@@ -1115,6 +1123,8 @@ def test_check_over_https_does_not_verify_the_certificate(machine, tmp_path, mon
                    check=True, capture_output=True)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    server_names = []
+    context.sni_callback = lambda sock, name, ctx: server_names.append(name)
     double = bmc(200, tls=context)
     machine.smbios("KubeVirt", "web1.vms")
     module, _ = checking_script(tmp_path, "strict", scheme="https", port=double.port)
@@ -1122,6 +1132,8 @@ def test_check_over_https_does_not_verify_the_certificate(machine, tmp_path, mon
     assert result.status == 0, result.output
     assert "answered 200" in result.stdout
     assert double.requests[0]["host"] == "web1.vms.bmc.example.com"
+    # An Ingress controller picks the certificate (and, passing TLS through, the backend) by SNI.
+    assert server_names == ["web1.vms.bmc.example.com"]
 
 
 def test_check_that_hangs_in_dns_is_bounded_to_5_seconds(machine, tmp_path, monkeypatch):
@@ -1171,3 +1183,96 @@ def test_advisory_check_as_maas_runs_it(machine, tmp_path):
     assert result.status == 0, result.output
     assert result.stdout.startswith("Redfish check: https://web1.vms.bmc.invalid/redfish/v1/: ")
     assert machine.written() == expected_config("web1.vms", domain="bmc.invalid")
+
+
+@pytest.mark.parametrize("check", ["advisory", "strict"])
+def test_bmc_answering_another_status_is_reported_without_a_hint(machine, tmp_path, monkeypatch, bmc, check):
+    """Only a 403 points at ingress.source_ranges; any other answer is reported as it is."""
+    double = bmc(404)
+    machine.smbios("KubeVirt", "web1.vms")
+    module, _ = checking_script(tmp_path, check, port=double.port)
+    result = machine.run_inprocess(module, monkeypatch)
+    assert result.stdout.splitlines()[0] == "Redfish check: http://web1.vms.bmc.example.com/redfish/v1/ answered 404"
+    assert result.status == (os.EX_UNAVAILABLE if check == "strict" else 0)
+
+
+# What the network may do to the check (raised where the address is looked up, as good as anywhere in
+# the request), and the reason the report gives for it.
+CHECK_FAILURES = {
+    "no-such-name": (lambda: socket.gaierror(socket.EAI_NONAME, "Name or service not known"),
+                     "its name does not resolve"),
+    "timeout": (lambda: socket.timeout("timed out"), "no answer within 5 s"),
+    "tls": (lambda: ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number"), "TLS failed (SSLError)"),
+    "refused": (lambda: ConnectionRefusedError(errno.ECONNREFUSED, os.strerror(errno.ECONNREFUSED)),
+                f"cannot connect ({os.strerror(errno.ECONNREFUSED)})"),
+    # An Ingress that closes the connection unanswered: an OSError with no errno text, named by its kind.
+    "closed": (lambda: http.client.RemoteDisconnected("Remote end closed connection without response"),
+               "cannot connect (RemoteDisconnected)"),
+    "other": (lambda: ValueError("unexpected"), "failed (ValueError)"),
+    # The check's thread ended without a result (attempt() catches Exception only).
+    "no-result": (lambda: SystemExit(1), "no answer within 5 s"),
+}
+
+
+@pytest.mark.parametrize("check", ["advisory", "strict"])
+@pytest.mark.parametrize("failure", [
+    # pytest reports a thread's SystemExit, which Python itself passes over in silence.
+    pytest.param(failure, marks=pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning"))
+    if failure == "no-result" else failure for failure in CHECK_FAILURES])
+def test_check_failures_are_reported_with_their_reason(machine, tmp_path, monkeypatch, check, failure):
+    make_error, reason = CHECK_FAILURES[failure]
+
+    def failing(host, port):
+        raise make_error()
+
+    machine.smbios("KubeVirt", "web1.vms")
+    module, _ = checking_script(tmp_path, check, resolve=failing)
+    result = machine.run_inprocess(module, monkeypatch)
+    report = f"Redfish check: http://web1.vms.bmc.example.com/redfish/v1/: {reason}\n"
+    if check == "strict":
+        assert result.status == os.EX_UNAVAILABLE and result.stdout == report
+        machine.nothing_written()
+    else:
+        assert result.status == 0 and result.stdout.startswith(report) and result.stderr == ""
+        assert machine.written() == expected_config("web1.vms", scheme="http")
+
+
+def wrapped(tmp_path: Path, script: Path, setup: str) -> Path:
+    """An executable that loads script, runs setup (Python, the loaded script named `script`) and
+    then exits with main()'s status, as the script itself does: for faults only a test can make."""
+    wrapper = tmp_path / "wrapped"
+    wrapper.write_text(
+        f"#!{sys.executable}\n"
+        "import importlib.machinery, importlib.util, socket, sys, time\n"
+        f"loader = importlib.machinery.SourceFileLoader('script', {str(script)!r})\n"
+        "script = importlib.util.module_from_spec(importlib.util.spec_from_loader('script', loader))\n"
+        "loader.exec_module(script)\n"
+        f"{setup}\n"
+        "sys.exit(script.main())\n", encoding="utf-8")
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def test_lookup_still_hanging_does_not_keep_the_script_running(machine, tmp_path):
+    """MAAS waits for the script to exit: a DNS lookup the check gave up on must not hold it."""
+    script = render_to(tmp_path, values_with(check="advisory"))
+    wrapper = wrapped(tmp_path, script, "script.CHECK_TIMEOUT = 0.5\nscript.resolve = lambda host, port: time.sleep(20)")
+    machine.smbios("KubeVirt", "web1.vms")
+    started = time.monotonic()
+    result = machine.run(wrapper)
+    assert time.monotonic() - started < 10
+    assert result.status == 0, result.output
+    assert result.stdout.startswith("Redfish check: https://web1.vms.bmc.example.com/redfish/v1/: no answer within 0.5 s\n")
+    assert machine.written() == expected_config("web1.vms")
+
+
+def test_check_report_comes_before_the_refusal_it_caused(machine, tmp_path):
+    """MAAS keeps a log of both streams in the order written: the report must come first, so it
+    is flushed before the error is printed (stdout to a pipe is buffered until exit otherwise)."""
+    script = render_to(tmp_path, values_with(check="strict", domain="bmc.invalid"))
+    machine.smbios("KubeVirt", "web1.vms")
+    result = machine.run(script, combined=True)
+    assert result.status == os.EX_UNAVAILABLE
+    report, error = result.stdout.splitlines()
+    assert report.startswith("Redfish check: https://web1.vms.bmc.invalid/redfish/v1/: ")
+    assert error == f"{SCRIPT_NAME}: error: the Redfish check failed and check is strict: not writing BMC_CONFIG_PATH"
