@@ -536,6 +536,29 @@ def test_without_result_path_nothing_is_recorded(machine, rendered):
     assert os.listdir(machine.out) == []
 
 
+@pytest.mark.parametrize("target", ["RESULT_PATH", "BMC_CONFIG_PATH"])
+def test_write_error_without_errno_text_is_named_by_its_kind(machine, rendered, monkeypatch, target):
+    """Not every OSError carries the system's text (strerror): the message then names its kind."""
+    machine.smbios("Dell Inc." if target == "RESULT_PATH" else "KubeVirt", "web1.vms")
+    module = load_script(rendered, "rendered_bare_oserror")
+
+    class StorageGone(OSError):
+        pass
+
+    def replace(source, destination):
+        raise StorageGone("the disk went away")
+
+    monkeypatch.setattr(module.os, "replace", replace)
+    result = machine.run_inprocess(module, monkeypatch)
+    path = machine.result if target == "RESULT_PATH" else machine.config
+    if target == "RESULT_PATH":
+        assert result.status == 0
+        assert one_line(result.stdout).endswith(f"(RESULT_PATH {str(path)!a} not written: StorageGone)\n")
+    else:
+        assert result.status == os.EX_CANTCREAT
+        assert one_line(result.stderr) == f"{SCRIPT_NAME}: error: cannot write BMC_CONFIG_PATH {str(path)!a}: StorageGone\n"
+
+
 def test_unwritable_result_path_still_leaves_the_machine_alone(machine, rendered):
     machine.smbios("Dell Inc.", "8XK2Q53")
     missing = machine.out / "no-such-directory" / "result.yaml"
@@ -690,6 +713,40 @@ def test_dmidecode_is_read_at_most_64_kib(rendered):
     assert why is None and output == b"a" * 65536
     output, why = module.run_command([*printing, str(64 * 1024 + 1)])
     assert output is None and why.endswith("printed more than 65536 bytes")
+
+
+def test_output_that_arrives_in_pieces_is_read_whole(rendered):
+    """dmidecode may write line by line: the pieces are joined as they came."""
+    module = load_script(rendered, "rendered_pieces")
+    pieces = [sys.executable, "-c", "import sys, time\nfor line in (b'Kube', b'Virt\\n', b'# end\\n'):\n"
+              "    sys.stdout.buffer.write(line); sys.stdout.flush(); time.sleep(0.05)"]
+    assert module.run_command(pieces) == (b"KubeVirt\n# end\n", None)
+
+
+def test_command_gets_no_input(rendered):
+    """The command's stdin is /dev/null: one that reads input cannot wait on MAAS's or a terminal's."""
+    module = load_script(rendered, "rendered_stdin")
+    asking = [sys.executable, "-c", "import os; print(os.path.samestat(os.fstat(0), os.stat(os.devnull)))"]
+    assert module.run_command(asking) == (b"True\n", None)
+
+
+def test_command_timeout_is_the_one_given(rendered):
+    """A quick command is read under a short timeout; one that hangs is cut off at it, not later."""
+    module = load_script(rendered, "rendered_timeout")
+    assert module.run_command([sys.executable, "-c", "print('KubeVirt')"], timeout=0.8) == (b"KubeVirt\n", None)
+    sleep = shutil.which("sleep")
+    started = time.monotonic()
+    assert module.run_command([sleep, "5"], timeout=0.3) == (None, f"{sleep} timed out after 0.3 s")
+    assert time.monotonic() - started < 0.9  # well before the 10 s default and the 5 s sleep
+
+
+def test_command_that_closes_its_output_but_keeps_running_is_cut_off(rendered):
+    """End of output is not the end of the command: its exit is awaited only until the deadline."""
+    module = load_script(rendered, "rendered_lingering")
+    lingering = [sys.executable, "-c", "import os, time; os.write(1, b'KubeVirt\\n'); os.close(1); time.sleep(5)"]
+    started = time.monotonic()
+    assert module.run_command(lingering, timeout=0.3) == (None, f"{sys.executable} timed out after 0.3 s")
+    assert time.monotonic() - started < 0.9
 
 
 def test_dmidecode_that_never_stops_printing_is_cut_short(machine, rendered):
@@ -956,6 +1013,18 @@ def test_pyudev_failing_falls_back_to_the_files(machine, rendered, monkeypatch):
     monkeypatch.setattr(module, "pyudev", types.SimpleNamespace(Context=broken, Devices=None))
     assert machine.run_inprocess(module, monkeypatch).status == 0
     assert machine.written() == expected_config("web1.vms")
+
+
+@pytest.mark.parametrize("size", [64 * 1024, 64 * 1024 + 1])
+def test_dmi_attribute_is_read_at_most_64_kib(machine, rendered, monkeypatch, size):
+    """The kernel's attributes are short; a file that is not is refused, not read to its end."""
+    make_sysfs(machine.sysfs, b"K" * size, None)
+    module = load_script(rendered, "rendered_sysfs_bounded")
+    monkeypatch.setattr(module, "pyudev", None)
+    monkeypatch.setattr(module, "DMI_DIR", str(machine.sysfs))
+    expected = ("K" * size, None) if size <= 64 * 1024 else (
+        None, f"{machine.sysfs / 'sys_vendor'}: more than 65536 bytes")
+    assert module.read_sysfs("sys_vendor") == expected
 
 
 def test_without_pyudev_the_files_are_read(machine, rendered, monkeypatch):
@@ -1276,3 +1345,9 @@ def test_check_report_comes_before_the_refusal_it_caused(machine, tmp_path):
     report, error = result.stdout.splitlines()
     assert report.startswith("Redfish check: https://web1.vms.bmc.invalid/redfish/v1/: ")
     assert error == f"{SCRIPT_NAME}: error: the Redfish check failed and check is strict: not writing BMC_CONFIG_PATH"
+
+
+def test_resolve_gives_the_first_tcp_address_with_the_port():
+    module = load_script(name="resolving")
+    assert module.resolve("127.0.0.1", 8443) == (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "",
+                                                  ("127.0.0.1", 8443))
