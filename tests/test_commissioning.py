@@ -724,10 +724,19 @@ def test_output_that_arrives_in_pieces_is_read_whole(rendered):
 
 
 def test_command_gets_no_input(rendered):
-    """The command's stdin is /dev/null: one that reads input cannot wait on MAAS's or a terminal's."""
+    """The command's stdin is /dev/null: one that reads input gets none at once, rather than waiting
+    on the script's own stdin (here a pipe nobody writes to, as a terminal may be)."""
     module = load_script(rendered, "rendered_stdin")
-    asking = [sys.executable, "-c", "import os; print(os.path.samestat(os.fstat(0), os.stat(os.devnull)))"]
-    assert module.run_command(asking) == (b"True\n", None)
+    reading = [sys.executable, "-c", "import sys; print(repr(sys.stdin.read()))"]
+    read_end, write_end = os.pipe()
+    saved = os.dup(0)
+    try:
+        os.dup2(read_end, 0)
+        assert module.run_command(reading, timeout=2) == (b"''\n", None)
+    finally:
+        os.dup2(saved, 0)
+        for fd in (saved, read_end, write_end):
+            os.close(fd)
 
 
 def test_command_timeout_is_the_one_given(rendered):

@@ -96,8 +96,8 @@ def test_parse_serial_agrees(text):
 
 @given(domain)
 @example("example.com")  # two labels, the fewest
-@example(".".join(["d" * 60] * 4) + "." + "d" * 4)  # 249 characters, the most
-@example(".".join(["d" * 60] * 4) + "." + "d" * 5)  # 250
+@example(".".join(["d" * 60] * 4) + "." + "d" * 5)  # 249 characters, the most
+@example(".".join(["d" * 60] * 4) + "." + "d" * 6)  # 250
 @example("bmc.example.com.")  # the root's dot
 def test_validate_domain_agrees(text):
     assert outcome(script.validate_domain, ValueError, text) == outcome(
