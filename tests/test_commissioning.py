@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 import copy
 import difflib
+import errno
+import http.client
 import http.server
 import importlib.machinery
 import importlib.util
@@ -134,13 +136,18 @@ class Machine:
             environ["BMC_CONFIG_PATH"] = bmc_config_path or str(self.config)
         return environ
 
-    def run(self, script: Path, *, bmc_config_path: str | None = "", env: dict | None = None) -> Run:
-        """Run the script as MAAS does; returns its status and output, checked by check_output."""
+    def run(self, script: Path, *, bmc_config_path: str | None = "", env: dict | None = None,
+            combined: bool = False) -> Run:
+        """Run the script as MAAS does; returns its status and output, checked by check_output.
+
+        combined: stderr goes into stdout's pipe, in the order written, as in MAAS's combined log.
+        """
         environ = {"PATH": self.path, DMI_ENV: str(self.sysfs), "LC_ALL": "C.UTF-8",
                    **self.environ(bmc_config_path), **(env or {})}
         environ = {key: value for key, value in environ.items() if value is not None}
-        done = subprocess.run([str(script)], env=environ, capture_output=True, timeout=60, check=False)
-        result = Run(done.returncode, done.stdout.decode("utf-8"), done.stderr.decode("utf-8"))
+        done = subprocess.run([str(script)], env=environ, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT if combined else subprocess.PIPE, timeout=60, check=False)
+        result = Run(done.returncode, done.stdout.decode("utf-8"), (done.stderr or b"").decode("utf-8"))
         self.check_output(result)
         return result
 
@@ -292,7 +299,8 @@ def test_unrendered_script_refuses_a_kubevirt_vm(machine):
     machine.smbios("KubeVirt", "web1.vms")
     result = machine.run(SCRIPT)
     assert result.status == os.EX_CONFIG
-    assert "not rendered: run maas-kubevirt render" in one_line(result.stderr)
+    assert one_line(result.stderr) == (
+        f"{SCRIPT_NAME}: error: not rendered: run maas-kubevirt render and upload the rendered script\n")
     machine.nothing_written()
     assert not machine.result.exists()
 
@@ -323,8 +331,9 @@ def test_kubevirt_vm_gets_redfish_power(machine, rendered):
     assert machine.written() == expected_config("web1.vms")
     assert machine.written()["power_address"] == "https://web1.vms.bmc.example.com"
     assert machine.written()["power_pass"] == identity.PLACEHOLDER_PASSWORD
-    assert "https://web1.vms.bmc.example.com" in one_line(result.stdout)
-    assert "placeholder password" in result.stdout
+    assert one_line(result.stdout) == (
+        f"{SCRIPT_NAME}: wrote Redfish power for web1.vms: https://web1.vms.bmc.example.com (user maas, "
+        f"placeholder password for the maas-kubevirt reconciler to replace) to {machine.config}\n")
     assert result.stderr == ""
     assert dmidecode_calls(machine.bin) == [MANUFACTURER, SERIAL]
     assert not machine.result.exists()  # configured, not skipped: MAAS shows Passed
@@ -421,13 +430,32 @@ def test_bare_uuid_says_what_it_is(machine, rendered):
     assert "bare UUID" in machine.run(rendered).stdout
 
 
+@pytest.mark.parametrize("serial, sysfs_serial, problem", [
+    (b"\n", "", "the serial number is not set (is the namespace opted in to maas-kubevirt?)"),
+    ("Not Specified", "", "the serial number is not set (is the namespace opted in to maas-kubevirt?)"),
+    ("5f3b9d2c-1a4e-4b6f-8c7d-0e1f2a3b4c5d", None, "the serial number '5f3b9d2c-1a4e-4b6f-8c7d-0e1f2a3b4c5d' "
+     "is a bare UUID, not <vm>.<namespace> (is the namespace opted in?)"),
+    ("web1", None, "the serial number 'web1' is not <vm>.<namespace> (no dot)"),
+    ("Web1.vms", None, "the serial number 'Web1.vms' is not <vm>.<namespace> (the VM name is not a DNS-1123 subdomain)"),
+    ("web1.vm\u015b", None, "the serial number 'web1.vm\\u015b' is not <vm>.<namespace> "
+     "(the namespace is not a DNS-1123 label)"),
+], ids=["empty", "not-specified", "bare-uuid", "no-dot", "bad-vm", "bad-namespace"])
+def test_serial_that_is_not_ours_is_named_with_its_problem(machine, rendered, serial, sysfs_serial, problem):
+    """The operator reads this line to fix the VM's serial: it says which rule the serial broke."""
+    machine.smbios("KubeVirt", serial, sysfs_serial=sysfs_serial)
+    result = machine.run(rendered)
+    assert result.status == 0
+    assert one_line(result.stdout) == f"{SCRIPT_NAME}: not a maas-kubevirt VM: {problem}: nothing to do\n"
+
+
 @pytest.mark.parametrize("vendor", VENDORS, ids=lambda v: v.replace(" ", "_"))
 @pytest.mark.parametrize("serial", ["recorded", "web1.vms"])
 def test_real_vendors_are_left_alone(machine, rendered, vendor, serial):
     machine.smbios(VENDORS[vendor], VENDOR_SERIALS[vendor] if serial == "recorded" else serial)
     result = machine.run(rendered)
     assert result.status == 0 and result.stderr == ""
-    assert f"system manufacturer is {ascii(vendor)}" in one_line(result.stdout)
+    assert one_line(result.stdout) == (
+        f"{SCRIPT_NAME}: not a KubeVirt VM: system manufacturer is {ascii(vendor)}, not 'KubeVirt': nothing to do\n")
     assert dmidecode_calls(machine.bin) == [MANUFACTURER]  # the serial is not even read
     machine.nothing_written()
     assert machine.skipped()
@@ -454,7 +482,9 @@ def test_existing_bmc_config_is_left_untouched(machine, rendered):
     machine.config.write_text("power_type: ipmi\npower_address: 10.0.0.9\n")
     os.utime(machine.config, (1_000_000_000, 1_000_000_000))
     result = machine.run(rendered)
-    assert result.status == 0 and "already exists" in one_line(result.stdout)
+    assert result.status == 0
+    assert one_line(result.stdout) == (f"{SCRIPT_NAME}: BMC_CONFIG_PATH {str(machine.config)!a} already exists "
+                                       "(another script configured the BMC): leaving it\n")
     assert machine.config.read_text() == "power_type: ipmi\npower_address: 10.0.0.9\n"
     assert machine.config.stat().st_mtime == 1_000_000_000
     assert dmidecode_calls(machine.bin) == []
@@ -480,7 +510,9 @@ def test_machine_without_smbios_is_left_alone(machine, rendered):
     assert not machine.sysfs.exists() and shutil.which("dmidecode", path=machine.path) is None
     result = machine.run(rendered)
     assert result.status == 0, result.output
-    assert "no SMBIOS on this machine" in one_line(result.stdout) and result.stderr == ""
+    assert one_line(result.stdout) == (
+        f"{SCRIPT_NAME}: not a KubeVirt VM: no SMBIOS on this machine (no {machine.sysfs}, no dmidecode): nothing to do\n")
+    assert result.stderr == ""
     machine.nothing_written()
     assert machine.skipped()
 
@@ -500,7 +532,31 @@ def test_without_result_path_nothing_is_recorded(machine, rendered):
     machine.smbios("Dell Inc.", "8XK2Q53")
     result = machine.run(rendered, env={"RESULT_PATH": None})
     assert result.status == 0 and result.stderr == ""
+    assert one_line(result.stdout).endswith(": nothing to do\n")  # no note: nothing was meant to be written
     assert os.listdir(machine.out) == []
+
+
+@pytest.mark.parametrize("target", ["RESULT_PATH", "BMC_CONFIG_PATH"])
+def test_write_error_without_errno_text_is_named_by_its_kind(machine, rendered, monkeypatch, target):
+    """Not every OSError carries the system's text (strerror): the message then names its kind."""
+    machine.smbios("Dell Inc." if target == "RESULT_PATH" else "KubeVirt", "web1.vms")
+    module = load_script(rendered, "rendered_bare_oserror")
+
+    class StorageGone(OSError):
+        pass
+
+    def replace(source, destination):
+        raise StorageGone("the disk went away")
+
+    monkeypatch.setattr(module.os, "replace", replace)
+    result = machine.run_inprocess(module, monkeypatch)
+    path = machine.result if target == "RESULT_PATH" else machine.config
+    if target == "RESULT_PATH":
+        assert result.status == 0
+        assert one_line(result.stdout).endswith(f"(RESULT_PATH {str(path)!a} not written: StorageGone)\n")
+    else:
+        assert result.status == os.EX_CANTCREAT
+        assert one_line(result.stderr) == f"{SCRIPT_NAME}: error: cannot write BMC_CONFIG_PATH {str(path)!a}: StorageGone\n"
 
 
 def test_unwritable_result_path_still_leaves_the_machine_alone(machine, rendered):
@@ -508,7 +564,8 @@ def test_unwritable_result_path_still_leaves_the_machine_alone(machine, rendered
     missing = machine.out / "no-such-directory" / "result.yaml"
     result = machine.run(rendered, env={"RESULT_PATH": str(missing)})
     assert result.status == 0 and result.stderr == ""
-    assert "nothing to do (RESULT_PATH" in one_line(result.stdout) and "not written" in result.stdout
+    assert one_line(result.stdout).endswith(
+        f": nothing to do (RESULT_PATH {str(missing)!a} not written: {os.strerror(errno.ENOENT)})\n")
     assert not missing.parent.exists()
 
 
@@ -519,8 +576,9 @@ def test_bmc_config_path_unset_means_not_maas_commissioning(machine, rendered):
     machine.smbios("KubeVirt", "web1.vms")
     result = machine.run(rendered, bmc_config_path=None)
     assert result.status == os.EX_USAGE
-    assert "BMC_CONFIG_PATH is not set" in one_line(result.stderr)
-    assert "every commissioning script with parallel: disabled" in result.stderr
+    assert one_line(result.stderr) == (
+        f"{SCRIPT_NAME}: error: BMC_CONFIG_PATH is not set: MAAS sets it for every commissioning script "
+        "with parallel: disabled, so this is not a MAAS commissioning run\n")
     assert metadata(SCRIPT.read_text(encoding="utf-8"))["parallel"] == "disabled"  # which is this one
     machine.nothing_written()
     assert not machine.result.exists()
@@ -541,7 +599,8 @@ def test_bmc_config_path_not_writable(machine, rendered, where):
         target = machine.maas / "no-such-directory" / "bmc-config.yaml"
     result = machine.run(rendered, bmc_config_path=str(target))
     assert result.status == os.EX_CANTCREAT
-    assert "cannot write BMC_CONFIG_PATH" in one_line(result.stderr)
+    reason = os.strerror(errno.ENOTDIR if where == "file-as-directory" else errno.ENOENT)
+    assert one_line(result.stderr) == f"{SCRIPT_NAME}: error: cannot write BMC_CONFIG_PATH {str(target)!a}: {reason}\n"
     assert not target.exists()
 
 
@@ -597,7 +656,9 @@ def test_read_back_that_raises_is_not_success(machine, rendered, monkeypatch, er
 
     monkeypatch.setattr(module, "read_config", fail)
     result = machine.run_inprocess(module, monkeypatch)
-    assert result.status == os.EX_IOERR and "does not read back" in one_line(result.stderr)
+    assert result.status == os.EX_IOERR
+    assert one_line(result.stderr) == (
+        f"{SCRIPT_NAME}: error: BMC_CONFIG_PATH {str(machine.config)!a} does not read back as written\n")
     assert result.stdout == "" and not machine.result.exists()
 
 
@@ -606,14 +667,19 @@ def test_longer_host_than_dns_allows_is_reported(machine, rendered):
     machine.smbios("KubeVirt", f"{vm}.vms")
     result = machine.run(rendered)
     assert result.status == os.EX_CONFIG
-    assert "no Redfish host name" in one_line(result.stderr) and "253" in result.stderr
+    host = f"{vm}.vms.bmc.example.com"
+    assert one_line(result.stderr) == (
+        f"{SCRIPT_NAME}: error: VM {ascii(vm[:64])}... (242 characters) in namespace 'vms': no Redfish host name "
+        f"under 'bmc.example.com': {len(host)} characters, more than the 253 of a DNS name\n")
     machine.nothing_written()
 
 
-@pytest.mark.parametrize("dmidecode", [None, FAIL, HANG])
+@pytest.mark.parametrize("dmidecode", [None, FAIL, HANG, "not-executable"])
 def test_dmidecode_and_sysfs_both_unavailable(machine, rendered, monkeypatch, dmidecode):
     machine.sysfs.mkdir()  # the kernel has DMI, but the attributes cannot be read
-    if dmidecode is not None:
+    if dmidecode == "not-executable":
+        install_dmidecode(machine.bin, "KubeVirt", "web1.vms").chmod(0o644)
+    elif dmidecode is not None:
         install_dmidecode(machine.bin, dmidecode, dmidecode)
     if dmidecode == HANG:  # in-process, with a short timeout, so the test does not wait 10 s
         module = load_script(rendered, "rendered_hang")
@@ -622,8 +688,12 @@ def test_dmidecode_and_sysfs_both_unavailable(machine, rendered, monkeypatch, dm
     else:
         result = machine.run(rendered)
     assert result.status == os.EX_UNAVAILABLE
-    reason = {None: "dmidecode not found", FAIL: "exited with status 1", HANG: "timed out after 0.5 s"}[dmidecode]
-    assert reason in one_line(result.stderr) and "sysfs" in result.stderr
+    reason = {None: "not found", FAIL: "exited with status 1", HANG: "timed out after 0.5 s",
+              "not-executable": f"cannot run ({os.strerror(errno.EACCES)})"}[dmidecode]
+    # Each source's own reason, so the operator knows what to fix.
+    assert one_line(result.stderr) == (
+        f"{SCRIPT_NAME}: error: cannot read the SMBIOS system manufacturer (dmidecode: dmidecode {reason}; "
+        f"sysfs: {machine.sysfs / 'sys_vendor'}: {os.strerror(errno.ENOENT)})\n")
     machine.nothing_written()
     assert not machine.result.exists()
 
@@ -643,6 +713,49 @@ def test_dmidecode_is_read_at_most_64_kib(rendered):
     assert why is None and output == b"a" * 65536
     output, why = module.run_command([*printing, str(64 * 1024 + 1)])
     assert output is None and why.endswith("printed more than 65536 bytes")
+
+
+def test_output_that_arrives_in_pieces_is_read_whole(rendered):
+    """dmidecode may write line by line: the pieces are joined as they came."""
+    module = load_script(rendered, "rendered_pieces")
+    pieces = [sys.executable, "-c", "import sys, time\nfor line in (b'Kube', b'Virt\\n', b'# end\\n'):\n"
+              "    sys.stdout.buffer.write(line); sys.stdout.flush(); time.sleep(0.05)"]
+    assert module.run_command(pieces) == (b"KubeVirt\n# end\n", None)
+
+
+def test_command_gets_no_input(rendered):
+    """The command's stdin is /dev/null: one that reads input gets none at once, rather than waiting
+    on the script's own stdin (here a pipe nobody writes to, as a terminal may be)."""
+    module = load_script(rendered, "rendered_stdin")
+    reading = [sys.executable, "-c", "import sys; print(repr(sys.stdin.read()))"]
+    read_end, write_end = os.pipe()
+    saved = os.dup(0)
+    try:
+        os.dup2(read_end, 0)
+        assert module.run_command(reading, timeout=2) == (b"''\n", None)
+    finally:
+        os.dup2(saved, 0)
+        for fd in (saved, read_end, write_end):
+            os.close(fd)
+
+
+def test_command_timeout_is_the_one_given(rendered):
+    """A quick command is read under a short timeout; one that hangs is cut off at it, not later."""
+    module = load_script(rendered, "rendered_timeout")
+    assert module.run_command([sys.executable, "-c", "print('KubeVirt')"], timeout=0.8) == (b"KubeVirt\n", None)
+    sleep = shutil.which("sleep")
+    started = time.monotonic()
+    assert module.run_command([sleep, "5"], timeout=0.3) == (None, f"{sleep} timed out after 0.3 s")
+    assert time.monotonic() - started < 0.9  # well before the 10 s default and the 5 s sleep
+
+
+def test_command_that_closes_its_output_but_keeps_running_is_cut_off(rendered):
+    """End of output is not the end of the command: its exit is awaited only until the deadline."""
+    module = load_script(rendered, "rendered_lingering")
+    lingering = [sys.executable, "-c", "import os, time; os.write(1, b'KubeVirt\\n'); os.close(1); time.sleep(5)"]
+    started = time.monotonic()
+    assert module.run_command(lingering, timeout=0.3) == (None, f"{sys.executable} timed out after 0.3 s")
+    assert time.monotonic() - started < 0.9
 
 
 def test_dmidecode_that_never_stops_printing_is_cut_short(machine, rendered):
@@ -697,7 +810,9 @@ def test_serial_unreadable_everywhere(machine, rendered):
     make_sysfs(machine.sysfs, "KubeVirt", None)
     result = machine.run(rendered)
     assert result.status == os.EX_UNAVAILABLE
-    assert "cannot read the SMBIOS system serial number" in one_line(result.stderr)
+    assert one_line(result.stderr) == (
+        f"{SCRIPT_NAME}: error: cannot read the SMBIOS system serial number (dmidecode: dmidecode exited with "
+        f"status 1; sysfs: {machine.sysfs / 'product_serial'}: {os.strerror(errno.ENOENT)})\n")
     machine.nothing_written()
 
 
@@ -710,9 +825,10 @@ def test_sources_that_disagree_on_the_serial_are_refused(machine, rendered, dmid
     machine.smbios("KubeVirt", dmidecode_serial, sysfs_serial=sysfs_serial)
     result = machine.run(rendered)
     assert result.status == os.EX_DATAERR
-    line = one_line(result.stderr)
     shown = sysfs_serial.decode().strip() if isinstance(sysfs_serial, bytes) else sysfs_serial
-    assert ascii(dmidecode_serial) in line and ascii(shown) in line and "disagree" in line
+    assert one_line(result.stderr) == (
+        f"{SCRIPT_NAME}: error: the SMBIOS system serial number sources disagree (dmidecode says "
+        f"{ascii(dmidecode_serial)}, sysfs says {ascii(shown)}): refusing to configure the BMC\n")
     machine.nothing_written()
 
 
@@ -720,14 +836,19 @@ def test_sources_that_disagree_on_being_kubevirt_are_refused(machine, rendered):
     machine.smbios("KubeVirt", "web1.vms", sysfs_vendor="Dell Inc.")
     result = machine.run(rendered)
     assert result.status == os.EX_DATAERR
-    assert "'KubeVirt'" in one_line(result.stderr) and "'Dell Inc.'" in result.stderr
+    assert one_line(result.stderr) == (
+        f"{SCRIPT_NAME}: error: the SMBIOS system manufacturer sources disagree (dmidecode says 'KubeVirt', "
+        "sysfs says 'Dell Inc.'): refusing to configure the BMC\n")
     machine.nothing_written()
 
 
 def test_sources_that_disagree_on_another_vendor_are_not_ours(machine, rendered):
     machine.smbios("Dell Inc.", "8XK2Q53", sysfs_vendor="HPE")
     result = machine.run(rendered)
-    assert result.status == 0 and "'Dell Inc.'" in result.stdout and "'HPE'" in result.stdout
+    assert result.status == 0
+    assert one_line(result.stdout) == (
+        f"{SCRIPT_NAME}: not a KubeVirt VM: the SMBIOS system manufacturer sources disagree "
+        "(dmidecode says 'Dell Inc.', sysfs says 'HPE'): nothing to do\n")
     machine.nothing_written()
     assert machine.skipped()
 
@@ -759,6 +880,16 @@ def test_echoed_serial_is_escaped_and_shortened(machine, rendered):
     assert "w" * 100 not in line
 
 
+@pytest.mark.parametrize("length", [64, 65])
+def test_smbios_text_is_shown_whole_up_to_64_characters(machine, rendered, length):
+    vendor = "V" * length
+    machine.smbios(vendor, "web1.vms")
+    result = machine.run(rendered)
+    shown = ascii(vendor) if length <= 64 else f"{ascii(vendor[:64])}... ({length} characters)"
+    assert one_line(result.stdout) == (
+        f"{SCRIPT_NAME}: not a KubeVirt VM: system manufacturer is {shown}, not 'KubeVirt': nothing to do\n")
+
+
 def test_disagreeing_sources_are_escaped_and_shortened(machine, rendered):
     machine.smbios("KubeVirt", "web1.vms", sysfs_serial="\x07" + "s" * 200)
     result = machine.run(rendered)
@@ -778,6 +909,69 @@ def test_invalid_settings_are_a_configuration_error(machine, monkeypatch):
     machine.nothing_written()
 
 
+SETTINGS_PROBLEMS = {
+    "domain": ("bmc", "domain is not a DNS name"),
+    "scheme": ("ftp", "scheme is not https or http"),
+    "check": ("sometimes", "check is not off, advisory or strict"),
+    "username": ("maas admin", "username is not 1-64 letters, digits, '.', '_' or '-'"),
+    "manufacturer": (" \t", "manufacturer is empty"),
+    "rendered": ("yes", "rendered is not True or False"),
+}
+
+
+@pytest.mark.parametrize("key", SETTINGS_PROBLEMS)
+def test_each_wrong_setting_is_named(machine, monkeypatch, key):
+    """A hand-edited SETTINGS line: the error names the key, so the operator knows what to render again."""
+    machine.smbios("KubeVirt", "web1.vms")
+    module = load_script(name=f"settings_{key}")
+    value, problem = SETTINGS_PROBLEMS[key]
+    monkeypatch.setattr(module, "SETTINGS", {**module.SETTINGS, "rendered": True, key: value})
+    result = machine.run_inprocess(module, monkeypatch)
+    assert result.status == os.EX_CONFIG
+    assert one_line(result.stderr) == f"{SCRIPT_NAME}: error: SETTINGS: {problem}: render the script again\n"
+    machine.nothing_written()
+
+
+def test_every_wrong_setting_is_named_at_once(machine, monkeypatch):
+    machine.smbios("KubeVirt", "web1.vms")
+    module = load_script(name="settings_all_wrong")
+    monkeypatch.setattr(module, "SETTINGS", {key: value for key, (value, _) in SETTINGS_PROBLEMS.items()})
+    result = machine.run_inprocess(module, monkeypatch)
+    assert result.status == os.EX_CONFIG
+    problems = "; ".join(problem for _, problem in SETTINGS_PROBLEMS.values())
+    assert one_line(result.stderr) == f"{SCRIPT_NAME}: error: SETTINGS: {problems}: render the script again\n"
+
+
+@pytest.mark.parametrize("missing", ["username", "manufacturer"])
+def test_missing_setting_is_named(machine, monkeypatch, missing):
+    """A key the line lacks is wrong, not a crash."""
+    machine.smbios("KubeVirt", "web1.vms")
+    module = load_script(name=f"settings_missing_{missing}")
+    settings = {key: value for key, value in module.SETTINGS.items() if key != missing}
+    monkeypatch.setattr(module, "SETTINGS", settings)
+    result = machine.run_inprocess(module, monkeypatch)
+    assert result.status == os.EX_CONFIG
+    assert one_line(result.stderr) == (
+        f"{SCRIPT_NAME}: error: SETTINGS: {SETTINGS_PROBLEMS[missing][1]}: render the script again\n")
+
+
+def test_settings_that_are_not_a_mapping(machine, monkeypatch):
+    machine.smbios("KubeVirt", "web1.vms")
+    module = load_script(name="settings_list")
+    monkeypatch.setattr(module, "SETTINGS", [("domain", "bmc.example.com")])
+    result = machine.run_inprocess(module, monkeypatch)
+    assert result.status == os.EX_CONFIG
+    assert one_line(result.stderr) == f"{SCRIPT_NAME}: error: SETTINGS is not a mapping: render the script again\n"
+
+
+@pytest.mark.parametrize("scheme", ["https", "http"])
+@pytest.mark.parametrize("check", ["off", "advisory", "strict"])
+def test_every_documented_setting_is_accepted(scheme, check):
+    module = load_script(name="settings_accepted")
+    settings = {**module.SETTINGS, "scheme": scheme, "check": check, "rendered": True, "username": "a" * 64}
+    assert module.check_settings(settings) == settings
+
+
 # --- Where DMI values come from ---------------------------------------------------------
 
 
@@ -791,21 +985,27 @@ def test_parse_dmidecode_takes_the_first_value_line():
     assert module.parse_dmidecode(b"w\xc3\xa9b\xff\n") == "wéb\ufffd"
 
 
-def test_pyudev_is_used_when_it_can_read_the_dmi_device(machine, rendered, monkeypatch):
+# pyudev's attributes are bytes; a str is taken too
+@pytest.mark.parametrize("kind", [str.encode, str], ids=["bytes", "str"])
+def test_pyudev_is_used_when_it_can_read_the_dmi_device(machine, rendered, monkeypatch, kind):
     machine.smbios("KubeVirt", "web1.vms", sysfs=False)
     seen = []
 
+    class Context:
+        pass
+
     class Device:
-        attributes = {"sys_vendor": b"KubeVirt", "product_serial": b"web2.vms"}
+        attributes = {"sys_vendor": kind("KubeVirt"), "product_serial": kind("web2.vms")}
 
     class Devices:
         @staticmethod
         def from_sys_path(context, path):
+            assert isinstance(context, Context)  # as pyudev, which reads the context's libudev handle
             seen.append(path)
             return Device()
 
     module = load_script(rendered, "rendered_pyudev")
-    monkeypatch.setattr(module, "pyudev", types.SimpleNamespace(Context=lambda: None, Devices=Devices))
+    monkeypatch.setattr(module, "pyudev", types.SimpleNamespace(Context=Context, Devices=Devices))
     result = machine.run_inprocess(module, monkeypatch)
     assert seen and seen[0] == os.path.realpath(machine.sysfs)
     assert result.status == os.EX_DATAERR and "'web2.vms'" in result.stderr  # pyudev's value was compared
@@ -822,6 +1022,18 @@ def test_pyudev_failing_falls_back_to_the_files(machine, rendered, monkeypatch):
     monkeypatch.setattr(module, "pyudev", types.SimpleNamespace(Context=broken, Devices=None))
     assert machine.run_inprocess(module, monkeypatch).status == 0
     assert machine.written() == expected_config("web1.vms")
+
+
+@pytest.mark.parametrize("size", [64 * 1024, 64 * 1024 + 1])
+def test_dmi_attribute_is_read_at_most_64_kib(machine, rendered, monkeypatch, size):
+    """The kernel's attributes are short; a file that is not is refused, not read to its end."""
+    make_sysfs(machine.sysfs, b"K" * size, None)
+    module = load_script(rendered, "rendered_sysfs_bounded")
+    monkeypatch.setattr(module, "pyudev", None)
+    monkeypatch.setattr(module, "DMI_DIR", str(machine.sysfs))
+    expected = ("K" * size, None) if size <= 64 * 1024 else (
+        None, f"{machine.sysfs / 'sys_vendor'}: more than 65536 bytes")
+    assert module.read_sysfs("sys_vendor") == expected
 
 
 def test_without_pyudev_the_files_are_read(machine, rendered, monkeypatch):
@@ -846,7 +1058,9 @@ def test_unexpected_errors_show_only_their_kind(machine, rendered, monkeypatch, 
     monkeypatch.setattr(module, "write_config", crash)
     result = machine.run_inprocess(module, monkeypatch)  # checks: no power_pass, no escape sequence
     assert result.status == os.EX_SOFTWARE
-    assert f"unexpected {error.__name__} at line" in one_line(result.stderr)
+    # The innermost line, where it was raised: what a bug report needs.
+    raised = crash.__code__.co_firstlineno + 1
+    assert one_line(result.stderr) == f"{SCRIPT_NAME}: error: unexpected {error.__name__} at line {raised}\n"
     assert result.stdout == ""
 
 
@@ -939,6 +1153,7 @@ def test_check_that_passes_writes(machine, tmp_path, monkeypatch, bmc, check):
     [request] = double.requests
     assert request["path"] == "/redfish/v1/"  # the service root, public in Redfish and kubevirtBMC
     assert request["host"] == "web1.vms.bmc.example.com"
+    assert request["accept"] == "application/json"  # what a Redfish client asks for (DSP0266)
     assert "authorization" not in request  # the script has no credential to send
 
 
@@ -951,7 +1166,8 @@ def test_check_refused_by_the_allowlist(machine, tmp_path, monkeypatch, bmc, che
     assert result.status == status
     assert "answered 403 (refused: does ingress.source_ranges admit this machine?)" in result.stdout
     if check == "strict":
-        assert "check is strict" in one_line(result.stderr)
+        assert one_line(result.stderr) == (f"{SCRIPT_NAME}: error: the Redfish check failed and check is strict: "
+                                           "not writing BMC_CONFIG_PATH\n")
         machine.nothing_written()
     else:
         assert machine.written() == expected_config("web1.vms", scheme="http")
@@ -985,6 +1201,8 @@ def test_check_over_https_does_not_verify_the_certificate(machine, tmp_path, mon
                    check=True, capture_output=True)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    server_names = []
+    context.sni_callback = lambda sock, name, ctx: server_names.append(name)
     double = bmc(200, tls=context)
     machine.smbios("KubeVirt", "web1.vms")
     module, _ = checking_script(tmp_path, "strict", scheme="https", port=double.port)
@@ -992,6 +1210,8 @@ def test_check_over_https_does_not_verify_the_certificate(machine, tmp_path, mon
     assert result.status == 0, result.output
     assert "answered 200" in result.stdout
     assert double.requests[0]["host"] == "web1.vms.bmc.example.com"
+    # An Ingress controller picks the certificate (and, passing TLS through, the backend) by SNI.
+    assert server_names == ["web1.vms.bmc.example.com"]
 
 
 def test_check_that_hangs_in_dns_is_bounded_to_5_seconds(machine, tmp_path, monkeypatch):
@@ -1041,3 +1261,102 @@ def test_advisory_check_as_maas_runs_it(machine, tmp_path):
     assert result.status == 0, result.output
     assert result.stdout.startswith("Redfish check: https://web1.vms.bmc.invalid/redfish/v1/: ")
     assert machine.written() == expected_config("web1.vms", domain="bmc.invalid")
+
+
+@pytest.mark.parametrize("check", ["advisory", "strict"])
+def test_bmc_answering_another_status_is_reported_without_a_hint(machine, tmp_path, monkeypatch, bmc, check):
+    """Only a 403 points at ingress.source_ranges; any other answer is reported as it is."""
+    double = bmc(404)
+    machine.smbios("KubeVirt", "web1.vms")
+    module, _ = checking_script(tmp_path, check, port=double.port)
+    result = machine.run_inprocess(module, monkeypatch)
+    assert result.stdout.splitlines()[0] == "Redfish check: http://web1.vms.bmc.example.com/redfish/v1/ answered 404"
+    assert result.status == (os.EX_UNAVAILABLE if check == "strict" else 0)
+
+
+# What the network may do to the check (raised where the address is looked up, as good as anywhere in
+# the request), and the reason the report gives for it.
+CHECK_FAILURES = {
+    "no-such-name": (lambda: socket.gaierror(socket.EAI_NONAME, "Name or service not known"),
+                     "its name does not resolve"),
+    "timeout": (lambda: socket.timeout("timed out"), "no answer within 5 s"),
+    "tls": (lambda: ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number"), "TLS failed (SSLError)"),
+    "refused": (lambda: ConnectionRefusedError(errno.ECONNREFUSED, os.strerror(errno.ECONNREFUSED)),
+                f"cannot connect ({os.strerror(errno.ECONNREFUSED)})"),
+    # An Ingress that closes the connection unanswered: an OSError with no errno text, named by its kind.
+    "closed": (lambda: http.client.RemoteDisconnected("Remote end closed connection without response"),
+               "cannot connect (RemoteDisconnected)"),
+    "other": (lambda: ValueError("unexpected"), "failed (ValueError)"),
+    # The check's thread ended without a result (attempt() catches Exception only).
+    "no-result": (lambda: SystemExit(1), "no answer within 5 s"),
+}
+
+
+@pytest.mark.parametrize("check", ["advisory", "strict"])
+@pytest.mark.parametrize("failure", [
+    # pytest reports a thread's SystemExit, which Python itself passes over in silence.
+    pytest.param(failure, marks=pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning"))
+    if failure == "no-result" else failure for failure in CHECK_FAILURES])
+def test_check_failures_are_reported_with_their_reason(machine, tmp_path, monkeypatch, check, failure):
+    make_error, reason = CHECK_FAILURES[failure]
+
+    def failing(host, port):
+        raise make_error()
+
+    machine.smbios("KubeVirt", "web1.vms")
+    module, _ = checking_script(tmp_path, check, resolve=failing)
+    result = machine.run_inprocess(module, monkeypatch)
+    report = f"Redfish check: http://web1.vms.bmc.example.com/redfish/v1/: {reason}\n"
+    if check == "strict":
+        assert result.status == os.EX_UNAVAILABLE and result.stdout == report
+        machine.nothing_written()
+    else:
+        assert result.status == 0 and result.stdout.startswith(report) and result.stderr == ""
+        assert machine.written() == expected_config("web1.vms", scheme="http")
+
+
+def wrapped(tmp_path: Path, script: Path, setup: str) -> Path:
+    """An executable that loads script, runs setup (Python, the loaded script named `script`) and
+    then exits with main()'s status, as the script itself does: for faults only a test can make."""
+    wrapper = tmp_path / "wrapped"
+    wrapper.write_text(
+        f"#!{sys.executable}\n"
+        "import importlib.machinery, importlib.util, socket, sys, time\n"
+        f"loader = importlib.machinery.SourceFileLoader('script', {str(script)!r})\n"
+        "script = importlib.util.module_from_spec(importlib.util.spec_from_loader('script', loader))\n"
+        "loader.exec_module(script)\n"
+        f"{setup}\n"
+        "sys.exit(script.main())\n", encoding="utf-8")
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def test_lookup_still_hanging_does_not_keep_the_script_running(machine, tmp_path):
+    """MAAS waits for the script to exit: a DNS lookup the check gave up on must not hold it."""
+    script = render_to(tmp_path, values_with(check="advisory"))
+    wrapper = wrapped(tmp_path, script, "script.CHECK_TIMEOUT = 0.5\nscript.resolve = lambda host, port: time.sleep(20)")
+    machine.smbios("KubeVirt", "web1.vms")
+    started = time.monotonic()
+    result = machine.run(wrapper)
+    assert time.monotonic() - started < 10
+    assert result.status == 0, result.output
+    assert result.stdout.startswith("Redfish check: https://web1.vms.bmc.example.com/redfish/v1/: no answer within 0.5 s\n")
+    assert machine.written() == expected_config("web1.vms")
+
+
+def test_check_report_comes_before_the_refusal_it_caused(machine, tmp_path):
+    """MAAS keeps a log of both streams in the order written: the report must come first, so it
+    is flushed before the error is printed (stdout to a pipe is buffered until exit otherwise)."""
+    script = render_to(tmp_path, values_with(check="strict", domain="bmc.invalid"))
+    machine.smbios("KubeVirt", "web1.vms")
+    result = machine.run(script, combined=True)
+    assert result.status == os.EX_UNAVAILABLE
+    report, error = result.stdout.splitlines()
+    assert report.startswith("Redfish check: https://web1.vms.bmc.invalid/redfish/v1/: ")
+    assert error == f"{SCRIPT_NAME}: error: the Redfish check failed and check is strict: not writing BMC_CONFIG_PATH"
+
+
+def test_resolve_gives_the_first_tcp_address_with_the_port():
+    module = load_script(name="resolving")
+    assert module.resolve("127.0.0.1", 8443) == (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "",
+                                                  ("127.0.0.1", 8443))

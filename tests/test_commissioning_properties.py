@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import io
+import json
 import os
 import re
 import stat
@@ -77,15 +78,27 @@ def outcome(rule, errors, *args):
 # --- 1. The script's identity rules are the package's ---------------------------------------
 
 
+# A VM name of exactly 253 characters, the most a DNS-1123 subdomain may have.
+VM_253 = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 61])
+
+
 @given(serial)
 @example("web1.vms")
 @example("a" * 63 + "." + "b" * 63)
 @example("web1.vms\n")
+@example(f"{VM_253}.vms")
+@example(f"{VM_253}d.vms")  # 254
+@example("a.vms")  # one-character labels
+@example("web1.n")
 def test_parse_serial_agrees(text):
     assert outcome(script.parse_serial, ValueError, text) == outcome(identity.parse_serial, identity.IdentityError, text)
 
 
 @given(domain)
+@example("example.com")  # two labels, the fewest
+@example(".".join(["d" * 60] * 4) + "." + "d" * 5)  # 249 characters, the most
+@example(".".join(["d" * 60] * 4) + "." + "d" * 6)  # 250
+@example("bmc.example.com.")  # the root's dot
 def test_validate_domain_agrees(text):
     assert outcome(script.validate_domain, ValueError, text) == outcome(
         identity.validate_domain, identity.IdentityError, text)
@@ -103,6 +116,40 @@ def test_redfish_host_agrees(vm, namespace, text):
 def test_placeholder_password_agrees_and_no_password_rule_is_left():
     assert script.PLACEHOLDER_PASSWORD == identity.PLACEHOLDER_PASSWORD
     assert not hasattr(script, "bmc_password")  # the password rule lives only on the MAAS host and in the cluster
+
+
+# --- The file read back: exactly what config_text writes ------------------------------------
+
+config_key = st.from_regex(r"[a-z_]+", fullmatch=True)
+
+
+@given(st.dictionaries(config_key, st.text(), max_size=6))
+def test_config_reads_back_as_written(config):
+    with tempfile.TemporaryDirectory(dir=SCRATCH) as directory:
+        path = Path(directory) / "bmc-config.yaml"
+        path.write_text(script.config_text(config), encoding="utf-8")
+        assert script.read_config(path) == config
+
+
+@given(st.dictionaries(config_key, st.text(), min_size=1, max_size=6), st.data())
+def test_anything_else_does_not_read_back(config, data):
+    """A repeated key, a value that is not a string, or a line config_text never writes: ValueError."""
+    lines = script.config_text(config).splitlines()
+    key = data.draw(st.sampled_from(sorted(config)))
+    bad = data.draw(st.sampled_from([
+        f"{key}: {json.dumps(config[key])}",  # the same key twice
+        f"{key}x: 1", f"{key}x: null", f'{key}x: ["a"]',  # JSON, but not a string
+        f"{key}x: plain", f"{key.upper()}: \"a\"", f"{key}x:\"a\"", "",
+    ]))
+    lines.insert(data.draw(st.integers(0, len(lines))), bad)
+    with tempfile.TemporaryDirectory(dir=SCRATCH) as directory:
+        path = Path(directory) / "bmc-config.yaml"
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        try:
+            script.read_config(path)
+        except ValueError:
+            return
+        raise AssertionError(f"read_config accepted {bad!r}")
 
 
 # --- 2. Any serial, any values: exactly the five right keys, or nothing ----------------------
