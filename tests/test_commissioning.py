@@ -1360,3 +1360,16 @@ def test_resolve_gives_the_first_tcp_address_with_the_port():
     module = load_script(name="resolving")
     assert module.resolve("127.0.0.1", 8443) == (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "",
                                                   ("127.0.0.1", 8443))
+
+
+def test_resolve_asks_for_stream_sockets_whatever_order_the_resolver_lists(monkeypatch):
+    """A resolver may list an address's datagram entry first: the check needs the TCP one."""
+    module = load_script(name="resolving-order")
+    real = socket.getaddrinfo
+
+    def datagram_first(host, port, family=0, type=0, proto=0, flags=0):
+        found = real(host, port, family, type, proto, flags)
+        return sorted(found, key=lambda entry: entry[1] != socket.SOCK_DGRAM)
+
+    monkeypatch.setattr(module.socket, "getaddrinfo", datagram_first)
+    assert module.resolve("127.0.0.1", 8443)[1] == socket.SOCK_STREAM
