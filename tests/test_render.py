@@ -225,7 +225,7 @@ def test_a_script_without_literal_settings_is_not_ours(text):
 def test_settings_found_after_other_statements_are_read():
     script = render.render_commissioning(DEFAULTS)
     assert render._embedded_settings("import os\nx = 1\n" + script) == render.script_settings(DEFAULTS)
-    assert render._embedded_settings("a = b = 1\nSETTINGS = {'k': 1}\n") == {"k": 1}
+    assert render._embedded_settings("a = b = 1\nobj.attr = 2\nx, y = 3, 4\nSETTINGS = {'k': 1}\n") == {"k": 1}
 
 
 def test_the_unrendered_template_is_named_as_such():
@@ -297,3 +297,60 @@ def test_a_stream_render_prints_only_the_manifests(tmp_path, capsys):
     assert "Next steps" not in out and not re.search(r"^Rendered \d+ files", out, re.MULTILINE)
     assert all(d is None or "kind" in d for d in yaml.safe_load_all(out))
     assert not (tmp_path / "-").exists()
+
+
+def test_the_script_is_ascii_so_any_locale_reads_it():
+    """MAAS runs it under whatever locale the ephemeral image has; render reads it likewise."""
+    assert (render.data_dir() / "commissioning" / SCRIPT_NAME).read_bytes().isascii()
+
+
+def test_a_policy_this_version_retired_is_named_with_the_way_to_remove_it(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert cli.main(["render", "--output", str(out)]) == 0
+    kubernetes = out / "kubernetes"
+    retired = yaml.safe_load((kubernetes / "policy-vm-bmc.yaml").read_text())
+    retired["metadata"]["name"] = "maas-kubevirt-old-rule"
+    (kubernetes / "policy-old-rule.yaml").write_text(yaml.safe_dump(retired))
+    listed = yaml.safe_load((kubernetes / "kustomization.yaml").read_text())
+    (kubernetes / "kustomization.yaml").write_text(yaml.safe_dump({**listed, "resources": [*listed["resources"], "policy-old-rule.yaml"]}))
+    capsys.readouterr()
+    assert cli.main(["render", "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "This version no longer has maas-kubevirt-old-rule; `kubectl apply -k` does not remove it." in printed
+    assert f"Delete, then apply:\n  kubectl delete clusterpolicy maas-kubevirt-old-rule\n  kubectl apply -k {kubernetes}\n" in printed
+    assert "cannot update" not in printed  # nothing else needs recreating
+
+
+def test_directories_are_never_open_to_others_even_before_their_mode_is_set(tmp_path, monkeypatch):
+    """Created 0700 and only then opened up: no moment when another user can list the seed's directory."""
+    seen = []
+    real_chmod = os.chmod
+
+    def chmod(path, mode):
+        seen.append((path, stat.S_IMODE(os.stat(path).st_mode)))
+        real_chmod(path, mode)
+
+    monkeypatch.setattr(render.os, "chmod", chmod)
+    old = os.umask(0)
+    try:
+        render.make_directory(tmp_path / "a" / "b" / "out", render.PRIVATE_DIR)
+    finally:
+        os.umask(old)
+    assert [mode for _, mode in seen] == [0o700, 0o700, 0o700]
+    assert mode(tmp_path / "a") == mode(tmp_path / "a" / "b") == 0o755 and mode(tmp_path / "a" / "b" / "out") == 0o700
+
+
+def test_a_directory_another_process_creates_meanwhile_is_left_and_the_rest_made(tmp_path, monkeypatch):
+    real_mkdir = os.mkdir
+    raced = tmp_path / "a"
+
+    def mkdir(path, mode=0o777):
+        if path == raced and not raced.exists():
+            real_mkdir(path, 0o750)           # the other process wins the race
+            raise FileExistsError(path)
+        real_mkdir(path, mode)
+
+    monkeypatch.setattr(render.os, "mkdir", mkdir)
+    render.make_directory(tmp_path / "a" / "b" / "out", render.PUBLIC_DIR)
+    assert mode(raced) == 0o750                 # not ours: left as it is
+    assert mode(tmp_path / "a" / "b") == 0o755 and mode(tmp_path / "a" / "b" / "out") == 0o755
