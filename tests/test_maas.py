@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import http.client
 import os
 import socket
+import ssl
 import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+import requests
+import urllib3.exceptions
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -706,3 +710,221 @@ def test_default_cap_holds_ten_thousand_real_machines_with_room(double):
     default_cap = load_values()["maas"]["max_response_mib"] * 2**20
     assert default_cap == maas.DEFAULT_MAX_RESPONSE
     assert 10_000 * per_machine * 3 < default_cap
+
+
+# --- the one line an operator reads ----------------------------------------------------------
+
+
+def test_signer_repr_names_no_part_of_the_key():
+    assert repr(Signer("ckey", "tkey", "tsecret")) == "Signer(<API key withheld>)"
+
+
+@pytest.mark.parametrize(
+    "body, ctype, expected",
+    [
+        # Structures with nothing in them still say something.
+        (b"{}", "application/json", "(no message)"),
+        (b'{"__all__": []}', "application/json", "(no message)"),
+        (b"[]", "application/json", "(no message)"),
+        (b'["Machine is locked.", "Try later."]', "application/json", "Machine is locked. Try later."),
+        (b'"No Script matches the given query."', "application/json", "No Script matches the given query."),
+        # Old Apache and IIS pages shout their tags; a title may span lines.
+        (b"<HTML><HEAD><TITLE>502 Proxy Error</TITLE></HEAD><BODY>x</BODY></HTML>", "text/html",
+         "502 Proxy Error"),
+        (b"<html><title>\n  Service\n  Unavailable\n</title></html>", "text/html", "Service Unavailable"),
+        # Without a title the tags go, and each leaves a space so words stay apart.
+        (b"<html><body><h1>Bad</h1><p>Gateway</p></body></html>", "text/html", "Bad Gateway"),
+        (b"<html><title></title><body></body></html>", "text/html", "(no message)"),
+        (b"<p></p>", "text/plain", "(no message)"),
+        # An HTML page is known by its type even when it does not open with a tag (a BOM here).
+        (b"\xef\xbb\xbf<html><title>Gateway Timeout</title></html>", "Text/HTML; charset=utf-8",
+         "Gateway Timeout"),
+        # Plain text keeps its angle brackets.
+        (b"power_address: expected <host>:<port>", "text/plain", "power_address: expected <host>:<port>"),
+        # Bytes that are not UTF-8 do not hide the rest of the message.
+        (b"Caf\xe9 not found", "text/plain", "Caf\ufffd not found"),
+    ],
+)
+def test_readable_message_edges(body, ctype, expected):
+    assert maas.readable_message(body, ctype) == expected
+
+
+@pytest.mark.parametrize("length", [maas.MAX_MESSAGE - 1, maas.MAX_MESSAGE, maas.MAX_MESSAGE + 1, 5000])
+def test_a_long_message_is_cut_to_the_limit_with_an_ellipsis(length):
+    text = ("word " * 2000)[: length - 1] + "!"
+    line = maas.readable_message(text.encode(), "text/plain")
+    if length <= maas.MAX_MESSAGE:
+        assert line == text
+    else:
+        assert len(line) == maas.MAX_MESSAGE and line.endswith("...")
+        assert text.startswith(line[:-3])
+
+
+class Answer:
+    """A transport that answers every request with one reply and records the requests."""
+
+    def __init__(self, status: int, body: bytes, ctype: str = "application/json"):
+        self.reply = Response(status, {"Content-Type": ctype}, body)
+        self.sent: list[tuple[str, str]] = []
+
+    def send(self, method, url, headers, files, timeout):
+        self.sent.append((method, url))
+        return self.reply
+
+    def close(self):
+        pass
+
+
+def test_short_strings_are_not_scrubbed_but_secrets_of_four_characters_are():
+    """A secret of 4 characters or more is withheld; a shorter one would blank common words."""
+    answer = Answer(400, b"signature &abcd for token xy refused", "text/plain")
+    client = MAASClient("http://maas/MAAS/", Signer("c1", "xy", "abcd"), transport=answer, retry=FAST)
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    assert str(caught.value) == "GET machines/: 400: signature &<withheld> for token xy refused"
+
+
+# --- why no answer came ----------------------------------------------------------------------
+
+CLOSED = "connection closed by the server"
+
+
+@pytest.mark.parametrize("inner, reason", [
+    (ConnectionRefusedError(111, "Connection refused"), "connection refused"),
+    (ConnectionResetError(104, "Connection reset by peer"), CLOSED),
+    (ConnectionAbortedError(103, "Software caused connection abort"), CLOSED),
+    (BrokenPipeError(32, "Broken pipe"), CLOSED),
+    (http.client.RemoteDisconnected("Remote end closed connection without response"), CLOSED),
+    (http.client.IncompleteRead(b"[{", 4096), CLOSED),
+    (urllib3.exceptions.IncompleteRead(2, 4096), CLOSED),
+    # urllib3 puts the cause second: ("Connection aborted.", RemoteDisconnected(...)).
+    (urllib3.exceptions.ProtocolError("Connection aborted.", http.client.RemoteDisconnected("closed")), CLOSED),
+    (ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number"), "TLS error"),
+    (urllib3.exceptions.SSLError("certificate verify failed"), "TLS error"),
+    (socket.gaierror(-2, "Name or service not known"), "cannot resolve the MAAS host name"),
+    (urllib3.exceptions.NameResolutionError("maas.example.com", None, socket.gaierror(-3, "Temporary failure")),
+     "cannot resolve the MAAS host name"),
+    (OSError(113, "No route to host"), "connection failed"),
+])
+def test_each_cause_of_a_failed_connection_has_its_reason(inner, reason):
+    """requests wraps the cause as ConnectionError(cause); each known cause names itself."""
+    assert maas._connection_reason(requests.ConnectionError(inner)) == reason
+
+
+def _cause_only():
+    try:
+        raise requests.ConnectionError("Max retries exceeded") from ConnectionResetError(104, "reset")
+    except requests.ConnectionError as error:
+        return error
+
+
+def _context_only():
+    try:
+        try:
+            raise ConnectionResetError(104, "reset")
+        except ConnectionResetError:
+            raise requests.ConnectionError("Max retries exceeded")  # noqa: B904 - context only
+    except requests.ConnectionError as error:
+        return error
+
+
+@pytest.mark.parametrize("make", [
+    lambda: requests.ConnectionError(ConnectionResetError(104, "reset")),                 # args
+    _cause_only,                                                                           # __cause__
+    _context_only,                                                                         # __context__
+    lambda: urllib3.exceptions.MaxRetryError(None, "/MAAS/", reason=ConnectionResetError(104, "reset")),
+], ids=["args", "cause", "context", "reason"])
+def test_the_reason_is_found_down_any_link_of_the_chain(make):
+    """urllib3 and requests link causes by args, raise-from, implicit context or .reason,
+    differently from one version to the next: each link alone leads to the cause."""
+    error = make()
+    assert maas._connection_reason(error) == CLOSED
+
+
+def test_a_chain_without_a_known_cause_or_looping_back_says_connection_failed():
+    assert maas._connection_reason(requests.ConnectionError("Max retries exceeded")) == "connection failed"
+    first, second = requests.ConnectionError("a"), OSError("b")
+    first.__context__, second.__context__ = second, first
+    result = []
+    worker = threading.Thread(target=lambda: result.append(maas._connection_reason(first)), daemon=True)
+    worker.start()
+    worker.join(5)
+    assert result == ["connection failed"]  # and it returned at all
+
+
+def test_https_to_a_plain_http_port_is_a_tls_error(double):
+    client = MAASClient(double.url.replace("http://", "https://"), Signer(*double.api_key),
+                        retry=RetryPolicy(attempts=1), timeout=2)
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    assert str(caught.value) == "GET machines/: connection: TLS error"
+
+
+def test_a_server_that_hangs_up_without_answering():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+
+    def serve():
+        for _ in range(2):
+            connection, _ = server.accept()
+            connection.recv(65536)
+            connection.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    client = MAASClient(f"http://127.0.0.1:{server.getsockname()[1]}/MAAS/", Signer("a", "b", "c"),
+                        retry=RetryPolicy(attempts=2, backoff=0.01), timeout=2)
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    thread.join(5)
+    server.close()
+    assert str(caught.value) == f"GET machines/: connection: {CLOSED}"
+
+
+# --- too large -------------------------------------------------------------------------------
+
+
+def test_too_large_names_the_cap_and_what_was_found():
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), retry=FAST, max_body=2**20,
+                        transport=Answer(200, b" " * (6 * 2**20)))
+    with pytest.raises(MAASTooLarge) as caught:
+        client.machines()
+    assert str(caught.value) == (
+        "GET machines/: too-large: response body larger than maas.max_response_mib (1 MiB; found 6 MiB): "
+        "raise maas.max_response_mib if this MAAS really has that much to say")
+
+
+def test_too_large_while_read_says_more():
+    """Without a declared length the reader stops at the cap and cannot say how much more came."""
+    assert maas._too_large(2**18) == (
+        "response body larger than maas.max_response_mib (0.25 MiB; found more): "
+        "raise maas.max_response_mib if this MAAS really has that much to say")
+
+
+# --- a request abandoned ---------------------------------------------------------------------
+
+
+def test_a_request_abandoned_at_the_deadline_leaves_its_session_behind(double):
+    """The abandoned request keeps its connection in its worker thread; the next one gets a fresh session."""
+    double.inject("hang", hang=3)
+    client = client_for(double, timeout=30)
+    before = client.transport.session
+    with client.within(0.5), pytest.raises(MAASError):
+        client.machines()
+    assert client.transport.session is not before
+    assert client.machines() == []
+
+
+def test_a_transport_without_abandon_is_still_interrupted():
+    class Slow:
+        def send(self, method, url, headers, files, timeout):
+            time.sleep(2)
+            return Response(200, {}, b"[]")
+
+    stop = threading.Event()
+    stop.set()
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=Slow(), retry=FAST, stop=stop)
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    assert caught.value.kind == "interrupted" and caught.value.in_flight
