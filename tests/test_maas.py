@@ -910,8 +910,11 @@ def test_a_request_abandoned_at_the_deadline_leaves_its_session_behind(double):
     double.inject("hang", hang=3)
     client = client_for(double, timeout=30)
     before = client.transport.session
-    with client.within(0.5), pytest.raises(MAASError):
+    with client.within(0.5), pytest.raises(MAASError) as caught:
         client.machines()
+    assert str(caught.value) == ("GET machines/: deadline: the cycle's deadline (maas.cycle_deadline) "
+                                 "passed during the request")
+    assert caught.value.in_flight
     assert client.transport.session is not before
     assert client.machines() == []
 
@@ -927,4 +930,319 @@ def test_a_transport_without_abandon_is_still_interrupted():
     client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=Slow(), retry=FAST, stop=stop)
     with pytest.raises(MAASError) as caught:
         client.machines()
-    assert caught.value.kind == "interrupted" and caught.value.in_flight
+    assert str(caught.value) == "GET machines/: interrupted: stopped by a signal during the request"
+    assert caught.value.in_flight
+
+
+# --- the cleartext warning -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("url", ["http://localhost.:5240/MAAS/", "http://maas.localhost:5240/MAAS/",
+                                 "http://LOCALHOST:5240/MAAS/"])
+def test_localhost_in_any_spelling_is_not_cleartext_on_the_wire(url):
+    assert maas.cleartext_warning(url) is None
+
+
+def test_the_cleartext_warning_names_the_host_and_both_ways_out():
+    assert maas.cleartext_warning("http://MAAS.Example.COM.:5240/MAAS/") == (
+        "maas.url is http:// on maas.example.com: OAuth PLAINTEXT sends the API key's token secret in clear "
+        "with every request; use https:// (MAAS serves TLS on port 5443 after `maas config-tls enable`) "
+        "or run maas-kubevirt on the region host with http://localhost:5240/MAAS/")
+
+
+def test_a_url_without_a_host_still_warns_and_invents_none():
+    assert maas.cleartext_warning("http://:5240/MAAS/").startswith("maas.url is http:// on : OAuth")
+
+
+# --- URLs ------------------------------------------------------------------------------------
+
+
+def test_a_mapping_value_that_is_a_list_repeats_the_key():
+    client = MAASClient("http://maas:5240/MAAS/", Signer("a", "b", "c"))
+    assert client.url("machines/", {"id": ["a", "b"]}) == "http://maas:5240/MAAS/api/2.0/machines/?id=a&id=b"
+
+
+# --- machines by id and power addresses ------------------------------------------------------
+
+
+def test_machines_by_id_asks_for_those_ids_only(double):
+    a, b = double.add_machine("a"), double.add_machine("b")
+    double.add_machine("c")
+    found = client_for(double).machines_by_id([b, a, "nosuchid", a])
+    assert sorted(m["system_id"] for m in found) == sorted([a, b])
+
+
+def test_machines_by_id_splits_only_past_the_query_budget(double):
+    ids = [f"{i:06x}" for i in range(1500)]          # 15,000 characters of id=...& in all
+    client_for(double).machines_by_id(ids)
+    assert 1 < double.counts[("GET", "machines/")] <= len(ids) * 10 // maas.MAX_QUERY + 1
+    assert all(len(url) < 8192 for url in double.urls)
+
+
+@pytest.mark.parametrize("body", [{"id": "x"}, '"not a list"', "null"])
+def test_machines_by_id_refuses_what_is_not_a_list(double, body):
+    double.inject("reply", status=200, body=body, path="machines/")
+    with pytest.raises(MAASError) as caught:
+        client_for(double).machines_by_id(["abc"])
+    assert caught.value.kind == "malformed"
+    assert str(caught.value) == "GET machines/?id=...: 200: expected a list of machines"
+
+
+def test_method_names_are_upper_case_in_error_lines(double):
+    sid = double.add_vm("web1", "vms")
+    double.inject("500", count=2)
+    client = client_for(double)
+    with pytest.raises(MAASError) as caught:
+        client.machines_by_id([sid])
+    assert str(caught.value).startswith("GET machines/: 500:")
+    with pytest.raises(MAASError) as caught:
+        client.power_address(sid)
+    assert str(caught.value).startswith(f"GET machines/{sid}/?op=power_parameters: 500:")
+
+
+def test_a_single_power_address_error_withholds_the_body(double):
+    sid = double.add_vm("web1", "vms")
+    double.inject("reply", status=400, body={"power_pass": ["hunter2-SECRET is wrong"]}, path="power_parameters")
+    with pytest.raises(MAASError) as caught:
+        client_for(double).power_address(sid)
+    assert str(caught.value) == (f"GET machines/{sid}/?op=power_parameters: 400: "
+                                 "response body withheld (it may hold credentials)")
+
+
+@pytest.mark.parametrize("body", [{"power_address": 42}, {"power_address": ["a"]}, {"power_user": "x"}, [], "null"])
+def test_a_power_address_that_is_not_text_is_none(double, body):
+    sid = double.add_vm("web1", "vms")
+    double.inject("reply", status=200, body=body, path="power_parameters")
+    assert client_for(double).power_address(sid) is None
+
+
+def test_power_addresses_that_are_not_text_are_none(double):
+    a, b = double.add_vm("web1", "vms"), double.add_vm("web2", "vms")
+    double.inject("reply", status=200, body={a: {"power_address": 42}, b: "junk"}, path="power_parameters")
+    assert client_for(double).power_addresses([a, b]) == {a: None, b: None}
+
+
+# --- the client made from the values ---------------------------------------------------------
+
+
+def values_for(double, key_file, url=None):
+    return {"maas": {"url": url or double.url, "api_key_file": str(key_file), "timeout": 7,
+                     "max_response_mib": 3}}
+
+
+def test_client_from_values_warns_stops_and_takes_its_limits(double, tmp_path, monkeypatch):
+    monkeypatch.delenv("MAAS_API_KEY", raising=False)
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    key = tmp_path / "api-key"
+    key.write_text(double.api_key_text)
+    key.chmod(0o644)
+    warnings = []
+    stop = threading.Event()
+    client = maas.client_from_values(values_for(double, key, "http://maas.example.com:5240/MAAS/"),
+                                     warnings.append, stop)
+    assert [w.split(" ")[1:5] for w in warnings] == [["is", "readable", "by", "group"],
+                                                     ["is", "http://", "on", "maas.example.com:"]]
+    assert (client.timeout, client.max_body) == (7.0, 3 * 2**20)
+    monkeypatch.setattr(maas, "RETRY", RetryPolicy(attempts=1))
+    client = maas.client_from_values(values_for(double, key), warnings.append, stop)
+    double.inject("hang", hang=2)
+    stop.set()  # SIGTERM: a request under way ends at once
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    assert caught.value.kind == "interrupted"
+
+
+# --- the API key from a systemd credential ---------------------------------------------------
+
+
+@pytest.fixture
+def credentials(tmp_path, monkeypatch):
+    monkeypatch.delenv("MAAS_API_KEY", raising=False)
+    directory = tmp_path / "credentials"
+    directory.mkdir()
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(directory))
+    return directory
+
+
+def test_the_credential_takes_the_place_of_the_key_file(credentials, tmp_path, monkeypatch):
+    (credentials / "api-key").write_text("c1:t1:s1secret\n")
+    (credentials / "api-key").chmod(0o440)   # 0400 and the ACL entry systemd adds
+    warnings = []
+    key, source = maas.load_api_key_with_source({"api_key_file": "/nonexistent"}, warnings.append)
+    assert key == ("c1", "t1", "s1secret") and warnings == []
+    assert source == f"credential api-key ({credentials / 'api-key'})"
+    monkeypatch.setenv("MAAS_API_KEY", "c2:t2:s2secret")  # the environment comes first
+    assert maas.load_api_key_with_source({}, print) == (("c2", "t2", "s2secret"), "MAAS_API_KEY")
+
+
+def test_a_credential_with_two_keys_names_the_credential(credentials):
+    (credentials / "api-key").write_text("c1:t1:s1secret\nc2:t2:s2secret\n")
+    with pytest.raises(ValuesError) as caught:
+        maas.load_api_key({"api_key_file": "/nonexistent"}, print)
+    assert str(caught.value).startswith(
+        f"credential api-key: expected one MAAS API key in {credentials / 'api-key'}, found 2 lines")
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda path: path.mkdir(), "Is a directory"),
+    (lambda path: path.write_bytes(b"c1:t1:\xff\xfe\n"), "UnicodeDecodeError"),
+])
+def test_an_unreadable_credential_says_why(credentials, make, reason):
+    make(credentials / "api-key")
+    with pytest.raises(ValuesError) as caught:
+        maas.load_api_key({"api_key_file": "/nonexistent"}, print)
+    assert str(caught.value) == (
+        f"credential api-key: expected a readable MAAS API key in {credentials / 'api-key'}: {reason}")
+
+
+# --- the API key's messages, whole -----------------------------------------------------------
+
+
+def test_the_key_file_messages_in_full(tmp_path, monkeypatch):
+    monkeypatch.delenv("MAAS_API_KEY", raising=False)
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    missing = tmp_path / "nope"
+    with pytest.raises(ValuesError) as caught:
+        maas.load_api_key({"api_key_file": str(missing)}, print)
+    assert str(caught.value) == (
+        f"maas.api_key_file: expected a readable file holding the MAAS API key (consumer:token:secret), "
+        f"found {str(missing)!r}: No such file or directory (or set MAAS_API_KEY)")
+    with pytest.raises(ValuesError) as caught:
+        maas.load_api_key({}, print)   # no file named at all
+    assert "found '': No such file or directory" in str(caught.value)
+    binary = tmp_path / "binary"
+    binary.write_bytes(b"\xff\xfe")
+    binary.chmod(0o600)
+    with pytest.raises(ValuesError) as caught:
+        maas.load_api_key({"api_key_file": str(binary)}, print)
+    assert f"found {str(binary)!r}: UnicodeDecodeError (or set MAAS_API_KEY)" in str(caught.value)
+    key = tmp_path / "api-key"
+    key.write_text("c1:t1:s1secret")
+    key.chmod(0o660)
+    warnings = []
+    maas.load_api_key({"api_key_file": str(key)}, warnings.append)
+    assert warnings == [f"{key} is readable by group or others (mode 0660): run `chmod 600 {key}`; "
+                        "it holds an administrator's MAAS API key"]
+
+
+@pytest.mark.parametrize("text, found", [
+    ("", "found nothing"),
+    ("a:b", "found 2 colon-separated part(s)"),
+    ("c1:t1:s1 maas-kubevirt", "found 3 colon-separated part(s) (text after the key: remove the key's "
+                               "name that `--with-names` prints)"),
+    ("c1:t1:s1 maas kubevirt", "found 3 colon-separated part(s)"),
+    ("c1:t1 maas-kubevirt", "found 2 colon-separated part(s)"),
+])
+def test_a_malformed_key_message_in_full(text, found):
+    with pytest.raises(ValuesError) as caught:
+        maas.parse_api_key(text, "MAAS_API_KEY", " in the environment variable")
+    assert str(caught.value) == ("MAAS_API_KEY: expected a MAAS API key of the form consumer:token:secret in "
+                                 f"the environment variable (from `maas apikey --username USER`), {found}")
+
+
+def test_several_keys_message_in_full():
+    with pytest.raises(ValuesError) as caught:
+        maas.parse_api_key("a:b:c\n\n d:e:f \n", "maas.api_key_file", " in /etc/key")
+    assert str(caught.value) == (
+        "maas.api_key_file: expected one MAAS API key in /etc/key, found 2 lines: keep only the key "
+        "maas-kubevirt should use (`maas apikey --username USER --with-names` names each key; "
+        "`maas apikey --username USER --generate --name maas-kubevirt` makes a dedicated one)")
+
+
+def test_the_environment_key_is_named_as_the_environment_variable(monkeypatch):
+    monkeypatch.setenv("MAAS_API_KEY", "a:b")
+    with pytest.raises(ValuesError) as caught:
+        maas.load_api_key({}, print)
+    assert str(caught.value).startswith(
+        "MAAS_API_KEY: expected a MAAS API key of the form consumer:token:secret in the environment "
+        "variable (from")
+
+
+# --- versions --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, version", [
+    ("3.5.0~beta1-14800-g1234", (3, 5, 0)), ("3.4", (3, 4, 0)), (" 2.9.1", (2, 9, 1)),
+    ("10.20.30", (10, 20, 30)), ("garbage", None), ("3", None), ("", None),
+])
+def test_parse_version(text, version):
+    assert maas.parse_version(text) == version
+
+
+def test_version_messages_in_full():
+    with pytest.raises(MAASVersionError) as caught:
+        maas.check_version("2.8.2")
+    assert str(caught.value) == ("MAAS 2.8.2 is too old: maas-kubevirt needs MAAS 2.9.0 or later (the "
+                                 "commissioning script hands MAAS the power parameters through BMC_CONFIG_PATH)")
+    assert maas.check_version("3.6.2") == [
+        "MAAS 3.6.2 rejects DNS names in a redfish power address (LP:2150892; affects 3.6.0-3.6.4 and "
+        "3.7.0-3.7.2): enlistment of KubeVirt VMs fails; upgrade MAAS"]
+    # MAAS's text is cut to 40 characters: it is quoted, not trusted.
+    assert maas.check_version("x" * 100) == [f"cannot read the MAAS version '{'x' * 37}...'; assuming at least 2.9.0"]
+
+
+def test_version_refuses_an_answer_without_a_version():
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), retry=FAST,
+                        transport=Answer(200, b'{"subversion": "x"}'))
+    with pytest.raises(MAASError) as caught:
+        client.version()
+    assert caught.value.kind == "malformed"
+    assert str(caught.value) == "GET version/: 200: no version in the response"
+
+
+# --- scripts, the user and settings ----------------------------------------------------------
+
+
+def test_a_script_is_created_read_updated_and_downloaded(double):
+    client = client_for(double)
+    assert client.script("probe") is None and client.script_exists("probe") is False
+    created = client.create_script("probe", b"#!/bin/sh\necho one\n", tags="a,b", timeout="00:05:00")
+    assert created["name"] == "probe" and {"a", "b"} <= set(created["tags"])
+    assert client.script_exists("probe") is True
+    assert client.script("probe")["history"][0]["comment"] == ""   # no comment unless one is given
+    assert client.script_text("probe") == b"#!/bin/sh\necho one\n"  # bytes as stored, not JSON
+    client.update_script("probe", b"#!/bin/sh\necho two\n", "second", timeout="00:10:00")
+    client.update_script("probe", b"#!/bin/sh\necho three\n")
+    stored = client.script("probe")
+    assert [h["comment"] for h in stored["history"]] == ["", "second", ""] and stored["timeout"] == "0:10:00"
+    assert client.script_text("probe") == b"#!/bin/sh\necho three\n"
+    assert [w[:2] for w in double.writes] == [("POST", "scripts/"), ("PUT", "scripts/probe"), ("PUT", "scripts/probe")]
+    client.create_script("probe2", b"#!/bin/sh\n", "first")
+    assert client.script("probe2")["history"][0]["comment"] == "first"
+
+
+def test_script_errors_other_than_404_are_raised(double):
+    client = client_for(double)
+    double.inject("500", path="scripts/probe")
+    with pytest.raises(MAASError) as caught:
+        client.script("probe")
+    assert caught.value.status == 500
+    double.inject("reply", status=405, body="Method not allowed", path="scripts/probe")
+    with pytest.raises(MAASError) as caught:
+        client.script("probe")
+    assert caught.value.status == 405
+    double.inject("reply", status=200, body=["probe"], path="scripts/probe")
+    with pytest.raises(MAASError) as caught:
+        client.script("probe")
+    assert caught.value.kind == "malformed"
+    assert str(caught.value) == "GET scripts/probe: 200: expected a script object"
+
+
+def test_whoami_and_config(double):
+    client = client_for(double)
+    assert client.whoami()["is_superuser"] is True
+    double.admin = False
+    assert client.whoami()["is_superuser"] is False
+    assert client.config("enlist_commissioning") is True
+    double.settings["enlist_commissioning"] = False
+    assert client.config("enlist_commissioning") is False
+    assert double.log[-1] == ("GET", "maas/", "get_config")
+
+
+@pytest.mark.parametrize("body", [{"username": "admin"}, {"is_superuser": "true"}, ["admin"]])
+def test_whoami_refuses_a_user_without_is_superuser(double, body):
+    double.inject("reply", status=200, body=body, path="users/")
+    with pytest.raises(MAASError) as caught:
+        client_for(double).whoami()
+    assert caught.value.kind == "malformed"
+    assert str(caught.value) == "GET users/?op=whoami: 200: expected a user with is_superuser"
