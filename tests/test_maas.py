@@ -6,6 +6,7 @@ import http.client
 import os
 import socket
 import ssl
+import subprocess
 import sys
 import threading
 import time
@@ -17,6 +18,7 @@ import urllib3.exceptions
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from conftest import require_tool  # noqa: E402
 from maas_double import MaasDouble, populate  # noqa: E402
 
 from maas_kubevirt import maas  # noqa: E402
@@ -905,18 +907,36 @@ def test_too_large_while_read_says_more():
 # --- a request abandoned ---------------------------------------------------------------------
 
 
-def test_a_request_abandoned_at_the_deadline_leaves_its_session_behind(double):
+def test_a_request_abandoned_by_a_signal_leaves_its_session_behind(double):
     """The abandoned request keeps its connection in its worker thread; the next one gets a fresh session."""
     double.inject("hang", hang=3)
-    client = client_for(double, timeout=30)
+    stop = threading.Event()
+    client = client_for(double, timeout=30, stop=stop)
     before = client.transport.session
-    with client.within(0.5), pytest.raises(MAASError) as caught:
+    threading.Timer(0.3, stop.set).start()
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    assert str(caught.value) == "GET machines/: interrupted: stopped by a signal during the request"
+    assert caught.value.in_flight
+    assert client.transport.session is not before
+    stop.clear()
+    assert client.machines() == []
+
+
+def test_a_request_still_running_at_the_deadline_is_abandoned():
+    class Stuck:
+        """Ignores its timeout, as a DNS lookup does."""
+
+        def send(self, method, url, headers, files, timeout):
+            time.sleep(2)
+            return Response(200, {}, b"[]")
+
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=Stuck(), retry=FAST)
+    with client.within(0.3), pytest.raises(MAASError) as caught:
         client.machines()
     assert str(caught.value) == ("GET machines/: deadline: the cycle's deadline (maas.cycle_deadline) "
                                  "passed during the request")
     assert caught.value.in_flight
-    assert client.transport.session is not before
-    assert client.machines() == []
 
 
 def test_a_transport_without_abandon_is_still_interrupted():
@@ -1246,3 +1266,256 @@ def test_whoami_refuses_a_user_without_is_superuser(double, body):
         client_for(double).whoami()
     assert caught.value.kind == "malformed"
     assert str(caught.value) == "GET users/?op=whoami: 200: expected a user with is_superuser"
+
+
+# --- what each attempt is given, and its limits ----------------------------------------------
+
+
+class Recording:
+    """A transport that records the timeout each attempt is given and answers an empty list."""
+
+    def __init__(self, body: bytes = b"[]"):
+        self.timeouts: list[float] = []
+        self.body = body
+
+    def send(self, method, url, headers, files, timeout):
+        self.timeouts.append(timeout)
+        return Response(200, {"Content-Type": "application/json"}, self.body)
+
+    def close(self):
+        pass
+
+
+def test_an_attempt_gets_the_timeout_or_what_is_left_of_the_deadline():
+    transport = Recording()
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=transport, timeout=30, retry=FAST)
+    client.machines()
+    with client.within(5):
+        client.machines()
+    with client.within(60):
+        client.machines()
+    full, left, capped = transport.timeouts
+    assert full == 30.0 and 4 < left <= 5 and capped == 30.0
+
+
+def test_a_deadline_already_passed_sends_nothing():
+    transport = Recording()
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=transport, retry=FAST)
+    with client.within(-1), pytest.raises(MAASError) as caught:
+        client.machines()
+    assert str(caught.value) == "GET machines/: deadline: the cycle's deadline (maas.cycle_deadline) passed"
+    assert not caught.value.in_flight and transport.timeouts == []
+    assert client.deadline is None  # within() gives the old deadline back
+
+
+def test_a_body_of_exactly_the_cap_is_accepted():
+    body = b"[" + b" " * 1022 + b"]"
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=Recording(body), retry=FAST,
+                        max_body=len(body))
+    assert client.machines() == []
+    client.max_body = len(body) - 1
+    with pytest.raises(MAASTooLarge):
+        client.machines()
+
+
+def test_an_abandoned_attempt_lives_on_in_a_daemon_thread():
+    """It cannot hold up the process's exit; its name says what it is in a thread dump."""
+    release = threading.Event()
+
+    class Stuck:
+        def send(self, method, url, headers, files, timeout):
+            release.wait(5)
+            return Response(200, {}, b"[]")
+
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=Stuck(), retry=FAST, stop=stop)
+    with pytest.raises(MAASError):
+        client.machines()
+    workers = [t for t in threading.enumerate() if t.name == "maas-request" and t.is_alive()]
+    release.set()
+    assert workers and all(t.daemon for t in workers)
+
+
+def test_defaults():
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"))
+    assert client.timeout == 30.0 and client.max_body == maas.DEFAULT_MAX_RESPONSE
+    assert client.transport.max_body == maas.DEFAULT_MAX_RESPONSE and client.transport.verify is True
+    assert client.retry == RetryPolicy(attempts=4, backoff=1.0, max_backoff=30.0, max_retry_after=120.0)
+
+
+# --- statuses, bodies and retries ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status, body, expected", [
+    (200, b'{"id": 1}', {"id": 1}), (201, b'{"id": 2}', {"id": 2}), (204, b"", None), (200, b" \n", None),
+])
+def test_success_statuses_and_empty_bodies(status, body, expected):
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=Answer(status, body), retry=FAST)
+    assert client.call("POST", "resourcepools/") == expected
+
+
+def test_malformed_json_line_and_no_retry():
+    answer = Answer(200, b'[{"a"')
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=answer, retry=FAST)
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    assert str(caught.value) == "GET machines/: 200: malformed JSON in the response (5 bytes)"
+    assert caught.value.kind == "malformed" and len(answer.sent) == 1
+
+
+def test_an_http_error_is_of_kind_http_and_was_not_left_in_flight():
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=Answer(500, b"boom", "text/plain"),
+                        retry=FAST)
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    assert (caught.value.kind, caught.value.in_flight, caught.value.status) == ("http", False, 500)
+
+
+def test_a_refused_key_names_where_it_came_from_by_default():
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), retry=FAST,
+                        transport=Answer(401, b"Expired timestamp", "text/plain"))
+    with pytest.raises(MAASAuthError) as caught:
+        client.machines()
+    assert str(caught.value) == "GET machines/: 401: Expired timestamp (the API key was refused: check the MAAS API key)"
+
+
+def test_an_html_error_page_is_known_by_its_content_type():
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), retry=FAST,
+                        transport=Answer(502, b"\xef\xbb\xbf<html><title>Bad Gateway</title></html>", "text/html"))
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    assert str(caught.value) == "GET machines/: 502: Bad Gateway"
+
+
+def test_retry_after_on_another_status_does_not_make_it_retried(double):
+    double.inject("reply", status=500, body="boom")
+    answer = Answer(500, b"boom", "text/plain")
+    answer.reply.headers["Retry-After"] = "1"
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=answer, retry=FAST, sleep=Recorder())
+    with pytest.raises(MAASError):
+        client.machines()
+    assert len(answer.sent) == 1 and client.sleep.sleeps == []
+
+
+def test_backoff_jitter_adds_at_most_a_tenth(double, monkeypatch):
+    for pick, expected in ((lambda low, high: low, [1.0, 2.0, 3.0]), (lambda low, high: high, [1.1, 2.2, 3.3])):
+        monkeypatch.setattr(maas.random, "uniform", pick)
+        double.inject("503", retry_after=None, count=3)
+        sleep = Recorder()
+        client = client_for(double, sleep=sleep, retry=RetryPolicy(attempts=4, backoff=1.0, max_backoff=3))
+        client.machines()
+        assert sleep.sleeps == pytest.approx(expected)
+        assert client.requests == 4  # every attempt counts
+
+
+def test_a_retry_the_deadline_would_pass_is_not_made(double):
+    double.inject("503", retry_after="5")
+    client = client_for(double, retry=RetryPolicy(attempts=4, max_retry_after=60))
+    with client.within(2.0), pytest.raises(MAASError) as caught:
+        client.machines()
+    assert caught.value.kind == "deadline"
+    assert str(caught.value) == (
+        "GET machines/: 503: Unable to connect to any rack controller; please try again later.; not retried: "
+        "the cycle's deadline (maas.cycle_deadline) comes first")
+
+
+def test_a_signal_while_waiting_to_retry_ends_the_call(double):
+    double.inject("503", retry_after="30")
+    client = client_for(double, sleep=lambda seconds: True, retry=RetryPolicy(attempts=3, max_retry_after=60))
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    assert str(caught.value) == "GET machines/: interrupted: stopped by a signal while waiting to retry"
+
+
+# --- the HTTP transport ----------------------------------------------------------------------
+
+
+def raw_server(*replies: bytes, tls=None):
+    """A socket server on 127.0.0.1 that answers each connection with the next of ``replies``
+    as raw bytes and hangs up; its port."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+
+    def serve():
+        for reply in replies:
+            connection, _ = server.accept()
+            try:
+                if tls:
+                    connection = tls.wrap_socket(connection, server_side=True)
+                connection.recv(65536)
+                connection.sendall(reply)
+            except OSError:
+                pass
+            finally:
+                connection.close()
+        server.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server.getsockname()[1]
+
+
+def once(port, **kw) -> MAASClient:
+    return MAASClient(f"http://127.0.0.1:{port}/MAAS/", Signer("a", "b", "c"),
+                      retry=RetryPolicy(attempts=1), timeout=3, **kw)
+
+
+def test_a_redirect_is_reported_not_followed():
+    """Following it would send the signed request to wherever MAAS (or a proxy) points."""
+    port = raw_server(b"HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:9/elsewhere\r\nContent-Length: 0\r\n\r\n")
+    with pytest.raises(MAASError) as caught:
+        once(port).machines()
+    assert str(caught.value) == "GET machines/: 302: (no message)"
+
+
+def test_a_declared_length_over_the_cap_is_refused_before_reading():
+    port = raw_server(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 3145728\r\n\r\n[")
+    with pytest.raises(MAASTooLarge) as caught:
+        once(port, max_body=2**20).machines()
+    assert "(1 MiB; found 3 MiB)" in str(caught.value)
+
+
+@pytest.mark.parametrize("framing", ["declared", "chunked", "until-close"])
+def test_a_body_of_exactly_the_cap_is_read(framing):
+    body = b"[" + b" " * 1022 + b"]"
+    head = {"declared": f"Content-Length: {len(body)}\r\n", "chunked": "Transfer-Encoding: chunked\r\n",
+            "until-close": "Connection: close\r\n"}[framing]
+    payload = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body) if framing == "chunked" else body
+    port = raw_server(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + head.encode() + b"\r\n" + payload)
+    assert once(port, max_body=len(body)).machines() == []
+
+
+def test_a_broken_chunked_body_is_a_connection_failure_named_by_its_type():
+    port = raw_server(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
+    with pytest.raises(MAASError) as caught:
+        once(port).machines()
+    assert str(caught.value) == "GET machines/: connection: ChunkedEncodingError"
+
+
+def test_proxies_from_the_environment_are_used(double, monkeypatch):
+    """An operator behind an HTTP proxy sets HTTP_PROXY, as for any requests-based tool."""
+    for name in ("NO_PROXY", "no_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{double.port}")
+    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{double.port}")
+    client = MAASClient("http://127.0.0.2:9/MAAS/", Signer(*double.api_key), retry=RetryPolicy(attempts=1),
+                        timeout=3)
+    assert client.machines() == []  # nothing listens on 127.0.0.2:9: the proxy (the double) answered
+
+
+def test_tls_is_verified(tmp_path):
+    openssl = require_tool("openssl", "openssl makes the self-signed certificate of the HTTPS test")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(cert), str(key))
+    port = raw_server(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n[]",
+                      tls=context)
+    client = MAASClient(f"https://127.0.0.1:{port}/MAAS/", Signer("a", "b", "c"), retry=RetryPolicy(attempts=1),
+                        timeout=3)
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    assert str(caught.value) == "GET machines/: connection: TLS error"
