@@ -1519,3 +1519,117 @@ def test_tls_is_verified(tmp_path):
     with pytest.raises(MAASError) as caught:
         client.machines()
     assert str(caught.value) == "GET machines/: connection: TLS error"
+
+
+# --- every call's error line and answer shape ------------------------------------------------
+
+
+CALLS = {  # what the client does -> how its error lines begin
+    "version": (lambda c, sid: c.version(), "GET version/"),
+    "machines": (lambda c, sid: c.machines(), "GET machines/"),
+    "machines_by_id": (lambda c, sid: c.machines_by_id([sid]), "GET machines/"),
+    "taken_hostnames": (lambda c, sid: c.taken_hostnames(["web1-vms"]), "GET nodes/"),
+    "power_addresses": (lambda c, sid: c.power_addresses([sid]), "GET machines/?op=power_parameters"),
+    "power_address": (lambda c, sid: c.power_address(sid), "GET machines/{sid}/?op=power_parameters"),
+    "events": (lambda c, sid: c.events("DEBUG"), "GET events/?op=query"),
+    "pools": (lambda c, sid: c.pools(), "GET resourcepools/"),
+    "create_pool": (lambda c, sid: c.create_pool("vms"), "POST resourcepools/"),
+    "update_machine": (lambda c, sid: c.update_machine(sid, hostname="x"), "PUT machines/{sid}/"),
+    "set_power_pass": (lambda c, sid: c.set_power_pass(sid, "pw-long"), "PUT machines/{sid}/"),
+    "commission": (lambda c, sid: c.commission(sid), "POST machines/{sid}/?op=commission"),
+    "commission by mapping": (lambda c, sid: c.call("POST", f"machines/{sid}/", {"op": "commission"}),
+                              "POST machines/{sid}/?op=commission"),
+    "script": (lambda c, sid: c.script("probe"), "GET scripts/probe"),
+    "script_text": (lambda c, sid: c.script_text("probe"), "GET scripts/probe?op=download"),
+    "create_script": (lambda c, sid: c.create_script("probe", b"#!/bin/sh\n"), "POST scripts/"),
+    "update_script": (lambda c, sid: c.update_script("probe", b"#!/bin/sh\n"), "PUT scripts/probe"),
+    "whoami": (lambda c, sid: c.whoami(), "GET users/?op=whoami"),
+    "config": (lambda c, sid: c.config("enlist_commissioning"), "GET maas/?op=get_config"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CALLS))
+def test_each_call_names_its_method_and_path_in_an_error(double, name):
+    sid = double.add_vm("web1", "vms")
+    action, start = CALLS[name]
+    double.inject("500")
+    with pytest.raises(MAASError) as caught:
+        action(client_for(double), sid)
+    before, status, _ = str(caught.value).split(": ", 2)
+    assert (before, status) == (start.format(sid=sid), "500")
+
+
+@pytest.mark.parametrize("name, body, line", [
+    ("machines", {"machines": []}, "GET machines/: 200: expected a list of machines"),
+    ("taken_hostnames", {"nodes": []}, "GET nodes/: 200: expected a list of nodes"),
+    ("power_addresses", [], "GET machines/?op=power_parameters: 200: expected a mapping of system_id to parameters"),
+    ("events", [], "GET events/?op=query: 200: expected an object with a list of events"),
+    ("events", {"events": {}}, "GET events/?op=query: 200: expected an object with a list of events"),
+    ("pools", {"pools": []}, "GET resourcepools/: 200: expected a list of resource pools"),
+    ("version", ["3.5.4"], "GET version/: 200: no version in the response"),
+])
+def test_each_listing_refuses_the_wrong_shape(double, name, body, line):
+    sid = double.add_vm("web1", "vms")
+    double.inject("reply", status=200, body=body)
+    with pytest.raises(MAASError) as caught:
+        CALLS[name][0](client_for(double), sid)
+    assert caught.value.kind == "malformed" and str(caught.value) == line
+
+
+def test_events_asks_for_one_page_after_an_id(double):
+    client = client_for(double)
+    sid = double.add_vm("web1", "vms")
+    double.set_status(sid, "Commissioning")  # MAAS records the transition
+    newest = client.events("DEBUG")
+    assert [event["type"] for event in newest] == ["Node changed status"]
+    assert double.urls[-1].endswith("/events/?op=query&level=DEBUG&limit=1000")
+    client.events("INFO", after=5, limit=10)
+    assert double.urls[-1].endswith("/events/?op=query&level=INFO&limit=10&after=5")
+
+
+def test_taken_hostnames_skip_records_that_are_not_nodes(double):
+    held = double.add_node("web1-vms", "device")
+    junk = ["web2-vms", {"hostname": None, "system_id": "x"}, {"system_id": "y"}]
+    double.inject("reply", status=200, body=junk + [{"hostname": "web1-vms", "system_id": held}])
+    assert client_for(double).taken_hostnames(["web1-vms", "web2-vms"]) == {"web1-vms": held}
+
+
+def test_commission_sends_skip_bmc_config_unless_told_not_to(double):
+    sid = double.add_vm("web1", "vms")
+    client = client_for(double)
+    client.commission(sid)
+    double.set_status(sid, "Ready")
+    client.commission(sid, skip_bmc_config=False)
+    assert double.commissions == [(sid, True), (sid, False)]
+
+
+def test_what_the_form_fields_hold_on_the_wire():
+    """MAAS's forms read the multipart fields: each value is sent as text, files as files."""
+    sent = []
+
+    class Capture:
+        def send(self, method, url, headers, files, timeout):
+            sent.append((method, url.split("/api/2.0/")[1], files))
+            return Response(200, {"Content-Type": "application/json"}, b"{}")
+
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=Capture(), retry=FAST)
+    client.commission("abc")
+    client.create_pool("vms")
+    client.set_power_pass("abc", "pw-long")
+    client.create_script("probe", b"#!/bin/sh\n")
+    assert sent == [
+        ("POST", "machines/abc/?op=commission", {"skip_bmc_config": (None, "1")}),
+        ("POST", "resourcepools/", {"name": (None, "vms"), "description": (None, "")}),
+        ("PUT", "machines/abc/", {"power_parameters_power_pass": (None, "pw-long")}),
+        ("POST", "scripts/", {"name": (None, "probe"), "comment": (None, ""), "script": ("probe", b"#!/bin/sh\n")}),
+    ]
+    client.commission("abc", skip_bmc_config=False)
+    assert sent[-1] == ("POST", "machines/abc/?op=commission", None)
+
+
+def test_a_power_password_echoed_back_is_withheld(double):
+    sid = double.add_vm("web1", "vms")
+    double.inject("echo", method="PUT")
+    with pytest.raises(MAASError) as caught:
+        client_for(double).set_power_pass(sid, "Sup3r-Secret-pw")
+    assert str(caught.value) == f"PUT machines/{sid}/: 400: power_parameters_power_pass=<withheld>"
