@@ -1633,3 +1633,71 @@ def test_a_power_password_echoed_back_is_withheld(double):
     with pytest.raises(MAASError) as caught:
         client_for(double).set_power_pass(sid, "Sup3r-Secret-pw")
     assert str(caught.value) == f"PUT machines/{sid}/: 400: power_parameters_power_pass=<withheld>"
+
+
+# --- the deadline's edge, on a clock the test moves ------------------------------------------
+
+
+class Clock:
+    """time.monotonic() reading the given values in turn, then the last one for ever."""
+
+    def __init__(self, *readings: float):
+        self.readings = list(readings)
+
+    def __call__(self) -> float:
+        return self.readings.pop(0) if len(self.readings) > 1 else self.readings[0]
+
+
+def test_a_deadline_reached_exactly_sends_nothing(monkeypatch):
+    monkeypatch.setattr(maas.time, "monotonic", Clock(100.0))
+    transport = Recording()
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=transport, retry=FAST)
+    with client.within(0), pytest.raises(MAASError) as caught:
+        client.machines()
+    assert caught.value.kind == "deadline" and transport.timeouts == []
+
+
+def test_a_request_running_when_the_deadline_is_reached_exactly_is_abandoned(monkeypatch):
+    class Slow:
+        def send(self, method, url, headers, files, timeout):
+            time.sleep(0.5)
+            return Response(200, {}, b"[]")
+
+    # within() reads 100 (deadline 101), the attempt 100 (1 s left), the first poll 101.
+    monkeypatch.setattr(maas.time, "monotonic", Clock(100.0, 100.0, 101.0))
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=Slow(), retry=FAST)
+    with client.within(1), pytest.raises(MAASError) as caught:
+        client.machines()
+    assert caught.value.kind == "deadline" and caught.value.in_flight
+
+
+def test_a_retry_due_exactly_at_the_deadline_is_not_made(monkeypatch):
+    monkeypatch.setattr(maas.time, "monotonic", Clock(100.0))
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=ThenOK("5"), sleep=Recorder(),
+                        retry=RetryPolicy(attempts=3, max_retry_after=60))
+    with client.within(5), pytest.raises(MAASError) as caught:
+        client.machines()
+    assert caught.value.kind == "deadline" and client.sleep.sleeps == []
+
+
+def test_connect_waits_at_most_ten_seconds_and_reads_wait_the_timeout(monkeypatch):
+    """A region that does not accept connections is known in 10 s; a slow answer gets the whole timeout."""
+    given = []
+
+    class Reply:
+        status_code, headers = 200, {"Content-Length": "2"}
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def iter_content(self, size):
+            yield b"[]"
+
+    transport = maas.Transport()
+    monkeypatch.setattr(transport.session, "request", lambda *a, **kw: given.append(kw["timeout"]) or Reply())
+    transport.send("GET", "http://maas/MAAS/api/2.0/machines/", {}, None, 30.0)
+    transport.send("GET", "http://maas/MAAS/api/2.0/machines/", {}, None, 2.0)
+    assert given == [(10.0, 30.0), (2.0, 2.0)]
