@@ -970,7 +970,7 @@ def test_the_cleartext_warning_names_the_host_and_both_ways_out():
         "or run maas-kubevirt on the region host with http://localhost:5240/MAAS/")
 
 
-def test_a_url_without_a_host_still_warns_and_invents_none():
+def test_the_cleartext_warning_for_a_url_without_a_host_invents_none():
     assert maas.cleartext_warning("http://:5240/MAAS/").startswith("maas.url is http:// on : OAuth")
 
 
@@ -1701,3 +1701,22 @@ def test_connect_waits_at_most_ten_seconds_and_reads_wait_the_timeout(monkeypatc
     transport.send("GET", "http://maas/MAAS/api/2.0/machines/", {}, None, 30.0)
     transport.send("GET", "http://maas/MAAS/api/2.0/machines/", {}, None, 2.0)
     assert given == [(10.0, 30.0), (2.0, 2.0)]
+
+
+def test_the_key_is_read_as_utf_8_whatever_the_locale(tmp_path):
+    """A service may run in the C locale without coercion (ASCII): the key and its file still read as UTF-8."""
+    key = tmp_path / "api-key"
+    key.write_text("cl\u00e9:t1:s1secret\n", encoding="utf-8")
+    key.chmod(0o600)
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    (credentials / "api-key").write_text("cr\u00e9:t2:s2secret\n", encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k not in ("MAAS_API_KEY", "CREDENTIALS_DIRECTORY")}
+    env.update(LC_ALL="C", LANG="C", PYTHONCOERCECLOCALE="0", PYTHONUTF8="0",
+               PYTHONPATH=os.pathsep.join(sys.path))
+    program = ("import sys; from maas_kubevirt import maas; "
+               f"print(ascii(maas.load_api_key({{'api_key_file': {str(key)!r}}}, print)))")
+    for extra, expected in (({}, "('cl\\xe9', 't1', 's1secret')"),
+                            ({"CREDENTIALS_DIRECTORY": str(credentials)}, "('cr\\xe9', 't2', 's2secret')")):
+        run = subprocess.run([sys.executable, "-c", program], env={**env, **extra}, capture_output=True, text=True)
+        assert run.stdout.strip() == expected, run.stderr
