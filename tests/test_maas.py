@@ -1720,3 +1720,10 @@ def test_the_key_is_read_as_utf_8_whatever_the_locale(tmp_path):
                             ({"CREDENTIALS_DIRECTORY": str(credentials)}, "('cr\\xe9', 't2', 's2secret')")):
         run = subprocess.run([sys.executable, "-c", program], env={**env, **extra}, capture_output=True, text=True)
         assert run.stdout.strip() == expected, run.stderr
+
+
+def test_a_key_error_says_nothing_of_where_unless_told():
+    with pytest.raises(ValuesError) as caught:
+        maas.parse_api_key("a:b", "MAAS_API_KEY")
+    assert str(caught.value) == ("MAAS_API_KEY: expected a MAAS API key of the form consumer:token:secret "
+                                 "(from `maas apikey --username USER`), found 2 colon-separated part(s)")
