@@ -1727,3 +1727,10 @@ def test_a_key_error_says_nothing_of_where_unless_told():
         maas.parse_api_key("a:b", "MAAS_API_KEY")
     assert str(caught.value) == ("MAAS_API_KEY: expected a MAAS API key of the form consumer:token:secret "
                                  "(from `maas apikey --username USER`), found 2 colon-separated part(s)")
+
+
+@pytest.mark.parametrize("base", ["https://proxy.example/SITE-X", "https://proxy.example/SITE-X/",
+                                  "https://proxy.example/SITE-X//"])
+def test_a_region_behind_a_proxy_keeps_its_path_whatever_it_ends_with(base):
+    client = MAASClient(base, Signer("a", "b", "c"))
+    assert client.url("version/") == "https://proxy.example/SITE-X/api/2.0/version/"
