@@ -1504,21 +1504,34 @@ def test_proxies_from_the_environment_are_used(double, monkeypatch):
     assert client.machines() == []  # nothing listens on 127.0.0.2:9: the proxy (the double) answered
 
 
-def test_tls_is_verified(tmp_path):
+def test_tls_is_verified_against_the_system_or_the_given_authorities(tmp_path):
     openssl = require_tool("openssl", "openssl makes the self-signed certificate of the HTTPS test")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                    "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True)
+                    "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(str(cert), str(key))
-    port = raw_server(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n[]",
-                      tls=context)
-    client = MAASClient(f"https://127.0.0.1:{port}/MAAS/", Signer("a", "b", "c"), retry=RetryPolicy(attempts=1),
-                        timeout=3)
+    ok = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n[]"
+    port = raw_server(ok, ok, tls=context)
+    url = f"https://127.0.0.1:{port}/MAAS/"
+    client = MAASClient(url, Signer("a", "b", "c"), retry=RetryPolicy(attempts=1), timeout=3)
     with pytest.raises(MAASError) as caught:
         client.machines()
     assert str(caught.value) == "GET machines/: connection: TLS error"
+    # A region with a private CA: the Transport is given its certificate.
+    client = MAASClient(url, Signer("a", "b", "c"), retry=RetryPolicy(attempts=1), timeout=3,
+                        transport=maas.Transport(verify=str(cert)))
+    assert client.machines() == []
+
+
+def test_an_error_line_keeps_the_path_as_given_when_the_query_has_no_op():
+    answer = Answer(404, b"No Tag matches the given query.", "text/plain")
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=answer, retry=FAST)
+    with pytest.raises(MAASError) as caught:
+        client.call("GET", "tags/GPU-X", [("id", "abc")])
+    assert str(caught.value) == "GET tags/GPU-X: 404: No Tag matches the given query."
+    assert answer.sent == [("GET", "http://maas/MAAS/api/2.0/tags/GPU-X?id=abc")]
 
 
 # --- every call's error line and answer shape ------------------------------------------------
