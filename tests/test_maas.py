@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import http.client
 import os
 import socket
+import ssl
+import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+import requests
+import urllib3.exceptions
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from conftest import require_tool  # noqa: E402
 from maas_double import MaasDouble, populate  # noqa: E402
 
 from maas_kubevirt import maas  # noqa: E402
@@ -706,3 +712,1038 @@ def test_default_cap_holds_ten_thousand_real_machines_with_room(double):
     default_cap = load_values()["maas"]["max_response_mib"] * 2**20
     assert default_cap == maas.DEFAULT_MAX_RESPONSE
     assert 10_000 * per_machine * 3 < default_cap
+
+
+# --- the one line an operator reads ----------------------------------------------------------
+
+
+def test_signer_repr_names_no_part_of_the_key():
+    assert repr(Signer("ckey", "tkey", "tsecret")) == "Signer(<API key withheld>)"
+
+
+@pytest.mark.parametrize(
+    "body, ctype, expected",
+    [
+        # Structures with nothing in them still say something.
+        (b"{}", "application/json", "(no message)"),
+        (b'{"__all__": []}', "application/json", "(no message)"),
+        (b"[]", "application/json", "(no message)"),
+        (b'["Machine is locked.", "Try later."]', "application/json", "Machine is locked. Try later."),
+        (b'"No Script matches the given query."', "application/json", "No Script matches the given query."),
+        # Old Apache and IIS pages shout their tags; a title may span lines.
+        (b"<HTML><HEAD><TITLE>502 Proxy Error</TITLE></HEAD><BODY>x</BODY></HTML>", "text/html",
+         "502 Proxy Error"),
+        (b"<html><title>\n  Service\n  Unavailable\n</title></html>", "text/html", "Service Unavailable"),
+        # Without a title the tags go, and each leaves a space so words stay apart.
+        (b"<html><body><h1>Bad</h1><p>Gateway</p></body></html>", "text/html", "Bad Gateway"),
+        (b"<html><title></title><body></body></html>", "text/html", "(no message)"),
+        (b"<p></p>", "text/plain", "(no message)"),
+        # An HTML page is known by its type even when it does not open with a tag (a BOM here).
+        (b"\xef\xbb\xbf<html><title>Gateway Timeout</title></html>", "Text/HTML; charset=utf-8",
+         "Gateway Timeout"),
+        # Plain text keeps its angle brackets.
+        (b"power_address: expected <host>:<port>", "text/plain", "power_address: expected <host>:<port>"),
+        # Bytes that are not UTF-8 do not hide the rest of the message.
+        (b"Caf\xe9 not found", "text/plain", "Caf\ufffd not found"),
+    ],
+)
+def test_readable_message_edges(body, ctype, expected):
+    assert maas.readable_message(body, ctype) == expected
+
+
+@pytest.mark.parametrize("length", [maas.MAX_MESSAGE - 1, maas.MAX_MESSAGE, maas.MAX_MESSAGE + 1, 5000])
+def test_a_long_message_is_cut_to_the_limit_with_an_ellipsis(length):
+    text = ("word " * 2000)[: length - 1] + "!"
+    line = maas.readable_message(text.encode(), "text/plain")
+    if length <= maas.MAX_MESSAGE:
+        assert line == text
+    else:
+        assert len(line) == maas.MAX_MESSAGE and line.endswith("...")
+        assert text.startswith(line[:-3])
+
+
+class Answer:
+    """A transport that answers every request with one reply and records the requests."""
+
+    def __init__(self, status: int, body: bytes, ctype: str = "application/json"):
+        self.reply = Response(status, {"Content-Type": ctype}, body)
+        self.sent: list[tuple[str, str]] = []
+
+    def send(self, method, url, headers, files, timeout):
+        self.sent.append((method, url))
+        return self.reply
+
+    def close(self):
+        pass
+
+
+def test_short_strings_are_not_scrubbed_but_secrets_of_four_characters_are():
+    """A secret of 4 characters or more is withheld; a shorter one would blank common words."""
+    answer = Answer(400, b"signature &abcd for token xy refused", "text/plain")
+    client = MAASClient("http://maas/MAAS/", Signer("c1", "xy", "abcd"), transport=answer, retry=FAST)
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    assert str(caught.value) == "GET machines/: 400: signature &<withheld> for token xy refused"
+
+
+# --- why no answer came ----------------------------------------------------------------------
+
+CLOSED = "connection closed by the server"
+
+
+@pytest.mark.parametrize("inner, reason", [
+    (ConnectionRefusedError(111, "Connection refused"), "connection refused"),
+    (ConnectionResetError(104, "Connection reset by peer"), CLOSED),
+    (ConnectionAbortedError(103, "Software caused connection abort"), CLOSED),
+    (BrokenPipeError(32, "Broken pipe"), CLOSED),
+    (http.client.RemoteDisconnected("Remote end closed connection without response"), CLOSED),
+    (http.client.IncompleteRead(b"[{", 4096), CLOSED),
+    (urllib3.exceptions.IncompleteRead(2, 4096), CLOSED),
+    # urllib3 puts the cause second: ("Connection aborted.", RemoteDisconnected(...)).
+    (urllib3.exceptions.ProtocolError("Connection aborted.", http.client.RemoteDisconnected("closed")), CLOSED),
+    (ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number"), "TLS error"),
+    (urllib3.exceptions.SSLError("certificate verify failed"), "TLS error"),
+    (socket.gaierror(-2, "Name or service not known"), "cannot resolve the MAAS host name"),
+    (urllib3.exceptions.NameResolutionError("maas.example.com", None, socket.gaierror(-3, "Temporary failure")),
+     "cannot resolve the MAAS host name"),
+    (OSError(113, "No route to host"), "connection failed"),
+])
+def test_each_cause_of_a_failed_connection_has_its_reason(inner, reason):
+    """requests wraps the cause as ConnectionError(cause); each known cause names itself."""
+    assert maas._connection_reason(requests.ConnectionError(inner)) == reason
+
+
+def _cause_only():
+    try:
+        raise requests.ConnectionError("Max retries exceeded") from ConnectionResetError(104, "reset")
+    except requests.ConnectionError as error:
+        return error
+
+
+def _context_only():
+    try:
+        try:
+            raise ConnectionResetError(104, "reset")
+        except ConnectionResetError:
+            raise requests.ConnectionError("Max retries exceeded")  # noqa: B904 - context only
+    except requests.ConnectionError as error:
+        return error
+
+
+@pytest.mark.parametrize("make", [
+    lambda: requests.ConnectionError(ConnectionResetError(104, "reset")),                 # args
+    _cause_only,                                                                           # __cause__
+    _context_only,                                                                         # __context__
+    lambda: urllib3.exceptions.MaxRetryError(None, "/MAAS/", reason=ConnectionResetError(104, "reset")),
+], ids=["args", "cause", "context", "reason"])
+def test_the_reason_is_found_down_any_link_of_the_chain(make):
+    """urllib3 and requests link causes by args, raise-from, implicit context or .reason,
+    differently from one version to the next: each link alone leads to the cause."""
+    error = make()
+    assert maas._connection_reason(error) == CLOSED
+
+
+def test_a_chain_without_a_known_cause_or_looping_back_says_connection_failed():
+    assert maas._connection_reason(requests.ConnectionError("Max retries exceeded")) == "connection failed"
+    first, second = requests.ConnectionError("a"), OSError("b")
+    first.__context__, second.__context__ = second, first
+    result = []
+    worker = threading.Thread(target=lambda: result.append(maas._connection_reason(first)), daemon=True)
+    worker.start()
+    worker.join(5)
+    assert result == ["connection failed"]  # and it returned at all
+
+
+def test_https_to_a_plain_http_port_is_a_tls_error(double):
+    client = MAASClient(double.url.replace("http://", "https://"), Signer(*double.api_key),
+                        retry=RetryPolicy(attempts=1), timeout=2)
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    assert str(caught.value) == "GET machines/: connection: TLS error"
+
+
+def test_a_server_that_hangs_up_without_answering():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+
+    def serve():
+        for _ in range(2):
+            connection, _ = server.accept()
+            connection.recv(65536)
+            connection.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    client = MAASClient(f"http://127.0.0.1:{server.getsockname()[1]}/MAAS/", Signer("a", "b", "c"),
+                        retry=RetryPolicy(attempts=2, backoff=0.01), timeout=2)
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    thread.join(5)
+    server.close()
+    assert str(caught.value) == f"GET machines/: connection: {CLOSED}"
+
+
+# --- too large -------------------------------------------------------------------------------
+
+
+def test_too_large_names_the_cap_and_what_was_found():
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), retry=FAST, max_body=2**20,
+                        transport=Answer(200, b" " * (6 * 2**20)))
+    with pytest.raises(MAASTooLarge) as caught:
+        client.machines()
+    assert str(caught.value) == (
+        "GET machines/: too-large: response body larger than maas.max_response_mib (1 MiB; found 6 MiB): "
+        "raise maas.max_response_mib if this MAAS really has that much to say")
+
+
+def test_too_large_while_read_says_more():
+    """Without a declared length the reader stops at the cap and cannot say how much more came."""
+    assert maas._too_large(2**18) == (
+        "response body larger than maas.max_response_mib (0.25 MiB; found more): "
+        "raise maas.max_response_mib if this MAAS really has that much to say")
+
+
+# --- a request abandoned ---------------------------------------------------------------------
+
+
+def test_a_request_abandoned_by_a_signal_leaves_its_session_behind(double):
+    """The abandoned request keeps its connection in its worker thread; the next one gets a fresh session."""
+    double.inject("hang", hang=3)
+    stop = threading.Event()
+    client = client_for(double, timeout=30, stop=stop)
+    before = client.transport.session
+    threading.Timer(0.3, stop.set).start()
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    assert str(caught.value) == "GET machines/: interrupted: stopped by a signal during the request"
+    assert caught.value.in_flight
+    assert client.transport.session is not before
+    stop.clear()
+    assert client.machines() == []
+
+
+def test_a_request_still_running_at_the_deadline_is_abandoned():
+    class Stuck:
+        """Ignores its timeout, as a DNS lookup does."""
+
+        def send(self, method, url, headers, files, timeout):
+            time.sleep(2)
+            return Response(200, {}, b"[]")
+
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=Stuck(), retry=FAST)
+    with client.within(0.3), pytest.raises(MAASError) as caught:
+        client.machines()
+    assert str(caught.value) == ("GET machines/: deadline: the cycle's deadline (maas.cycle_deadline) "
+                                 "passed during the request")
+    assert caught.value.in_flight
+
+
+def test_a_transport_without_abandon_is_still_interrupted():
+    class Slow:
+        def send(self, method, url, headers, files, timeout):
+            time.sleep(2)
+            return Response(200, {}, b"[]")
+
+    stop = threading.Event()
+    stop.set()
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=Slow(), retry=FAST, stop=stop)
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    assert str(caught.value) == "GET machines/: interrupted: stopped by a signal during the request"
+    assert caught.value.in_flight
+
+
+# --- the cleartext warning -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("url", ["http://localhost.:5240/MAAS/", "http://maas.localhost:5240/MAAS/",
+                                 "http://LOCALHOST:5240/MAAS/"])
+def test_localhost_in_any_spelling_is_not_cleartext_on_the_wire(url):
+    assert maas.cleartext_warning(url) is None
+
+
+def test_the_cleartext_warning_names_the_host_and_both_ways_out():
+    assert maas.cleartext_warning("http://MAAS.Example.COM.:5240/MAAS/") == (
+        "maas.url is http:// on maas.example.com: OAuth PLAINTEXT sends the API key's token secret in clear "
+        "with every request; use https:// (MAAS serves TLS on port 5443 after `maas config-tls enable`) "
+        "or run maas-kubevirt on the region host with http://localhost:5240/MAAS/")
+
+
+def test_the_cleartext_warning_for_a_url_without_a_host_invents_none():
+    assert maas.cleartext_warning("http://:5240/MAAS/").startswith("maas.url is http:// on : OAuth")
+
+
+# --- URLs ------------------------------------------------------------------------------------
+
+
+def test_a_mapping_value_that_is_a_list_repeats_the_key():
+    client = MAASClient("http://maas:5240/MAAS/", Signer("a", "b", "c"))
+    assert client.url("machines/", {"id": ["a", "b"]}) == "http://maas:5240/MAAS/api/2.0/machines/?id=a&id=b"
+
+
+# --- machines by id and power addresses ------------------------------------------------------
+
+
+def test_machines_by_id_asks_for_those_ids_only(double):
+    a, b = double.add_machine("a"), double.add_machine("b")
+    double.add_machine("c")
+    found = client_for(double).machines_by_id([b, a, "nosuchid", a])
+    assert sorted(m["system_id"] for m in found) == sorted([a, b])
+
+
+def test_machines_by_id_splits_only_past_the_query_budget(double):
+    ids = [f"{i:06x}" for i in range(1500)]          # 15,000 characters of id=...& in all
+    client_for(double).machines_by_id(ids)
+    assert 1 < double.counts[("GET", "machines/")] <= len(ids) * 10 // maas.MAX_QUERY + 1
+    assert all(len(url) < 8192 for url in double.urls)
+
+
+@pytest.mark.parametrize("body", [{"id": "x"}, '"not a list"', "null"])
+def test_machines_by_id_refuses_what_is_not_a_list(double, body):
+    double.inject("reply", status=200, body=body, path="machines/")
+    with pytest.raises(MAASError) as caught:
+        client_for(double).machines_by_id(["abc"])
+    assert caught.value.kind == "malformed"
+    assert str(caught.value) == "GET machines/?id=...: 200: expected a list of machines"
+
+
+def test_method_names_are_upper_case_in_error_lines(double):
+    sid = double.add_vm("web1", "vms")
+    double.inject("500", count=2)
+    client = client_for(double)
+    with pytest.raises(MAASError) as caught:
+        client.machines_by_id([sid])
+    assert str(caught.value).startswith("GET machines/: 500:")
+    with pytest.raises(MAASError) as caught:
+        client.power_address(sid)
+    assert str(caught.value).startswith(f"GET machines/{sid}/?op=power_parameters: 500:")
+
+
+def test_a_single_power_address_error_withholds_the_body(double):
+    sid = double.add_vm("web1", "vms")
+    double.inject("reply", status=400, body={"power_pass": ["hunter2-SECRET is wrong"]}, path="power_parameters")
+    with pytest.raises(MAASError) as caught:
+        client_for(double).power_address(sid)
+    assert str(caught.value) == (f"GET machines/{sid}/?op=power_parameters: 400: "
+                                 "response body withheld (it may hold credentials)")
+
+
+@pytest.mark.parametrize("body", [{"power_address": 42}, {"power_address": ["a"]}, {"power_user": "x"}, [], "null"])
+def test_a_power_address_that_is_not_text_is_none(double, body):
+    sid = double.add_vm("web1", "vms")
+    double.inject("reply", status=200, body=body, path="power_parameters")
+    assert client_for(double).power_address(sid) is None
+
+
+def test_power_addresses_that_are_not_text_are_none(double):
+    a, b = double.add_vm("web1", "vms"), double.add_vm("web2", "vms")
+    double.inject("reply", status=200, body={a: {"power_address": 42}, b: "junk"}, path="power_parameters")
+    assert client_for(double).power_addresses([a, b]) == {a: None, b: None}
+
+
+# --- the client made from the values ---------------------------------------------------------
+
+
+def values_for(double, key_file, url=None):
+    return {"maas": {"url": url or double.url, "api_key_file": str(key_file), "timeout": 7,
+                     "max_response_mib": 3}}
+
+
+def test_client_from_values_warns_stops_and_takes_its_limits(double, tmp_path, monkeypatch):
+    monkeypatch.delenv("MAAS_API_KEY", raising=False)
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    key = tmp_path / "api-key"
+    key.write_text(double.api_key_text)
+    key.chmod(0o644)
+    warnings = []
+    stop = threading.Event()
+    client = maas.client_from_values(values_for(double, key, "http://maas.example.com:5240/MAAS/"),
+                                     warnings.append, stop)
+    assert [w.split(" ")[1:5] for w in warnings] == [["is", "readable", "by", "group"],
+                                                     ["is", "http://", "on", "maas.example.com:"]]
+    assert (client.timeout, client.max_body) == (7.0, 3 * 2**20)
+    monkeypatch.setattr(maas, "RETRY", RetryPolicy(attempts=1))
+    client = maas.client_from_values(values_for(double, key), warnings.append, stop)
+    double.inject("hang", hang=2)
+    stop.set()  # SIGTERM: a request under way ends at once
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    assert caught.value.kind == "interrupted"
+
+
+# --- the API key from a systemd credential ---------------------------------------------------
+
+
+@pytest.fixture
+def credentials(tmp_path, monkeypatch):
+    monkeypatch.delenv("MAAS_API_KEY", raising=False)
+    directory = tmp_path / "credentials"
+    directory.mkdir()
+    monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(directory))
+    return directory
+
+
+def test_the_credential_takes_the_place_of_the_key_file(credentials, tmp_path, monkeypatch):
+    (credentials / "api-key").write_text("c1:t1:s1secret\n")
+    (credentials / "api-key").chmod(0o440)   # 0400 and the ACL entry systemd adds
+    warnings = []
+    key, source = maas.load_api_key_with_source({"api_key_file": "/nonexistent"}, warnings.append)
+    assert key == ("c1", "t1", "s1secret") and warnings == []
+    assert source == f"credential api-key ({credentials / 'api-key'})"
+    monkeypatch.setenv("MAAS_API_KEY", "c2:t2:s2secret")  # the environment comes first
+    assert maas.load_api_key_with_source({}, print) == (("c2", "t2", "s2secret"), "MAAS_API_KEY")
+
+
+def test_a_credential_with_two_keys_names_the_credential(credentials):
+    (credentials / "api-key").write_text("c1:t1:s1secret\nc2:t2:s2secret\n")
+    with pytest.raises(ValuesError) as caught:
+        maas.load_api_key({"api_key_file": "/nonexistent"}, print)
+    assert str(caught.value).startswith(
+        f"credential api-key: expected one MAAS API key in {credentials / 'api-key'}, found 2 lines")
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda path: path.mkdir(), "Is a directory"),
+    (lambda path: path.write_bytes(b"c1:t1:\xff\xfe\n"), "UnicodeDecodeError"),
+])
+def test_an_unreadable_credential_says_why(credentials, make, reason):
+    make(credentials / "api-key")
+    with pytest.raises(ValuesError) as caught:
+        maas.load_api_key({"api_key_file": "/nonexistent"}, print)
+    assert str(caught.value) == (
+        f"credential api-key: expected a readable MAAS API key in {credentials / 'api-key'}: {reason}")
+
+
+# --- the API key's messages, whole -----------------------------------------------------------
+
+
+def test_the_key_file_messages_in_full(tmp_path, monkeypatch):
+    monkeypatch.delenv("MAAS_API_KEY", raising=False)
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    missing = tmp_path / "nope"
+    with pytest.raises(ValuesError) as caught:
+        maas.load_api_key({"api_key_file": str(missing)}, print)
+    assert str(caught.value) == (
+        f"maas.api_key_file: expected a readable file holding the MAAS API key (consumer:token:secret), "
+        f"found {str(missing)!r}: No such file or directory (or set MAAS_API_KEY)")
+    with pytest.raises(ValuesError) as caught:
+        maas.load_api_key({}, print)   # no file named at all
+    assert "found '': No such file or directory" in str(caught.value)
+    binary = tmp_path / "binary"
+    binary.write_bytes(b"\xff\xfe")
+    binary.chmod(0o600)
+    with pytest.raises(ValuesError) as caught:
+        maas.load_api_key({"api_key_file": str(binary)}, print)
+    assert f"found {str(binary)!r}: UnicodeDecodeError (or set MAAS_API_KEY)" in str(caught.value)
+    key = tmp_path / "api-key"
+    key.write_text("c1:t1:s1secret")
+    key.chmod(0o660)
+    warnings = []
+    maas.load_api_key({"api_key_file": str(key)}, warnings.append)
+    assert warnings == [f"{key} is readable by group or others (mode 0660): run `chmod 600 {key}`; "
+                        "it holds an administrator's MAAS API key"]
+
+
+@pytest.mark.parametrize("text, found", [
+    ("", "found nothing"),
+    ("a:b", "found 2 colon-separated part(s)"),
+    ("c1:t1:s1 maas-kubevirt", "found 3 colon-separated part(s) (text after the key: remove the key's "
+                               "name that `--with-names` prints)"),
+    ("c1:t1:s1 maas kubevirt", "found 3 colon-separated part(s)"),
+    ("c1:t1 maas-kubevirt", "found 2 colon-separated part(s)"),
+])
+def test_a_malformed_key_message_in_full(text, found):
+    with pytest.raises(ValuesError) as caught:
+        maas.parse_api_key(text, "MAAS_API_KEY", " in the environment variable")
+    assert str(caught.value) == ("MAAS_API_KEY: expected a MAAS API key of the form consumer:token:secret in "
+                                 f"the environment variable (from `maas apikey --username USER`), {found}")
+
+
+def test_several_keys_message_in_full():
+    with pytest.raises(ValuesError) as caught:
+        maas.parse_api_key("a:b:c\n\n d:e:f \n", "maas.api_key_file", " in /etc/key")
+    assert str(caught.value) == (
+        "maas.api_key_file: expected one MAAS API key in /etc/key, found 2 lines: keep only the key "
+        "maas-kubevirt should use (`maas apikey --username USER --with-names` names each key; "
+        "`maas apikey --username USER --generate --name maas-kubevirt` makes a dedicated one)")
+
+
+def test_the_environment_key_is_named_as_the_environment_variable(monkeypatch):
+    monkeypatch.setenv("MAAS_API_KEY", "a:b")
+    with pytest.raises(ValuesError) as caught:
+        maas.load_api_key({}, print)
+    assert str(caught.value).startswith(
+        "MAAS_API_KEY: expected a MAAS API key of the form consumer:token:secret in the environment "
+        "variable (from")
+
+
+# --- versions --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, version", [
+    ("3.5.0~beta1-14800-g1234", (3, 5, 0)), ("3.4", (3, 4, 0)), (" 2.9.1", (2, 9, 1)),
+    ("10.20.30", (10, 20, 30)), ("garbage", None), ("3", None), ("", None),
+])
+def test_parse_version(text, version):
+    assert maas.parse_version(text) == version
+
+
+def test_version_messages_in_full():
+    with pytest.raises(MAASVersionError) as caught:
+        maas.check_version("2.8.2")
+    assert str(caught.value) == ("MAAS 2.8.2 is too old: maas-kubevirt needs MAAS 2.9.0 or later (the "
+                                 "commissioning script hands MAAS the power parameters through BMC_CONFIG_PATH)")
+    assert maas.check_version("3.6.2") == [
+        "MAAS 3.6.2 rejects DNS names in a redfish power address (LP:2150892; affects 3.6.0-3.6.4 and "
+        "3.7.0-3.7.2): enlistment of KubeVirt VMs fails; upgrade MAAS"]
+    # MAAS's text is cut to 40 characters: it is quoted, not trusted.
+    assert maas.check_version("x" * 100) == [f"cannot read the MAAS version '{'x' * 37}...'; assuming at least 2.9.0"]
+
+
+def test_version_refuses_an_answer_without_a_version():
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), retry=FAST,
+                        transport=Answer(200, b'{"subversion": "x"}'))
+    with pytest.raises(MAASError) as caught:
+        client.version()
+    assert caught.value.kind == "malformed"
+    assert str(caught.value) == "GET version/: 200: no version in the response"
+
+
+# --- scripts, the user and settings ----------------------------------------------------------
+
+
+def test_a_script_is_created_read_updated_and_downloaded(double):
+    client = client_for(double)
+    assert client.script("probe") is None and client.script_exists("probe") is False
+    created = client.create_script("probe", b"#!/bin/sh\necho one\n", tags="a,b", timeout="00:05:00")
+    assert created["name"] == "probe" and {"a", "b"} <= set(created["tags"])
+    assert client.script_exists("probe") is True
+    assert client.script("probe")["history"][0]["comment"] == ""   # no comment unless one is given
+    assert client.script_text("probe") == b"#!/bin/sh\necho one\n"  # bytes as stored, not JSON
+    client.update_script("probe", b"#!/bin/sh\necho two\n", "second", timeout="00:10:00")
+    client.update_script("probe", b"#!/bin/sh\necho three\n")
+    stored = client.script("probe")
+    assert [h["comment"] for h in stored["history"]] == ["", "second", ""] and stored["timeout"] == "0:10:00"
+    assert client.script_text("probe") == b"#!/bin/sh\necho three\n"
+    assert [w[:2] for w in double.writes] == [("POST", "scripts/"), ("PUT", "scripts/probe"), ("PUT", "scripts/probe")]
+    client.create_script("probe2", b"#!/bin/sh\n", "first")
+    assert client.script("probe2")["history"][0]["comment"] == "first"
+
+
+def test_script_errors_other_than_404_are_raised(double):
+    client = client_for(double)
+    double.inject("500", path="scripts/probe")
+    with pytest.raises(MAASError) as caught:
+        client.script("probe")
+    assert caught.value.status == 500
+    double.inject("reply", status=405, body="Method not allowed", path="scripts/probe")
+    with pytest.raises(MAASError) as caught:
+        client.script("probe")
+    assert caught.value.status == 405
+    double.inject("reply", status=200, body=["probe"], path="scripts/probe")
+    with pytest.raises(MAASError) as caught:
+        client.script("probe")
+    assert caught.value.kind == "malformed"
+    assert str(caught.value) == "GET scripts/probe: 200: expected a script object"
+
+
+def test_whoami_and_config(double):
+    client = client_for(double)
+    assert client.whoami()["is_superuser"] is True
+    double.admin = False
+    assert client.whoami()["is_superuser"] is False
+    assert client.config("enlist_commissioning") is True
+    double.settings["enlist_commissioning"] = False
+    assert client.config("enlist_commissioning") is False
+    assert double.log[-1] == ("GET", "maas/", "get_config")
+
+
+@pytest.mark.parametrize("body", [{"username": "admin"}, {"is_superuser": "true"}, ["admin"]])
+def test_whoami_refuses_a_user_without_is_superuser(double, body):
+    double.inject("reply", status=200, body=body, path="users/")
+    with pytest.raises(MAASError) as caught:
+        client_for(double).whoami()
+    assert caught.value.kind == "malformed"
+    assert str(caught.value) == "GET users/?op=whoami: 200: expected a user with is_superuser"
+
+
+# --- what each attempt is given, and its limits ----------------------------------------------
+
+
+class Recording:
+    """A transport that records the timeout each attempt is given and answers an empty list."""
+
+    def __init__(self, body: bytes = b"[]"):
+        self.timeouts: list[float] = []
+        self.body = body
+
+    def send(self, method, url, headers, files, timeout):
+        self.timeouts.append(timeout)
+        return Response(200, {"Content-Type": "application/json"}, self.body)
+
+    def close(self):
+        pass
+
+
+def test_an_attempt_gets_the_timeout_or_what_is_left_of_the_deadline():
+    transport = Recording()
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=transport, timeout=30, retry=FAST)
+    client.machines()
+    with client.within(5):
+        client.machines()
+    with client.within(60):
+        client.machines()
+    full, left, capped = transport.timeouts
+    assert full == 30.0 and 4 < left <= 5 and capped == 30.0
+
+
+def test_a_deadline_already_passed_sends_nothing():
+    transport = Recording()
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=transport, retry=FAST)
+    with client.within(-1), pytest.raises(MAASError) as caught:
+        client.machines()
+    assert str(caught.value) == "GET machines/: deadline: the cycle's deadline (maas.cycle_deadline) passed"
+    assert not caught.value.in_flight and transport.timeouts == []
+    assert client.deadline is None  # within() gives the old deadline back
+
+
+def test_a_body_of_exactly_the_cap_is_accepted():
+    body = b"[" + b" " * 1022 + b"]"
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=Recording(body), retry=FAST,
+                        max_body=len(body))
+    assert client.machines() == []
+    client.max_body = len(body) - 1
+    with pytest.raises(MAASTooLarge):
+        client.machines()
+
+
+def test_an_abandoned_attempt_lives_on_in_a_daemon_thread():
+    """It cannot hold up the process's exit; its name says what it is in a thread dump."""
+    release = threading.Event()
+
+    class Stuck:
+        def send(self, method, url, headers, files, timeout):
+            release.wait(5)
+            return Response(200, {}, b"[]")
+
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=Stuck(), retry=FAST, stop=stop)
+    with pytest.raises(MAASError):
+        client.machines()
+    workers = [t for t in threading.enumerate() if t.name == "maas-request" and t.is_alive()]
+    release.set()
+    assert workers and all(t.daemon for t in workers)
+
+
+def test_defaults():
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"))
+    assert client.timeout == 30.0 and client.max_body == maas.DEFAULT_MAX_RESPONSE
+    assert client.transport.max_body == maas.DEFAULT_MAX_RESPONSE and client.transport.verify is True
+    assert client.retry == RetryPolicy(attempts=4, backoff=1.0, max_backoff=30.0, max_retry_after=120.0)
+
+
+# --- statuses, bodies and retries ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status, body, expected", [
+    (200, b'{"id": 1}', {"id": 1}), (201, b'{"id": 2}', {"id": 2}), (204, b"", None), (200, b" \n", None),
+])
+def test_success_statuses_and_empty_bodies(status, body, expected):
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=Answer(status, body), retry=FAST)
+    assert client.call("POST", "resourcepools/") == expected
+
+
+def test_malformed_json_line_and_no_retry():
+    answer = Answer(200, b'[{"a"')
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=answer, retry=FAST)
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    assert str(caught.value) == "GET machines/: 200: malformed JSON in the response (5 bytes)"
+    assert caught.value.kind == "malformed" and len(answer.sent) == 1
+
+
+def test_an_http_error_is_of_kind_http_and_was_not_left_in_flight():
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=Answer(500, b"boom", "text/plain"),
+                        retry=FAST)
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    assert (caught.value.kind, caught.value.in_flight, caught.value.status) == ("http", False, 500)
+
+
+def test_a_refused_key_names_where_it_came_from_by_default():
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), retry=FAST,
+                        transport=Answer(401, b"Expired timestamp", "text/plain"))
+    with pytest.raises(MAASAuthError) as caught:
+        client.machines()
+    assert str(caught.value) == ("GET machines/: 401: Expired timestamp "
+                                 "(the API key was refused: check the MAAS API key)")
+
+
+def test_an_html_error_page_is_known_by_its_content_type():
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), retry=FAST,
+                        transport=Answer(502, b"\xef\xbb\xbf<html><title>Bad Gateway</title></html>", "text/html"))
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    assert str(caught.value) == "GET machines/: 502: Bad Gateway"
+
+
+def test_retry_after_on_another_status_does_not_make_it_retried():
+    answer = Answer(500, b"boom", "text/plain")
+    answer.reply.headers["Retry-After"] = "1"
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=answer, retry=FAST, sleep=Recorder())
+    with pytest.raises(MAASError):
+        client.machines()
+    assert len(answer.sent) == 1 and client.sleep.sleeps == []
+
+
+def test_backoff_jitter_adds_at_most_a_tenth(double, monkeypatch):
+    for pick, expected in ((lambda low, high: low, [1.0, 2.0, 3.0]), (lambda low, high: high, [1.1, 2.2, 3.3])):
+        monkeypatch.setattr(maas.random, "uniform", pick)
+        double.inject("503", retry_after=None, count=3)
+        sleep = Recorder()
+        client = client_for(double, sleep=sleep, retry=RetryPolicy(attempts=4, backoff=1.0, max_backoff=3))
+        client.machines()
+        assert sleep.sleeps == pytest.approx(expected)
+        assert client.requests == 4  # every attempt counts
+
+
+def test_a_retry_the_deadline_would_pass_is_not_made(double):
+    double.inject("503", retry_after="5")
+    client = client_for(double, retry=RetryPolicy(attempts=4, max_retry_after=60))
+    with client.within(2.0), pytest.raises(MAASError) as caught:
+        client.machines()
+    assert caught.value.kind == "deadline"
+    assert str(caught.value) == (
+        "GET machines/: 503: Unable to connect to any rack controller; please try again later.; not retried: "
+        "the cycle's deadline (maas.cycle_deadline) comes first")
+
+
+def test_a_signal_while_waiting_to_retry_ends_the_call(double):
+    double.inject("503", retry_after="30")
+    client = client_for(double, sleep=lambda seconds: True, retry=RetryPolicy(attempts=3, max_retry_after=60))
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    assert str(caught.value) == "GET machines/: interrupted: stopped by a signal while waiting to retry"
+
+
+# --- the HTTP transport ----------------------------------------------------------------------
+
+
+def raw_server(*replies: bytes, tls=None):
+    """A socket server on 127.0.0.1 that answers each connection with the next of ``replies``
+    as raw bytes and hangs up; its port."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+
+    def serve():
+        for reply in replies:
+            connection, _ = server.accept()
+            try:
+                if tls:
+                    connection = tls.wrap_socket(connection, server_side=True)
+                connection.recv(65536)
+                connection.sendall(reply)
+            except OSError:
+                pass
+            finally:
+                connection.close()
+        server.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server.getsockname()[1]
+
+
+def once(port, **kw) -> MAASClient:
+    return MAASClient(f"http://127.0.0.1:{port}/MAAS/", Signer("a", "b", "c"),
+                      retry=RetryPolicy(attempts=1), timeout=3, **kw)
+
+
+def test_a_redirect_is_reported_not_followed():
+    """Following it would send the signed request to wherever MAAS (or a proxy) points."""
+    port = raw_server(b"HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:9/elsewhere\r\nContent-Length: 0\r\n\r\n")
+    with pytest.raises(MAASError) as caught:
+        once(port).machines()
+    assert str(caught.value) == "GET machines/: 302: (no message)"
+
+
+def test_a_declared_length_over_the_cap_is_refused_before_reading():
+    port = raw_server(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 3145728\r\n\r\n[")
+    with pytest.raises(MAASTooLarge) as caught:
+        once(port, max_body=2**20).machines()
+    assert "(1 MiB; found 3 MiB)" in str(caught.value)
+
+
+@pytest.mark.parametrize("framing", ["declared", "chunked", "until-close"])
+def test_a_body_of_exactly_the_cap_is_read(framing):
+    body = b"[" + b" " * 1022 + b"]"
+    head = {"declared": f"Content-Length: {len(body)}\r\n", "chunked": "Transfer-Encoding: chunked\r\n",
+            "until-close": "Connection: close\r\n"}[framing]
+    payload = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body) if framing == "chunked" else body
+    port = raw_server(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + head.encode() + b"\r\n" + payload)
+    assert once(port, max_body=len(body)).machines() == []
+
+
+def test_a_broken_chunked_body_is_a_connection_failure_named_by_its_type():
+    port = raw_server(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
+    with pytest.raises(MAASError) as caught:
+        once(port).machines()
+    assert str(caught.value) == "GET machines/: connection: ChunkedEncodingError"
+
+
+def test_proxies_from_the_environment_are_used(double, monkeypatch):
+    """An operator behind an HTTP proxy sets HTTP_PROXY, as for any requests-based tool."""
+    for name in ("NO_PROXY", "no_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{double.port}")
+    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{double.port}")
+    client = MAASClient("http://127.0.0.2:9/MAAS/", Signer(*double.api_key), retry=RetryPolicy(attempts=1),
+                        timeout=3)
+    assert client.machines() == []  # nothing listens on 127.0.0.2:9: the proxy (the double) answered
+
+
+def test_tls_is_verified_against_the_system_or_the_given_authorities(tmp_path):
+    openssl = require_tool("openssl", "openssl makes the self-signed certificate of the HTTPS test")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(cert), str(key))
+    ok = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n[]"
+    port = raw_server(ok, ok, tls=context)
+    url = f"https://127.0.0.1:{port}/MAAS/"
+    client = MAASClient(url, Signer("a", "b", "c"), retry=RetryPolicy(attempts=1), timeout=3)
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    assert str(caught.value) == "GET machines/: connection: TLS error"
+    # A region with a private CA: the Transport is given its certificate.
+    client = MAASClient(url, Signer("a", "b", "c"), retry=RetryPolicy(attempts=1), timeout=3,
+                        transport=maas.Transport(verify=str(cert)))
+    assert client.machines() == []
+
+
+def test_an_error_line_keeps_the_path_as_given_when_the_query_has_no_op():
+    answer = Answer(404, b"No Tag matches the given query.", "text/plain")
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=answer, retry=FAST)
+    with pytest.raises(MAASError) as caught:
+        client.call("GET", "tags/GPU-X", [("id", "abc")])
+    assert str(caught.value) == "GET tags/GPU-X: 404: No Tag matches the given query."
+    assert answer.sent == [("GET", "http://maas/MAAS/api/2.0/tags/GPU-X?id=abc")]
+
+
+# --- every call's error line and answer shape ------------------------------------------------
+
+
+CALLS = {  # what the client does -> how its error lines begin
+    "version": (lambda c, sid: c.version(), "GET version/"),
+    "machines": (lambda c, sid: c.machines(), "GET machines/"),
+    "machines_by_id": (lambda c, sid: c.machines_by_id([sid]), "GET machines/"),
+    "taken_hostnames": (lambda c, sid: c.taken_hostnames(["web1-vms"]), "GET nodes/"),
+    "power_addresses": (lambda c, sid: c.power_addresses([sid]), "GET machines/?op=power_parameters"),
+    "power_address": (lambda c, sid: c.power_address(sid), "GET machines/{sid}/?op=power_parameters"),
+    "events": (lambda c, sid: c.events("DEBUG"), "GET events/?op=query"),
+    "pools": (lambda c, sid: c.pools(), "GET resourcepools/"),
+    "create_pool": (lambda c, sid: c.create_pool("vms"), "POST resourcepools/"),
+    "update_machine": (lambda c, sid: c.update_machine(sid, hostname="x"), "PUT machines/{sid}/"),
+    "set_power_pass": (lambda c, sid: c.set_power_pass(sid, "pw-long"), "PUT machines/{sid}/"),
+    "commission": (lambda c, sid: c.commission(sid), "POST machines/{sid}/?op=commission"),
+    "commission by mapping": (lambda c, sid: c.call("POST", f"machines/{sid}/", {"op": "commission"}),
+                              "POST machines/{sid}/?op=commission"),
+    "script": (lambda c, sid: c.script("probe"), "GET scripts/probe"),
+    "script_text": (lambda c, sid: c.script_text("probe"), "GET scripts/probe?op=download"),
+    "create_script": (lambda c, sid: c.create_script("probe", b"#!/bin/sh\n"), "POST scripts/"),
+    "update_script": (lambda c, sid: c.update_script("probe", b"#!/bin/sh\n"), "PUT scripts/probe"),
+    "whoami": (lambda c, sid: c.whoami(), "GET users/?op=whoami"),
+    "config": (lambda c, sid: c.config("enlist_commissioning"), "GET maas/?op=get_config"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CALLS))
+def test_each_call_names_its_method_and_path_in_an_error(double, name):
+    sid = double.add_vm("web1", "vms")
+    action, start = CALLS[name]
+    double.inject("500")
+    with pytest.raises(MAASError) as caught:
+        action(client_for(double), sid)
+    before, status, _ = str(caught.value).split(": ", 2)
+    assert (before, status) == (start.format(sid=sid), "500")
+
+
+@pytest.mark.parametrize("name, body, line", [
+    ("machines", {"machines": []}, "GET machines/: 200: expected a list of machines"),
+    ("taken_hostnames", {"nodes": []}, "GET nodes/: 200: expected a list of nodes"),
+    ("power_addresses", [], "GET machines/?op=power_parameters: 200: expected a mapping of system_id to parameters"),
+    ("events", [], "GET events/?op=query: 200: expected an object with a list of events"),
+    ("events", {"events": {}}, "GET events/?op=query: 200: expected an object with a list of events"),
+    ("pools", {"pools": []}, "GET resourcepools/: 200: expected a list of resource pools"),
+    ("version", ["3.5.4"], "GET version/: 200: no version in the response"),
+])
+def test_each_listing_refuses_the_wrong_shape(double, name, body, line):
+    sid = double.add_vm("web1", "vms")
+    double.inject("reply", status=200, body=body)
+    with pytest.raises(MAASError) as caught:
+        CALLS[name][0](client_for(double), sid)
+    assert caught.value.kind == "malformed" and str(caught.value) == line
+
+
+def test_events_asks_for_one_page_after_an_id(double):
+    client = client_for(double)
+    sid = double.add_vm("web1", "vms")
+    double.set_status(sid, "Commissioning")  # MAAS records the transition
+    newest = client.events("DEBUG")
+    assert [event["type"] for event in newest] == ["Node changed status"]
+    assert double.urls[-1].endswith("/events/?op=query&level=DEBUG&limit=1000")
+    client.events("INFO", after=5, limit=10)
+    assert double.urls[-1].endswith("/events/?op=query&level=INFO&limit=10&after=5")
+
+
+def test_taken_hostnames_skip_records_that_are_not_nodes(double):
+    held = double.add_node("web1-vms", "device")
+    junk = ["web2-vms", {"hostname": None, "system_id": "x"}, {"system_id": "y"}]
+    double.inject("reply", status=200, body=junk + [{"hostname": "web1-vms", "system_id": held}])
+    assert client_for(double).taken_hostnames(["web1-vms", "web2-vms"]) == {"web1-vms": held}
+
+
+def test_commission_sends_skip_bmc_config_unless_told_not_to(double):
+    sid = double.add_vm("web1", "vms")
+    client = client_for(double)
+    client.commission(sid)
+    double.set_status(sid, "Ready")
+    client.commission(sid, skip_bmc_config=False)
+    assert double.commissions == [(sid, True), (sid, False)]
+
+
+def test_what_the_form_fields_hold_on_the_wire():
+    """MAAS's forms read the multipart fields: each value is sent as text, files as files."""
+    sent = []
+
+    class Capture:
+        def send(self, method, url, headers, files, timeout):
+            sent.append((method, url.split("/api/2.0/")[1], files))
+            return Response(200, {"Content-Type": "application/json"}, b"{}")
+
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=Capture(), retry=FAST)
+    client.commission("abc")
+    client.create_pool("vms")
+    client.set_power_pass("abc", "pw-long")
+    client.create_script("probe", b"#!/bin/sh\n")
+    assert sent == [
+        ("POST", "machines/abc/?op=commission", {"skip_bmc_config": (None, "1")}),
+        ("POST", "resourcepools/", {"name": (None, "vms"), "description": (None, "")}),
+        ("PUT", "machines/abc/", {"power_parameters_power_pass": (None, "pw-long")}),
+        ("POST", "scripts/", {"name": (None, "probe"), "comment": (None, ""), "script": ("probe", b"#!/bin/sh\n")}),
+    ]
+    client.commission("abc", skip_bmc_config=False)
+    assert sent[-1] == ("POST", "machines/abc/?op=commission", None)
+
+
+def test_a_power_password_echoed_back_is_withheld(double):
+    sid = double.add_vm("web1", "vms")
+    double.inject("echo", method="PUT")
+    with pytest.raises(MAASError) as caught:
+        client_for(double).set_power_pass(sid, "Sup3r-Secret-pw")
+    assert str(caught.value) == f"PUT machines/{sid}/: 400: power_parameters_power_pass=<withheld>"
+
+
+# --- the deadline's edge, on a clock the test moves ------------------------------------------
+
+
+class Clock:
+    """time.monotonic() reading the given values in turn, then the last one for ever."""
+
+    def __init__(self, *readings: float):
+        self.readings = list(readings)
+
+    def __call__(self) -> float:
+        return self.readings.pop(0) if len(self.readings) > 1 else self.readings[0]
+
+
+def test_a_deadline_reached_exactly_sends_nothing(monkeypatch):
+    monkeypatch.setattr(maas.time, "monotonic", Clock(100.0))
+    transport = Recording()
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=transport, retry=FAST)
+    with client.within(0), pytest.raises(MAASError) as caught:
+        client.machines()
+    assert caught.value.kind == "deadline" and transport.timeouts == []
+
+
+def test_a_request_running_when_the_deadline_is_reached_exactly_is_abandoned(monkeypatch):
+    class Slow:
+        def send(self, method, url, headers, files, timeout):
+            time.sleep(0.5)
+            return Response(200, {}, b"[]")
+
+    # within() reads 100 (deadline 101), the attempt 100 (1 s left), the first poll 101.
+    monkeypatch.setattr(maas.time, "monotonic", Clock(100.0, 100.0, 101.0))
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=Slow(), retry=FAST)
+    with client.within(1), pytest.raises(MAASError) as caught:
+        client.machines()
+    assert caught.value.kind == "deadline" and caught.value.in_flight
+
+
+def test_a_retry_due_exactly_at_the_deadline_is_not_made(monkeypatch):
+    monkeypatch.setattr(maas.time, "monotonic", Clock(100.0))
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=ThenOK("5"), sleep=Recorder(),
+                        retry=RetryPolicy(attempts=3, max_retry_after=60))
+    with client.within(5), pytest.raises(MAASError) as caught:
+        client.machines()
+    assert caught.value.kind == "deadline" and client.sleep.sleeps == []
+
+
+def test_connect_waits_at_most_ten_seconds_and_reads_wait_the_timeout(monkeypatch):
+    """A region that does not accept connections is known in 10 s; a slow answer gets the whole timeout."""
+    given = []
+
+    class Reply:
+        status_code, headers = 200, {"Content-Length": "2"}
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def iter_content(self, size):
+            yield b"[]"
+
+    transport = maas.Transport()
+    monkeypatch.setattr(transport.session, "request", lambda *a, **kw: given.append(kw["timeout"]) or Reply())
+    transport.send("GET", "http://maas/MAAS/api/2.0/machines/", {}, None, 30.0)
+    transport.send("GET", "http://maas/MAAS/api/2.0/machines/", {}, None, 2.0)
+    assert given == [(10.0, 30.0), (2.0, 2.0)]
+
+
+def test_the_key_is_read_as_utf_8_whatever_the_locale(tmp_path):
+    """A service may run in the C locale without coercion (ASCII): the key and its file still read as UTF-8."""
+    key = tmp_path / "api-key"
+    key.write_text("cl\u00e9:t1:s1secret\n", encoding="utf-8")
+    key.chmod(0o600)
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    (credentials / "api-key").write_text("cr\u00e9:t2:s2secret\n", encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k not in ("MAAS_API_KEY", "CREDENTIALS_DIRECTORY")}
+    env.update(LC_ALL="C", LANG="C", PYTHONCOERCECLOCALE="0", PYTHONUTF8="0",
+               PYTHONPATH=os.pathsep.join(sys.path))
+    program = ("import sys; from maas_kubevirt import maas; "
+               f"print(ascii(maas.load_api_key({{'api_key_file': {str(key)!r}}}, print)))")
+    for extra, expected in (({}, "('cl\\xe9', 't1', 's1secret')"),
+                            ({"CREDENTIALS_DIRECTORY": str(credentials)}, "('cr\\xe9', 't2', 's2secret')")):
+        run = subprocess.run([sys.executable, "-c", program], env={**env, **extra}, capture_output=True, text=True)
+        assert run.stdout.strip() == expected, run.stderr
+
+
+def test_a_key_error_says_nothing_of_where_unless_told():
+    with pytest.raises(ValuesError) as caught:
+        maas.parse_api_key("a:b", "MAAS_API_KEY")
+    assert str(caught.value) == ("MAAS_API_KEY: expected a MAAS API key of the form consumer:token:secret "
+                                 "(from `maas apikey --username USER`), found 2 colon-separated part(s)")
+
+
+@pytest.mark.parametrize("base", ["https://proxy.example/SITE-X", "https://proxy.example/SITE-X/",
+                                  "https://proxy.example/SITE-X//"])
+def test_a_region_behind_a_proxy_keeps_its_path_whatever_it_ends_with(base):
+    client = MAASClient(base, Signer("a", "b", "c"))
+    assert client.url("version/") == "https://proxy.example/SITE-X/api/2.0/version/"

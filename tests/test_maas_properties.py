@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from maas_kubevirt import identity, upload
 from maas_kubevirt.console import escape_controls
-from maas_kubevirt.maas import cleartext_warning, parse_api_key
+from maas_kubevirt.maas import _chunks, _one_line, cleartext_warning, parse_api_key
 from maas_kubevirt.reconcile import RENAME, SKIP, Settings, machine_problem, names_to_check, matching, plan
 from maas_kubevirt.values import ValuesError
 
@@ -190,3 +190,29 @@ def test_no_rename_targets_a_name_another_node_holds(vms, taken_names, mode):
     # Without the taken names the plan would have walked into a held primary: the input matters.
     if any(identity.maas_hostname(vm, "vms") in taken for vm in vms):
         assert plan(machines, power, [], settings) != actions
+
+
+# --- splitting a query -----------------------------------------------------------------------
+
+
+@given(st.lists(st.text("ab", min_size=1, max_size=6)), st.integers(1, 12))
+def test_chunks_are_greedy_and_within_budget(items, budget):
+    """In order, none empty, each within budget unless one item alone passes it, and each as
+    full as it can be: the next chunk's first item would not have fitted."""
+    chunks = _chunks(items, len, budget)
+    assert [item for chunk in chunks for item in chunk] == items
+    for index, chunk in enumerate(chunks):
+        assert chunk and (sum(map(len, chunk)) <= budget or len(chunk) == 1)
+        if index + 1 < len(chunks):
+            assert sum(map(len, chunk)) + len(chunks[index + 1][0]) > budget
+
+
+@given(st.text(max_size=400), st.integers(3, 320))
+def test_one_line_is_the_text_or_its_start_and_an_ellipsis(text, limit):
+    line = _one_line(text, limit)
+    flat = escape_controls(" ".join(text.split()))
+    assert len(line) <= limit
+    if len(flat) <= limit:
+        assert line == flat
+    else:
+        assert len(line) == limit and line.endswith("...") and flat.startswith(line[:-3])
