@@ -545,3 +545,28 @@ def test_a_duplicate_claim_read_again_is_not_reported_again(double, capsys):
     assert "claimed" not in capsys.readouterr().err
     refused = [r for r in reconciler.audit.records if r[0] == "duplicate-claim"]
     assert refused == [("duplicate-claim", None, "refused")]
+
+
+def test_a_duplicate_claim_is_remembered_while_unread_and_forgotten_once_resolved(double, capsys):
+    """Cycles that read other machines keep a claim's report; one that finds it resolved drops
+    it, so the same set claiming again is reported again."""
+    first = double.add_vm("web", "vms", hostname="first", status="Deployed")
+    second = double.add_vm("web", "vms", hostname="second", status="Deployed")
+    bystander = double.add_vm("db", "vms", hostname="db-vms", pool="vms", status="Deployed",
+                              password=derived("db", "vms"))
+    reconciler = reconciler_for(double)
+    reconciler.cycle()
+    capsys.readouterr()
+    double.record(bystander, "NODE", "Set the resource pool to 'vms'.", username="admin")
+    reconciler.cycle()                                     # reads the bystander only
+    double.record(first, "NODE", "Set the resource pool to 'default'.", username="admin")
+    assert [a.kind for a in reconciler.cycle().actions] == ["duplicate-claim"]
+    assert "claimed" not in capsys.readouterr().err, "the same set, already reported"
+    double.set_power_address(second, f"https://other.vms.{DOMAIN}/redfish/v1/Systems/1")
+    double.record(first, "NODE", "Set the resource pool to 'default'.", username="admin")
+    assert "duplicate-claim" not in [a.kind for a in reconciler.cycle().actions]
+    settle(reconciler)
+    double.set_power_address(second, f"https://web.vms.{DOMAIN}/redfish/v1/Systems/1")
+    double.record(second, "NODE", "Set the resource pool to 'default'.", username="admin")
+    assert "duplicate-claim" in [a.kind for a in reconciler.cycle().actions]
+    assert capsys.readouterr().err.count("web.vms is claimed by 2 machines") == 1

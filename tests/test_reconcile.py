@@ -1035,3 +1035,61 @@ def test_an_action_that_changes_nothing_is_never_sent(double):
             reconcile._perform(client, Action(kind, "abc", "web-vms", "web", "vms"), PASSWORDS)
         assert str(raised.value) == f"unknown action {kind}"
     assert double.request_count == 0
+
+
+class RecordingAudit(Audit):
+    def __init__(self):
+        super().__init__("")
+        self.records = []
+
+    def write(self, action, system_id, hostname, before, after, outcome, reason="", note=""):
+        self.records.append((action, system_id, outcome, reason))
+        return {}
+
+
+class ScriptedClient:
+    """MAAS as apply sees it: each call recorded; the pool and one password are refused."""
+
+    def __init__(self):
+        self.calls = []
+
+    def create_pool(self, name, description=""):
+        self.calls.append(("create_pool", name))
+        raise MAASError("POST", "resourcepools/", 400, "Name is not valid.")
+
+    def set_power_pass(self, system_id, password):
+        self.calls.append(("set_power_pass", system_id))
+        raise MAASError("PUT", f"machines/{system_id}/", 503, "Service Unavailable")
+
+    def commission(self, system_id, skip_bmc_config=True):
+        self.calls.append(("commission", system_id))
+
+    def update_machine(self, system_id, **fields):
+        self.calls.append(("update_machine", system_id))
+
+
+def test_a_refused_pool_or_password_holds_back_only_what_depends_on_it():
+    actions = [
+        Action(CREATE_POOL, None, None, namespace="vms", after="vms"),
+        Action(MOVE_POOL, "a", "a-vms", "a", "vms", "default", "vms"),
+        Action(MOVE_POOL, "b", "b-vms", "b", "vms", "default", "vms"),
+        Action(SET_PASSWORD, "c", "c-vms", "c", "vms"),
+        Action(COMMISSION, "c", "c-vms", "c", "vms"),
+        Action(COMMISSION, "d", "d-vms", "d", "vms"),
+        Action(RENAME, "e", "old", "e", "vms", "old", "e-vms"),
+    ]
+    client, audit = ScriptedClient(), RecordingAudit()
+    outcome = reconcile.apply(client, actions, audit, passwords=PASSWORDS)
+    assert (outcome.ok, outcome.skipped, outcome.failed, outcome.interrupted) == (2, 1, 4, False)
+    assert client.calls == [("create_pool", "vms"), ("set_power_pass", "c"), ("commission", "d"),
+                            ("update_machine", "e")]
+    assert audit.records == [
+        (CREATE_POOL, None, "failed", "POST resourcepools/: 400: Name is not valid."),
+        (MOVE_POOL, "a", "failed", "the pool vms could not be created"),
+        (MOVE_POOL, "b", "failed", "the pool vms could not be created"),
+        (SET_PASSWORD, "c", "failed", "PUT machines/c/: 503: Service Unavailable"),
+        (COMMISSION, "c", "skipped", "the BMC password is not in place: not commissioned"),
+        (COMMISSION, "d", "ok", ""),
+        (RENAME, "e", "ok", ""),
+    ]
+    assert [a.system_id for a in outcome.done] == ["d", "e"]
