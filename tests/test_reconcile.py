@@ -1066,6 +1066,8 @@ class ScriptedClient:
 
     def update_machine(self, system_id, **fields):
         self.calls.append(("update_machine", system_id))
+        if system_id == "gone":
+            raise MAASError("PUT", "machines/gone/", 404, "Not Found")
 
 
 def test_a_refused_pool_or_password_holds_back_only_what_depends_on_it():
@@ -1074,20 +1076,22 @@ def test_a_refused_pool_or_password_holds_back_only_what_depends_on_it():
         Action(MOVE_POOL, "a", "a-vms", "a", "vms", "default", "vms"),
         Action(MOVE_POOL, "b", "b-vms", "b", "vms", "default", "vms"),
         Action(SET_PASSWORD, "c", "c-vms", "c", "vms"),
+        Action(RENAME, "gone", "old", "g", "vms", "old", "g-vms"),
         Action(COMMISSION, "c", "c-vms", "c", "vms"),
         Action(COMMISSION, "d", "d-vms", "d", "vms"),
         Action(RENAME, "e", "old", "e", "vms", "old", "e-vms"),
     ]
     client, audit = ScriptedClient(), RecordingAudit()
     outcome = reconcile.apply(client, actions, audit, passwords=PASSWORDS)
-    assert (outcome.ok, outcome.skipped, outcome.failed, outcome.interrupted) == (2, 1, 4, False)
-    assert client.calls == [("create_pool", "vms"), ("set_power_pass", "c"), ("commission", "d"),
+    assert (outcome.ok, outcome.skipped, outcome.failed, outcome.interrupted) == (2, 2, 4, False)
+    assert client.calls == [("create_pool", "vms"), ("set_power_pass", "c"), ("update_machine", "gone"), ("commission", "d"),
                             ("update_machine", "e")]
     assert audit.records == [
         (CREATE_POOL, None, "failed", "POST resourcepools/: 400: Name is not valid."),
         (MOVE_POOL, "a", "failed", "the pool vms could not be created"),
         (MOVE_POOL, "b", "failed", "the pool vms could not be created"),
         (SET_PASSWORD, "c", "failed", "PUT machines/c/: 503: Service Unavailable"),
+        (RENAME, "gone", "skipped", "PUT machines/gone/: 404: Not Found"),
         (COMMISSION, "c", "skipped", "the BMC password is not in place: not commissioned"),
         (COMMISSION, "d", "ok", ""),
         (RENAME, "e", "ok", ""),
