@@ -79,6 +79,7 @@ def test_configured_seed_file_is_used(tmp_path):
     assert not (tmp_path / "out" / "seed").exists()
     secret = (tmp_path / "out" / "kubernetes" / "seed-secret.yaml").read_text()
     assert SITE_SEED in secret
+    assert mode(tmp_path / "out") == 0o755  # the seed lives elsewhere: nothing private at the top
 
 
 def test_script_is_byte_identical_whatever_the_seed(tmp_path):
@@ -354,3 +355,51 @@ def test_a_directory_another_process_creates_meanwhile_is_left_and_the_rest_made
     render.make_directory(tmp_path / "a" / "b" / "out", render.PUBLIC_DIR)
     assert mode(raced) == 0o750                 # not ours: left as it is
     assert mode(tmp_path / "a" / "b") == 0o755 and mode(tmp_path / "a" / "b" / "out") == 0o755
+
+
+def test_manifests_without_the_seed_are_readable_and_those_with_it_private(tmp_path):
+    written = render.render(DEFAULTS, tmp_path)
+    seed = (tmp_path / "seed").read_text().strip()
+    manifests = [p for p in written if p.parent.name == "kubernetes"]
+    assert {p.name for p in manifests if mode(p) == 0o600} == {p.name for p in manifests if seed in p.read_text()} == {"seed-secret.yaml"}
+    assert all(mode(p) == 0o644 for p in manifests if p.name != "seed-secret.yaml")
+
+
+def test_the_stream_is_the_rendered_directory_as_one_stream(tmp_path, capsys):
+    seed_file = private_file(tmp_path / "seed", SITE_SEED + "\n")
+    values = copy.deepcopy(DEFAULTS)
+    values["seed"]["file"] = str(seed_file)
+    written = render.render(values, tmp_path / "out")
+    capsys.readouterr()
+    assert render.render(values, "-") == []
+    files = [p for p in written if p.parent.name == "kubernetes" and p.name != "kustomization.yaml"]
+    assert capsys.readouterr().out == "---\n".join(p.read_text() for p in files)
+
+
+def template_with(tmp_path, monkeypatch, text):
+    (tmp_path / "commissioning").mkdir()
+    (tmp_path / "commissioning" / SCRIPT_NAME).write_text(text)
+    monkeypatch.setattr(render, "data_dir", lambda: tmp_path)
+
+
+MARKER = "SETTINGS = {}  # replaced by maas-kubevirt render\n"
+
+
+@pytest.mark.parametrize("text, found", [("print('no settings')\n", 0), (MARKER + MARKER, 2)])
+def test_a_template_without_exactly_one_settings_line_is_refused(tmp_path, monkeypatch, text, found):
+    template_with(tmp_path, monkeypatch, text)
+    with pytest.raises(RuntimeError) as raised:
+        render.render_commissioning(DEFAULTS)
+    assert str(raised.value) == f"{SCRIPT_NAME}: expected exactly one SETTINGS line to replace, found {found}"
+
+
+def test_a_template_that_assigns_settings_again_is_refused(tmp_path, monkeypatch):
+    template_with(tmp_path, monkeypatch, "config.path = '/x'\n" + MARKER + "SETTINGS = {'domain': 'elsewhere'}\n")
+    with pytest.raises(RuntimeError) as raised:
+        render.render_commissioning(DEFAULTS)
+    assert str(raised.value) == f"{SCRIPT_NAME}: the injected SETTINGS do not read back as written"
+
+
+def test_a_template_with_other_kinds_of_assignment_renders(tmp_path, monkeypatch):
+    template_with(tmp_path, monkeypatch, "config.path = '/x'\na, b = 1, 2\n" + MARKER)
+    assert settings_of(render.render_commissioning(DEFAULTS)) == render.script_settings(DEFAULTS)
