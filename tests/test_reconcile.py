@@ -1097,3 +1097,20 @@ def test_a_refused_pool_or_password_holds_back_only_what_depends_on_it():
         (RENAME, "e", "ok", ""),
     ]
     assert [a.system_id for a in outcome.done] == ["d", "e"]
+
+
+@pytest.mark.parametrize("kind", ["deadline", "interrupted"])
+@pytest.mark.parametrize("in_flight, result", [(False, "failed"), (True, "unknown")])
+def test_a_cycle_out_of_time_stops_at_once_and_says_whether_the_change_may_have_happened(kind, in_flight, result):
+    class OutOfTime(ScriptedClient):
+        def update_machine(self, system_id, **fields):
+            self.calls.append(("update_machine", system_id))
+            raise MAASError("PUT", f"machines/{system_id}/", None, "stopped", kind, in_flight=in_flight)
+
+    actions = [Action(RENAME, "a", "old", "a", "vms", "old", "a-vms"),
+               Action(COMMISSION, "b", "b-vms", "b", "vms")]
+    client, audit = OutOfTime(), RecordingAudit()
+    outcome = reconcile.apply(client, actions, audit, passwords=PASSWORDS)
+    assert client.calls == [("update_machine", "a")], "every later request would fail alike"
+    assert audit.records == [(RENAME, "a", result, f"PUT machines/a/: {kind}: stopped")]
+    assert (outcome.failed, outcome.interrupted) == (1, True)
