@@ -1486,6 +1486,17 @@ def test_a_body_of_exactly_the_cap_is_read(framing):
     assert once(port, max_body=len(body)).machines() == []
 
 
+@pytest.mark.parametrize("framing", ["chunked", "until-close"])
+def test_a_body_past_the_cap_without_a_declared_length_is_refused_as_it_comes(framing):
+    body = b"[" + b" " * 1023 + b"]"
+    head = {"chunked": "Transfer-Encoding: chunked\r\n", "until-close": "Connection: close\r\n"}[framing]
+    payload = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body) if framing == "chunked" else body
+    port = raw_server(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n" + head.encode() + b"\r\n" + payload)
+    with pytest.raises(MAASTooLarge) as caught:
+        once(port, max_body=1024).machines()
+    assert str(caught.value) == f"GET machines/: too-large: {maas._too_large(1024)}"
+
+
 def test_a_broken_chunked_body_is_a_connection_failure_named_by_its_type():
     port = raw_server(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
     with pytest.raises(MAASError) as caught:

@@ -76,8 +76,6 @@ class MAASError(Exception):
 
     def __init__(self, method: str, path: str, status: int | None, message: str, kind: str = "http",
                  in_flight: bool = False):
-        self.method = method
-        self.path = path
         self.status = status
         self.message = message
         self.kind = kind
