@@ -1114,3 +1114,80 @@ def test_a_cycle_out_of_time_stops_at_once_and_says_whether_the_change_may_have_
     assert client.calls == [("update_machine", "a")], "every later request would fail alike"
     assert audit.records == [(RENAME, "a", result, f"PUT machines/a/: {kind}: stopped")]
     assert (outcome.failed, outcome.interrupted) == (1, True)
+
+
+# --- what a cycle reads before it acts ---------------------------------------------------------
+
+
+def pool_reads(double):
+    return double.counts[("GET", "resourcepools/")]
+
+
+@pytest.mark.parametrize("namespace, pool", [
+    ("default", "default"),   # a namespace named default: its pool is the default pool
+    ("vms", "vms"),           # already filed
+    ("vms", "special"),       # filed by an operator elsewhere: left there
+])
+def test_the_pools_are_read_only_when_a_machine_may_move(double, namespace, pool):
+    if pool != "default":
+        double.add_pool(pool)
+    double.add_vm("web", namespace, hostname=f"web-{namespace}", pool=pool, status="Deployed",
+                  password=derived("web", namespace))
+    reconciler_for(double, full_list=True).cycle()
+    assert pool_reads(double) == 0
+
+
+def test_every_name_a_rename_may_take_is_asked_about(double):
+    """Each machine to rename has its primary and fallback checked against devices and controllers."""
+    double.add_node("alpha-vms", "device")
+    double.add_node("beta-vms", "rack_controller")
+    alpha = double.add_vm("alpha", "vms", hostname="a1", pool="vms", status="Deployed", password=derived("alpha", "vms"))
+    beta = double.add_vm("beta", "vms", hostname="b1", pool="vms", status="Deployed", password=derived("beta", "vms"))
+    actions = reconciler_for(double, full_list=True).cycle().actions
+    renames = {a.system_id: a.after for a in actions if a.kind == RENAME}
+    assert renames == {alpha: identity.fallback_hostname("alpha", "vms"), beta: identity.fallback_hostname("beta", "vms")}
+
+
+class ChangingMAAS(MAASClient):
+    """A MAAS that changes between a cycle's plan and its re-read of the machines about to change."""
+
+    def __init__(self, double, change):
+        super().__init__(double.url, Signer(*double.api_key), timeout=5)
+        self.change, self.reads = change, 0
+
+    def power_parameters(self, system_ids, reduce):
+        self.reads += 1
+        if self.reads == 2:   # the first cycle's re-read before acting
+            self.change()
+        return super().power_parameters(system_ids, reduce)
+
+
+def test_machines_changed_before_the_re_read_are_left_alone_then_planned_afresh(double):
+    web = double.add_vm("web", "vms", hostname="web-vms", pool="vms", status="Deployed")
+    db = double.add_vm("db", "vms", hostname="db-vms", pool="vms", status="Deployed")
+
+    def change():
+        double.set_power_address(web, f"https://app.vms.{DOMAIN}/redfish/v1/Systems/1")
+        double.delete_machine(db)
+
+    client = ChangingMAAS(double, change)
+    reconciler = Reconciler(client, Settings(domain=DOMAIN, resync_interval=None), Audit(""), passwords=PASSWORDS)
+    first = reconciler.cycle().actions
+    assert {(a.kind, a.system_id, a.hostname, a.vm) for a in first} == {
+        (SKIP, db, "db-vms", "db"), (SKIP, web, "web-vms", "web")}
+    assert {a.note for a in first} == {"power address changed since it was read: left alone until the next cycle"}
+    assert double.power[web]["power_pass"] == identity.PLACEHOLDER_PASSWORD, "nothing was set"
+    assert set(reconciler.known) == set()
+    second = reconciler.cycle().actions
+    assert {(a.kind, a.after) for a in second if a.changes} == {(SET_PASSWORD, "derived"), (RENAME, "app-vms")}
+
+
+def test_a_plan_made_again_after_the_re_read_still_avoids_names_other_nodes_hold(double):
+    """The re-read finds the password already set (by another run): the new plan keeps the
+    fallback name, because a device holds the primary."""
+    double.add_node("web-vms", "device")
+    web = double.add_vm("web", "vms", hostname="w1", pool="vms", status="Deployed")
+    client = ChangingMAAS(double, lambda: double.power[web].update(power_pass=derived("web", "vms")))
+    reconciler = Reconciler(client, Settings(domain=DOMAIN, resync_interval=None), Audit(""), passwords=PASSWORDS)
+    actions = reconciler.cycle().actions
+    assert [(a.kind, a.after) for a in actions if a.changes] == [(RENAME, identity.fallback_hostname("web", "vms"))]
