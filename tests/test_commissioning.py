@@ -59,8 +59,7 @@ VALUES = load_values(None)
 DMI_ENV = "MAAS_KUBEVIRT_TEST_DMI_DIR"
 # Under `make mutate`, the mutant to run and where to report the calls (tools/mutate): the
 # script runs in MAAS's bare environment otherwise, where no mutant would reach it.
-MUTATION_RUN = {key: os.environ[key] for key in ("MUTANT_UNDER_TEST", "MAAS_KUBEVIRT_MUTATE_HITS")
-                if key in os.environ}
+MUTATION_RUN = ("MUTANT_UNDER_TEST", "MAAS_KUBEVIRT_MUTATE_HITS")
 
 # What MAAS's built-in bmc-config writes to RESULT_PATH for a machine it leaves alone.
 SKIPPED = yaml.safe_dump({"status": "skipped"})
@@ -148,7 +147,8 @@ class Machine:
         combined: stderr goes into stdout's pipe, in the order written, as in MAAS's combined log.
         """
         environ = {"PATH": self.path, DMI_ENV: str(self.sysfs), "LC_ALL": "C.UTF-8",
-                   **MUTATION_RUN, **self.environ(bmc_config_path), **(env or {})}
+                   **{key: os.environ[key] for key in MUTATION_RUN if key in os.environ},
+                   **self.environ(bmc_config_path), **(env or {})}
         environ = {key: value for key, value in environ.items() if value is not None}
         done = subprocess.run([str(script)], env=environ, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT if combined else subprocess.PIPE, timeout=60, check=False)
