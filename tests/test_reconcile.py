@@ -1191,3 +1191,70 @@ def test_a_plan_made_again_after_the_re_read_still_avoids_names_other_nodes_hold
     reconciler = Reconciler(client, Settings(domain=DOMAIN, resync_interval=None), Audit(""), passwords=PASSWORDS)
     actions = reconciler.cycle().actions
     assert [(a.kind, a.after) for a in actions if a.changes] == [(RENAME, identity.fallback_hostname("web", "vms"))]
+
+
+# --- what is kept of a machine's power parameters ------------------------------------------------
+
+OURS = f"https://web.vms.{DOMAIN}/redfish/v1/Systems/1"
+
+
+@pytest.mark.parametrize("parameters, power", [
+    ({"power_address": OURS, "power_pass": derived("web", "vms")}, Power(OURS, reconcile.RIGHT)),
+    ({"power_address": OURS, "power_pass": identity.PLACEHOLDER_PASSWORD}, Power(OURS, reconcile.PLACEHOLDER)),
+    ({"power_address": OURS, "power_pass": derived("db", "vms")}, Power(OURS, reconcile.OTHER)),
+    ({"power_address": OURS, "power_pass": ""}, Power(OURS, reconcile.UNSET)),
+    ({"power_address": OURS}, Power(OURS, reconcile.UNSET)),
+    ({"power_address": OURS, "power_pass": 12345}, Power(OURS, reconcile.UNSET)),   # not text: never compared
+    ({"power_address": "https://bmc.elsewhere.example/redfish/v1/Systems/1", "power_pass": "x"},
+     Power("https://bmc.elsewhere.example/redfish/v1/Systems/1", reconcile.UNKNOWN)),  # not ours: not judged
+    ({"power_address": 12345, "power_pass": derived("web", "vms")}, Power(None, reconcile.UNKNOWN)),
+    ({}, Power(None, reconcile.UNKNOWN)),
+])
+def test_power_parameters_are_reduced_to_the_address_and_a_verdict(parameters, power):
+    assert PASSWORDS.judge(parameters, DOMAIN) == power
+
+
+def test_a_note_on_a_machine_left_alone_is_printed_once_until_it_changes(double, capsys):
+    double.add_pool("special")
+    double.add_vm("web", "vms", hostname="web-vms", pool="special", status="Deployed", password=derived("web", "vms"))
+    reconciler = reconciler_for(double, full_list=True)
+    reconciler.cycle()
+    reconciler.cycle()
+    assert capsys.readouterr().err.count("pool: in 'special', filed by an operator: left there") == 1
+
+
+def test_only_a_password_set_is_remembered_as_right(double):
+    """The rename went through, the password did not: the next cycle must still see it wrong."""
+    class NoPassword(MAASClient):
+        def set_power_pass(self, system_id, password):
+            raise MAASError("PUT", f"machines/{system_id}/", 503, "Unable to connect to any rack controller")
+
+    sid = double.add_vm("web", "vms", hostname="w1", pool="vms", status="Deployed")
+    client = NoPassword(double.url, Signer(*double.api_key), timeout=5)
+    reconciler = Reconciler(client, Settings(domain=DOMAIN, resync_interval=None), Audit(""), passwords=PASSWORDS)
+    outcome = reconciler.cycle().outcome
+    assert (outcome.ok, outcome.failed) == (1, 1)
+    assert double.machines[sid]["hostname"] == "web-vms"
+    assert reconciler.known[sid][1].password == reconcile.PLACEHOLDER
+
+
+def test_an_interrupted_cycle_is_quiet_and_a_failed_one_says_why(double, capsys):
+    reconciler = reconciler_for(double, full_list=True)
+    double.inject("hang", path=r"^machines/$", hang=3)
+    threading.Timer(0.3, reconciler.client.stop.set).start()   # SIGTERM during the cycle
+    assert "interrupted" in reconciler.cycle().error
+    assert "cycle failed" not in capsys.readouterr().err
+    reconciler.client.stop.clear()
+    double.inject("500", path=r"^machines/$", count=10)
+    result = reconciler.cycle()
+    assert result.error and f"cycle failed: {result.error}" in capsys.readouterr().err
+
+
+def test_a_resync_off_the_schedule_says_why(double, capsys):
+    reconciler = reconciler_for(double)
+    reconciler.cycle()
+    capsys.readouterr()
+    reconciler.log.request_resync("the event ids have a gap")
+    reconciler.cycle()
+    assert "full resync: the event ids have a gap" in capsys.readouterr().err
+    assert reconciler.resyncs == 2
