@@ -1193,6 +1193,19 @@ def test_a_plan_made_again_after_the_re_read_still_avoids_names_other_nodes_hold
     assert [(a.kind, a.after) for a in actions if a.changes] == [(RENAME, identity.fallback_hostname("web", "vms"))]
 
 
+def test_a_plan_made_again_after_the_re_read_keeps_what_it_says_of_the_other_machines(double):
+    double.add_pool("special")
+    filed = double.add_vm("db", "vms", hostname="db-vms", pool="special", status="Deployed",
+                          password=derived("db", "vms"))
+    web = double.add_vm("web", "vms", hostname="w1", pool="vms", status="Deployed")
+    client = ChangingMAAS(double, lambda: double.power[web].update(power_pass=derived("web", "vms")))
+    reconciler = Reconciler(client, Settings(domain=DOMAIN, resync_interval=None), Audit(""), passwords=PASSWORDS)
+    actions = reconciler.cycle().actions
+    assert [(a.system_id, a.kind, a.note) for a in actions if a.system_id == filed] == [
+        (filed, SKIP, "pool: in 'special', filed by an operator: left there")]
+    assert [(a.system_id, a.kind) for a in actions if a.changes] == [(web, RENAME)]
+
+
 # --- what is kept of a machine's power parameters ------------------------------------------------
 
 OURS = f"https://web.vms.{DOMAIN}/redfish/v1/Systems/1"
