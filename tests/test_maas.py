@@ -1758,3 +1758,9 @@ def test_a_key_error_says_nothing_of_where_unless_told():
 def test_a_region_behind_a_proxy_keeps_its_path_whatever_it_ends_with(base):
     client = MAASClient(base, Signer("a", "b", "c"))
     assert client.url("version/") == "https://proxy.example/SITE-X/api/2.0/version/"
+
+
+@pytest.mark.parametrize("path", ["version/", "/version/", "//version/"])
+def test_an_api_path_with_or_without_a_leading_slash_is_the_same_resource(path):
+    client = MAASClient("https://maas.example:5443/MAAS/", Signer("a", "b", "c"))
+    assert client.url(path, {"op": "x"}) == "https://maas.example:5443/MAAS/api/2.0/version/?op=x"
