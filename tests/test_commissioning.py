@@ -1378,3 +1378,17 @@ def test_resolve_asks_for_stream_sockets_whatever_order_the_resolver_lists(monke
 
     monkeypatch.setattr(module.socket, "getaddrinfo", datagram_first)
     assert module.resolve("127.0.0.1", 8443)[1] == socket.SOCK_STREAM
+
+
+def test_output_ready_exactly_at_the_deadline_is_not_read(monkeypatch):
+    """The deadline is the end: at that instant even waiting output is a timeout."""
+    module = load_script(name="at-the-deadline")
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"KubeVirt\n")
+    os.close(write_end)
+    monkeypatch.setattr(module.time, "monotonic", lambda: 100.0)
+    try:
+        assert module._read_at_most(read_end, 64, 100.0) == (None, "timeout")
+        assert module._read_at_most(read_end, 64, 100.5) == (b"KubeVirt\n", None)
+    finally:
+        os.close(read_end)
