@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,23 @@ def test_each_equivalent_mutant_is_explained_and_still_in_the_code(module):
             f"{module}: {function}: {before!r} is no longer in {target.name}"
         )
         assert before != after
+
+
+def test_report_clears_the_survivors_and_counts_what_a_stopped_run_never_reached(tmp_path):
+    meta = tmp_path / "mutants" / f"{mutate.TARGETS['render'][0]}.meta"
+    meta.parent.mkdir(parents=True)
+    results = {"m.x_a__mutmut_1": 1, "m.x_a__mutmut_2": 0, "m.x_b__mutmut_1": 33, "m.x_b__mutmut_2": None}
+    meta.write_text(json.dumps({"exit_code_by_key": results, "other": "kept"}))
+    assert mutate.forget("render", tmp_path, ["m.x_a__mutmut_2", "m.x_b__mutmut_1"]) == 1
+    assert json.loads(meta.read_text()) == {"other": "kept", "exit_code_by_key": {
+        "m.x_a__mutmut_1": 1, "m.x_a__mutmut_2": None, "m.x_b__mutmut_1": None, "m.x_b__mutmut_2": None}}
+
+
+def test_report_puts_back_the_files_a_stopped_re_run_left_mutated(tmp_path):
+    for module in ("render", "script"):
+        target = tmp_path / mutate.TARGETS[module][0]
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text("a mutant left behind\n")
+    mutate.restore_targets(tmp_path, ["render", "script"])
+    assert (tmp_path / mutate.TARGETS["render"][0]).read_text() == (ROOT / mutate.TARGETS["render"][0]).read_text()
+    assert (tmp_path / mutate.SCRIPT_AS_MODULE).read_text() == mutate.script_as_module((ROOT / mutate.SCRIPT).read_text())
