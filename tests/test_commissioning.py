@@ -1041,6 +1041,58 @@ def test_dmi_attribute_is_read_at_most_64_kib(machine, rendered, monkeypatch, si
     assert module.read_sysfs("sys_vendor") == expected
 
 
+def test_endless_dmi_attribute_is_not_read_to_its_end(machine, rendered, monkeypatch):
+    """Past 64 KiB the reader stops and lets go: the writer of a stream that goes on is cut off."""
+    machine.sysfs.mkdir(parents=True, exist_ok=True)
+    fifo = machine.sysfs / "sys_vendor"
+    os.mkfifo(fifo)
+    outcome = []
+
+    def write_four_times_the_limit():
+        try:
+            with open(fifo, "wb") as stream:
+                stream.write(b"K" * (4 * 64 * 1024))
+            outcome.append("read to its end")
+        except BrokenPipeError:
+            outcome.append("cut off")
+
+    writer = threading.Thread(target=write_four_times_the_limit, daemon=True)
+    writer.start()
+    module = load_script(rendered, "rendered_sysfs_endless")
+    monkeypatch.setattr(module, "pyudev", None)
+    monkeypatch.setattr(module, "DMI_DIR", str(machine.sysfs))
+    assert module.read_sysfs("sys_vendor") == (None, f"{fifo}: more than 65536 bytes")
+    writer.join(timeout=30)
+    assert outcome == ["cut off"]
+
+
+def test_dmi_read_error_without_errno_text_is_named_by_its_kind(machine, rendered, monkeypatch):
+    class SysfsGone(OSError):
+        pass
+
+    def unreadable(path, mode="r"):
+        raise SysfsGone("the attribute went away")
+
+    module = load_script(rendered, "rendered_sysfs_bare_oserror")
+    monkeypatch.setattr(module, "pyudev", None)
+    monkeypatch.setattr(module, "DMI_DIR", str(machine.sysfs))
+    monkeypatch.setattr(module, "open", unreadable, raising=False)
+    assert module.read_sysfs("sys_vendor") == (None, f"{machine.sysfs / 'sys_vendor'}: SysfsGone")
+
+
+def test_command_start_error_without_errno_text_is_named_by_its_kind(rendered, monkeypatch):
+    class ExecGone(OSError):
+        pass
+
+    def refuse(*args, **kwargs):
+        raise ExecGone("cannot start")
+
+    module = load_script(rendered, "rendered_popen_bare_oserror")
+    monkeypatch.setattr(module.subprocess, "Popen", refuse)
+    assert module.run_command(["dmidecode", "-s", "system-serial-number"]) == (
+        None, "dmidecode cannot run (ExecGone)")
+
+
 def test_without_pyudev_the_files_are_read(machine, rendered, monkeypatch):
     machine.smbios("KubeVirt", "web1.vms", dmidecode=False)
     module = load_script(rendered, "rendered_no_pyudev")
