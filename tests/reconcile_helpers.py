@@ -14,11 +14,24 @@ sys.path.insert(0, str(Path(__file__).parent))
 from maas_double import MaasDouble  # noqa: E402
 
 from maas_kubevirt import identity  # noqa: E402
+from maas_kubevirt.reconcile import Audit  # noqa: E402
 from maas_kubevirt.values import load_values  # noqa: E402
 
 DOMAIN = "bmc.example.com"
 # The site seed of these tests (64 hex digits, as render generates).
 SEED = "5eed" * 16
+
+
+class RecordingAudit(Audit):
+    """Audit records kept in memory as (action, system_id, outcome, reason), nothing printed."""
+
+    def __init__(self) -> None:
+        super().__init__("")
+        self.records: list[tuple] = []
+
+    def write(self, action, system_id, hostname, before, after, outcome, reason="", note=""):
+        self.records.append((action, system_id, outcome, reason))
+        return {}
 
 
 def derived(vm: str, namespace: str, seed: str = SEED) -> str:

@@ -17,13 +17,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from conftest import require  # noqa: E402
 from maas_double import MaasDouble, populate  # noqa: E402
-from reconcile_helpers import DOMAIN, SEED, converged, derived  # noqa: E402
+from reconcile_helpers import DOMAIN, SEED, RecordingAudit, converged, derived  # noqa: E402
 
 from maas_kubevirt import events, identity  # noqa: E402
 from maas_kubevirt.identity import PLACEHOLDER_PASSWORD as PLACEHOLDER  # noqa: E402
 from maas_kubevirt.events import AUDIT, DEBUG, EventLog, MalformedEvents, parse_events  # noqa: E402
 from maas_kubevirt.maas import MAASClient, RetryPolicy, Signer  # noqa: E402
-from maas_kubevirt.reconcile import Audit, Passwords, Reconciler, Settings  # noqa: E402
+from maas_kubevirt.reconcile import Passwords, Reconciler, Settings  # noqa: E402
 
 SETTINGS = Settings(domain=DOMAIN)
 
@@ -283,18 +283,8 @@ def test_enlistment_records_maas_status_events(double):
 
 
 def reconciler_for(double: MaasDouble, clock: Clock | None = None, settings: Settings = SETTINGS) -> Reconciler:
-    return Reconciler(client_for(double), settings, QuietAudit(), clock=clock or Clock(),
+    return Reconciler(client_for(double), settings, RecordingAudit(), clock=clock or Clock(),
                       passwords=Passwords(SEED))
-
-
-class QuietAudit(Audit):
-    def __init__(self) -> None:
-        super().__init__("")
-        self.records: list[tuple] = []
-
-    def write(self, action, system_id, hostname, before, after, outcome, reason="", note=""):
-        self.records.append((action, system_id, outcome))
-        return {}
 
 
 def settle(reconciler: Reconciler, limit: int = 6, double: MaasDouble | None = None) -> int:
@@ -543,7 +533,7 @@ def test_a_duplicate_claim_read_again_is_not_reported_again(double, capsys):
     assert [a.kind for a in reconciler.cycle().actions] == ["duplicate-claim"]
     assert reconciler.resyncs == 2
     assert "claimed" not in capsys.readouterr().err
-    refused = [r for r in reconciler.audit.records if r[0] == "duplicate-claim"]
+    refused = [r[:3] for r in reconciler.audit.records if r[0] == "duplicate-claim"]
     assert refused == [("duplicate-claim", None, "refused")]
 
 

@@ -29,10 +29,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from maas_double import API_PREFIX, MaasDouble, Request  # noqa: E402
-from reconcile_helpers import DOMAIN, SEED  # noqa: E402
+from reconcile_helpers import DOMAIN, SEED, RecordingAudit  # noqa: E402
 
 from maas_kubevirt.maas import MAASClient, Response, RetryPolicy, Signer  # noqa: E402
-from maas_kubevirt.reconcile import Audit, Passwords, Reconciler, Settings  # noqa: E402
+from maas_kubevirt.reconcile import Passwords, Reconciler, Settings  # noqa: E402
 
 RESYNC = 3600.0
 SETTINGS = Settings(domain=DOMAIN, resync_interval=RESYNC)
@@ -68,14 +68,6 @@ class DirectTransport:
 
     def close(self) -> None:
         pass
-
-
-class QuietAudit(Audit):
-    def __init__(self) -> None:
-        super().__init__("")
-
-    def write(self, *args, **kw):
-        return {}
 
 
 class Clock:
@@ -120,7 +112,7 @@ class EventsMatchFullList(RuleBasedStateMachine):
             world.add_vm("web1", "vms")
         self.claimed = {("web1", "vms")}
         self.clock = Clock()
-        self.reconciler = Reconciler(client_for(self.events_world), SETTINGS, QuietAudit(), clock=self.clock,
+        self.reconciler = Reconciler(client_for(self.events_world), SETTINGS, RecordingAudit(), clock=self.clock,
                                      passwords=PASSWORDS)
         self.resyncs = 0
         self.unevented: list[str] = []     # changes since the last resync that MAAS does not record
@@ -216,7 +208,7 @@ class EventsMatchFullList(RuleBasedStateMachine):
     @invariant()
     def event_driven_matches_full_list(self):
         settle(self.reconciler)
-        settle(Reconciler(client_for(self.full_world), FULL_LIST, QuietAudit(), passwords=PASSWORDS))
+        settle(Reconciler(client_for(self.full_world), FULL_LIST, RecordingAudit(), passwords=PASSWORDS))
         if self.reconciler.resyncs != self.resyncs:
             self.unevented.clear()
         if state(self.events_world) != state(self.full_world):

@@ -20,6 +20,7 @@ from reconcile_helpers import (  # noqa: E402
     DOMAIN,
     SEED,
     Args,
+    RecordingAudit,
     derived,
     write_seed,
     add_noise,
@@ -1035,16 +1036,6 @@ def test_an_action_that_changes_nothing_is_never_sent(double):
             reconcile._perform(client, Action(kind, "abc", "web-vms", "web", "vms"), PASSWORDS)
         assert str(raised.value) == f"unknown action {kind}"
     assert double.request_count == 0
-
-
-class RecordingAudit(Audit):
-    def __init__(self):
-        super().__init__("")
-        self.records = []
-
-    def write(self, action, system_id, hostname, before, after, outcome, reason="", note=""):
-        self.records.append((action, system_id, outcome, reason))
-        return {}
 
 
 class ScriptedClient:
