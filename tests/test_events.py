@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -372,7 +373,7 @@ def test_pruned_events_trigger_a_resync(double):
     assert reconciler.resyncs == 2 and converged(double, [other])
 
 
-def test_a_failed_event_query_resyncs(double):
+def test_a_failed_event_query_resyncs(double, capsys):
     vm = double.add_vm("web1", "vms")
     reconciler = reconciler_for(double)
     settle(reconciler, double=double)
@@ -380,6 +381,39 @@ def test_a_failed_event_query_resyncs(double):
     double.inject("500", path=r"^events/", count=1)
     settle(reconciler, double=double)
     assert reconciler.resyncs == 2 and converged(double, [vm, other])
+    assert "full resync: the event query failed: GET events/" in capsys.readouterr().err
+
+
+def test_an_interrupted_event_query_ends_the_cycle_without_a_resync(double, capsys):
+    """A stop during the event query is no failure of MAAS: the next cycle follows on."""
+    double.add_vm("web1", "vms")
+    reconciler = reconciler_for(double)
+    settle(reconciler, double=double)
+    double.inject("hang", path=r"^events/", hang=3)
+    threading.Timer(0.3, reconciler.client.stop.set).start()   # SIGTERM during the query
+    assert "interrupted" in reconciler.cycle().error
+    reconciler.client.stop.clear()
+    double.clear_faults()
+    assert not reconciler.cycle().error
+    assert reconciler.resyncs == 1 and "full resync" not in capsys.readouterr().err
+
+
+def test_a_duplicate_claim_resolved_then_made_again_is_reported_again_full_list(double, capsys):
+    """Without events every cycle reads every machine: a claim gone from one is forgotten."""
+    first = double.add_vm("web", "vms", hostname="first", status="Deployed")
+    second = double.add_vm("web", "vms", hostname="second", status="Deployed")
+    reconciler = reconciler_for(double, settings=Settings(domain=DOMAIN, resync_interval=None))
+    reconciler.cycle()
+    assert capsys.readouterr().err.count("web.vms is claimed by 2 machines") == 1
+    for sid, vm in ((first, "one"), (second, "two")):   # re-read: their status changes too
+        double.set_power_address(sid, f"https://{vm}.vms.{DOMAIN}/redfish/v1/Systems/1")
+        double.set_status(sid, "Broken")
+    assert "duplicate-claim" not in [a.kind for a in reconciler.cycle().actions]
+    for sid in (first, second):
+        double.set_power_address(sid, f"https://web.vms.{DOMAIN}/redfish/v1/Systems/1")
+        double.set_status(sid, "Deployed")
+    assert "duplicate-claim" in [a.kind for a in reconciler.cycle().actions]
+    assert capsys.readouterr().err.count("web.vms is claimed by 2 machines") == 1
 
 
 def test_the_full_list_strategy_is_still_there(double):

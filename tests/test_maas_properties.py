@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from maas_kubevirt import identity, upload
 from maas_kubevirt.console import escape_controls
 from maas_kubevirt.maas import _chunks, _one_line, cleartext_warning, parse_api_key
-from maas_kubevirt.reconcile import RENAME, SKIP, Settings, machine_problem, names_to_check, matching, plan
+from maas_kubevirt.reconcile import RENAME, SKIP, Settings, names_to_check, matching, plan
 from maas_kubevirt.values import ValuesError
 
 DOMAIN = "bmc.example.com"
@@ -123,29 +123,6 @@ def test_any_text_is_metadata_or_a_values_error(text):
         assert str(error).startswith("script: ")
     else:
         assert text.startswith("#!/")
-
-
-# --- machine records -------------------------------------------------------------------------
-
-GOOD = {"system_id": "abc123", "hostname": "h", "power_type": "redfish", "status_name": "New",
-        "status": 0, "pool": {"name": "default", "id": 0}, "tag_names": ["a"]}
-JUNK = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=5), st.lists(st.integers(), max_size=2),
-                 st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
-
-
-@given(st.sampled_from(sorted(GOOD)), JUNK)
-def test_a_wrong_field_makes_a_record_unusable(key, value):
-    record = dict(GOOD, **{key: value})
-    valid = machine_problem(record) is None
-    if valid:  # only values of the right shape pass
-        assert type(value) is type(GOOD[key]) or (key == "pool" and isinstance(value, dict))
-    else:
-        assert key in machine_problem(record)
-
-
-def test_a_good_record_is_usable():
-    assert machine_problem(GOOD) is None
-    assert machine_problem(dict(GOOD, tag_names="a")) == "unusable tag_names"
 
 
 # --- the plan with names held by other nodes -------------------------------------------------

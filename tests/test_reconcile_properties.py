@@ -41,6 +41,7 @@ from maas_kubevirt.reconcile import (  # noqa: E402
     Settings,
     in_default_pool,
     is_new,
+    machine_problem,
     plan,
 )
 
@@ -316,6 +317,40 @@ def test_every_wrong_password_is_set_and_commission_follows_it(inventory):
             assert any(a.kind == SET_PASSWORD and a.system_id == action.system_id for a in actions[:index])
         if action.system_id in set_for and action.changes and action.kind != SET_PASSWORD:
             assert any(a.kind == SET_PASSWORD and a.system_id == action.system_id for a in actions[:index])
+
+
+# --- machine records -------------------------------------------------------------------------
+
+GOOD = {"system_id": "abc123", "hostname": "h", "power_type": "redfish", "status_name": "New",
+        "status": 0, "pool": {"name": "default", "id": 0}, "tag_names": ["a"]}
+JUNK = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=5), st.lists(st.integers(), max_size=2),
+                 st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+
+
+@given(st.sampled_from(sorted(GOOD)), JUNK)
+def test_a_wrong_field_makes_a_record_unusable(key, value):
+    record = dict(GOOD, **{key: value})
+    valid = machine_problem(record) is None
+    if valid:  # only values of the right shape pass
+        assert type(value) is type(GOOD[key]) or (key == "pool" and isinstance(value, dict))
+    else:
+        assert machine_problem(record) == f"unusable {key}"
+
+
+def test_a_good_record_is_usable():
+    assert machine_problem(GOOD) is None
+    assert machine_problem(dict(GOOD, tag_names="a")) == "unusable tag_names"
+
+
+@pytest.mark.parametrize("record, problem", [
+    (["system_id", "abc123"], "not an object"),
+    ("abc123", "not an object"),
+    (dict(GOOD, system_id=""), "unusable system_id"),
+    ({k: v for k, v in GOOD.items() if k != "hostname"}, "unusable hostname"),
+    (dict(GOOD, system_id=7, status="0", pool={"id": 0}), "unusable system_id, status, pool"),
+])
+def test_what_makes_a_record_unusable_is_named(record, problem):
+    assert machine_problem(record) == problem
 
 
 # --- whole cycles against the MAAS double -----------------------------------------------------
