@@ -339,6 +339,21 @@ def test_enlistment_behind_the_back_is_read_alone(double):
     assert idle_cost(double, reconciler)[0] == 2
 
 
+def test_a_machine_no_longer_redfish_is_forgotten_event_driven(double):
+    """Ours and commissioning, it was read every cycle; once on another power type, no more."""
+    vm = double.add_vm("web1", "vms")
+    reconciler = reconciler_for(double)
+    reconciler.cycle()
+    reconciler.cycle()
+    assert double.machines[vm]["status_name"] == "Commissioning"
+    double.machines[vm]["power_type"] = "manual"   # an API edit: no event of its own
+    double.set_status(vm, "Ready")
+    reconciler.cycle()
+    assert vm not in reconciler.known
+    assert idle_cost(double, reconciler)[0] == 2
+    assert set(double.counts) == {("GET", "events/?op=query")}
+
+
 def test_hand_rename_waits_for_the_resync(double):
     clock = Clock()
     vm = double.add_vm("web1", "vms")

@@ -592,9 +592,7 @@ class Reconciler:
         for machine in machines:
             if machine.get("power_type") != "redfish":
                 continue
-            system_id = machine.get("system_id")
-            if not isinstance(system_id, str):
-                continue
+            system_id = machine["system_id"]  # a string: every caller passes well_formed records
             status = statuses[system_id] = machine.get("status_name")
             entry = self.known.get(system_id) if complete else None
             if entry is not None and entry[0] == status and not (
@@ -611,7 +609,7 @@ class Reconciler:
             self.known = current
         else:
             for machine in machines:
-                self.known.pop(machine.get("system_id"), None)
+                self.known.pop(machine["system_id"], None)
             self.known.update(current)
         return {system_id: entry[1] for system_id, entry in current.items()}
 
