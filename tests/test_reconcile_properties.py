@@ -37,8 +37,10 @@ from maas_kubevirt.reconcile import (  # noqa: E402
     RENAME,
     RIGHT,
     SET_PASSWORD,
+    Match,
     Power,
     Settings,
+    assign_hostnames,
     in_default_pool,
     is_new,
     machine_problem,
@@ -351,6 +353,71 @@ def test_a_good_record_is_usable():
 ])
 def test_what_makes_a_record_unusable_is_named(record, problem):
     assert machine_problem(record) == problem
+
+
+# --- the rules plan builds on ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("machine, new", [
+    ({"status_name": "New", "status": 0}, True),
+    ({"status_name": "New"}, True),
+    ({"status_name": "New", "status": 4}, False),     # the name and the code disagree
+    ({"status_name": "Ready", "status": 0}, False),
+    ({"status": 0}, True),                            # the code alone, when the name is missing
+    ({"status": 1}, False),
+    ({}, False),
+])
+def test_new_by_status_name_and_code(machine, new):
+    assert is_new(machine) is new
+
+
+@pytest.mark.parametrize("pool, default", [
+    ({"name": "default", "id": 0}, True),
+    ({"name": "default", "id": 7}, True),   # the name decides
+    ({"id": 0}, True),                      # the id of MAAS's default pool, when no name is given
+    ({"name": "vms", "id": 0}, False),
+    ({"name": "vms", "id": 3}, False),
+    ("default", True),
+    ("vms", False),
+    (None, False),
+])
+def test_in_the_default_pool_by_name_or_by_id_alone(pool, default):
+    assert in_default_pool({"pool": pool}) is default
+
+
+def hostname_claim(system_id: str, hostname, vm: str, namespace: str = "vms") -> tuple[dict, Match]:
+    machine = {"system_id": system_id, "hostname": hostname}
+    return machine, Match(machine, vm, namespace)
+
+
+def test_a_machine_without_a_hostname_takes_its_name():
+    machine, match = hostname_claim("m1", None, "web1")
+    assert assign_hostnames([machine], [match], "skip") == (["m1"], {"m1": ("web1-vms", "")}, {})
+
+
+def test_a_rename_frees_only_a_name_the_machine_holds():
+    """Hostnames compare without case: "WEB2-VMS" renamed away leaves web2-vms to its holder."""
+    holder = {"system_id": "other", "hostname": "web2-vms"}
+    renamed, first = hostname_claim("m1", "WEB2-VMS", "web1")
+    waiting, second = hostname_claim("m2", "random", "web2")
+    order, renames, skipped = assign_hostnames([holder, renamed, waiting], [first, second], "skip")
+    assert (order, renames) == (["m1"], {"m1": ("web1-vms", "")})
+    assert skipped == {"m2": "rename: web2-vms is held by other (maas.on_hostname_taken: skip)"}
+
+
+@pytest.mark.parametrize("mode", ["skip", "fallback"])
+def test_a_name_handed_out_is_held_by_its_new_owner(mode):
+    """a-b.c and a.b-c share the primary name a-b-c: the second is told who took it."""
+    first_machine, first = hostname_claim("m1", "one", "a-b", "c")
+    second_machine, second = hostname_claim("m2", "two", "a", "b-c")
+    order, renames, skipped = assign_hostnames([first_machine, second_machine], [first, second], mode)
+    fallback = identity.fallback_hostname("a", "b-c")
+    if mode == "skip":
+        assert (order, renames) == (["m1"], {"m1": ("a-b-c", "")})
+        assert skipped == {"m2": "rename: a-b-c is held by m1 (maas.on_hostname_taken: skip)"}
+    else:
+        assert (order, skipped) == (["m1", "m2"], {})
+        assert renames["m2"] == (fallback, "a-b-c is held by m1: using the fallback name")
 
 
 # --- whole cycles against the MAAS double -----------------------------------------------------

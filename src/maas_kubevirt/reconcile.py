@@ -277,7 +277,6 @@ def assign_hostnames(
             names.setdefault(hostname.lower(), str(machine.get("system_id")))
     for hostname, holder in (taken or {}).items():
         names.setdefault(hostname.lower(), holder)
-    first_holder = dict(names)
     pending: list[tuple[str, Any, str, str]] = []
     for match in matches:
         hostname = match.machine.get("hostname")
@@ -321,7 +320,7 @@ def assign_hostnames(
         rest, progress, freed_wanted = [], False, False
         for system_id, hostname, primary, fallback in pending:
             if not freed_wanted and free(fallback, system_id):
-                note = f"{primary} is held by {first_holder.get(primary)}: using the fallback name"
+                note = f"{primary} is held by {names.get(primary)}: using the fallback name"
                 freed_wanted = take(system_id, hostname, fallback, note) in wanted
                 progress = True
             else:
