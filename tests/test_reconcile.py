@@ -1000,6 +1000,33 @@ def test_watched_are_ours_in_the_statuses_that_end_without_an_event(commission, 
     assert reconciler.watched() == watched
 
 
+def test_malformed_records_are_skipped_each_named_once(capsys):
+    good = {"system_id": "abc123", "hostname": "h", "power_type": "redfish", "status_name": "New",
+            "status": 0, "pool": {"name": "default", "id": 0}, "tag_names": []}
+    records = [good, dict(good, system_id=""), "junk", dict(good, system_id=7), dict(good, system_id="xyz", status="0")]
+    reconciler = Reconciler(NoClient(), SETTINGS, passwords=PASSWORDS)
+    assert reconciler.well_formed(records) == [good]
+    assert capsys.readouterr().err.splitlines() == [
+        "maas-kubevirt: warning: machine record 2 of 5 (no system_id): skipped, MAAS sent a malformed "
+        "record (unusable system_id)",
+        "maas-kubevirt: warning: machine record 3 of 5 (no system_id): skipped, MAAS sent a malformed "
+        "record (not an object)",
+        "maas-kubevirt: warning: machine record 4 of 5 (no system_id): skipped, MAAS sent a malformed "
+        "record (unusable system_id)",
+        "maas-kubevirt: warning: machine xyz: skipped, MAAS sent a malformed record (unusable status)",
+    ]
+    assert reconciler.well_formed(records) == [good]
+    assert capsys.readouterr().err == "", "each once, not every cycle"
+
+
+def test_without_an_audit_the_records_go_to_stdout_only(double, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    sid = double.add_vm("web1", "vms")
+    Reconciler(MAASClient(double.url, Signer(*double.api_key), timeout=5), SETTINGS, passwords=PASSWORDS).cycle()
+    assert {r["system_id"] for r in audit_records(capsys.readouterr().out)} >= {sid}
+    assert os.listdir(tmp_path) == []
+
+
 def test_reading_no_machine_asks_nothing_and_a_vanished_machine_is_forgotten(double):
     gone = double.add_vm("gone", "vms")
     kept = double.add_vm("kept", "vms")

@@ -549,7 +549,7 @@ class Reconciler:
         self.client = client
         self.settings = settings
         self.passwords = passwords
-        self.audit = audit or Audit("")
+        self.audit = audit or Audit()
         self.stop = stop or threading.Event()
         # system_id -> (status_name when read, Power). Never power_pass.
         self.known: dict[str, tuple[Any, Power]] = {}
