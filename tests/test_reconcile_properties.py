@@ -420,6 +420,31 @@ def test_a_name_handed_out_is_held_by_its_new_owner(mode):
         assert renames["m2"] == (fallback, "a-b-c is held by m1: using the fallback name")
 
 
+def plan_machine(system_id: str, pool: str = "default", status: str = "Deployed") -> dict:
+    return {"system_id": system_id, "hostname": system_id, "power_type": "redfish", "status_name": status,
+            "status": STATUS_CODE[status], "pool": {"name": pool, "id": 0 if pool == "default" else 9},
+            "tag_names": []}
+
+
+def test_a_pool_a_machine_is_in_exists_without_the_pool_list():
+    machines = [plan_machine("m1", pool="vms"), plan_machine("m2")]
+    power = {"m1": f"https://web1.vms.{DOMAIN}/redfish/v1/Systems/1",
+             "m2": f"https://web2.vms.{DOMAIN}/redfish/v1/Systems/1"}
+    kinds = [a.kind for a in plan(machines, power, [], Settings(domain=DOMAIN))]
+    assert MOVE_POOL in kinds and CREATE_POOL not in kinds
+
+
+def test_duplicate_claims_are_reported_by_namespace_then_vm():
+    claims = [("z", "alpha"), ("a", "beta"), ("b", "alpha")]
+    machines, power = [], {}
+    for index, (vm, namespace) in enumerate(claims * 2):
+        machines.append(plan_machine(f"m{index}"))
+        power[f"m{index}"] = f"https://{vm}.{namespace}.{DOMAIN}/redfish/v1/Systems/1"
+    reported = [(a.namespace, a.vm) for a in plan(machines, power, [], Settings(domain=DOMAIN))
+                if a.kind == DUPLICATE]
+    assert reported == [("alpha", "b"), ("alpha", "z"), ("beta", "a")]
+
+
 # --- whole cycles against the MAAS double -----------------------------------------------------
 
 
