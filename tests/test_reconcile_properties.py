@@ -37,6 +37,8 @@ from maas_kubevirt.reconcile import (  # noqa: E402
     RENAME,
     RIGHT,
     SET_PASSWORD,
+    SKIP,
+    Action,
     Match,
     Power,
     Settings,
@@ -443,6 +445,41 @@ def test_duplicate_claims_are_reported_by_namespace_then_vm():
     reported = [(a.namespace, a.vm) for a in plan(machines, power, [], Settings(domain=DOMAIN))
                 if a.kind == DUPLICATE]
     assert reported == [("alpha", "b"), ("alpha", "z"), ("beta", "a")]
+
+
+@pytest.mark.parametrize("commission", ["auto", "approved", "never"])
+def test_what_is_left_alone_is_said_with_the_value_it_keeps(commission):
+    """Skips keep before == after (the rename, the operator's pool, the wait to commission)."""
+    held = dict(plan_machine("m1", pool="ops", status="New"), hostname="random", tag_names=["kubevirt-approved"])
+    untagged = dict(plan_machine("m2", pool="vms", status="New"), hostname="web2-vms")
+    power = {"m1": Power(f"https://web1.vms.{DOMAIN}/redfish/v1/Systems/1", RIGHT),
+             "m2": Power(f"https://web2.vms.{DOMAIN}/redfish/v1/Systems/1", RIGHT)}
+    settings = Settings(domain=DOMAIN, commission=commission, on_hostname_taken="skip")
+    first = dict(system_id="m1", hostname="random", vm="web1", namespace="vms")
+    second = dict(system_id="m2", hostname="web2-vms", vm="web2", namespace="vms")
+    start = Action(COMMISSION, before="New", after="Commissioning", **first)
+    commissions = {
+        "auto": [start, Action(COMMISSION, before="New", after="Commissioning", **second)],
+        "approved": [Action(COMMISSION, before="New", after="Commissioning", note="tagged kubevirt-approved", **first),
+                     Action(SKIP, before="New", after="New", note="commission: waiting for the tag kubevirt-approved",
+                            **second)],
+        "never": [Action(SKIP, before="New", after="New", note="commission: maas.commission is never", **first),
+                  Action(SKIP, before="New", after="New", note="commission: maas.commission is never", **second)],
+    }[commission]
+    assert plan([held, untagged], power, ["ops", "vms"], settings, {"web1-vms": "dev1"}) == [
+        Action(SKIP, before="random", after="random",
+               note="rename: web1-vms is held by dev1 (maas.on_hostname_taken: skip)", **first),
+        Action(SKIP, before="ops", after="ops", note="pool: in 'ops', filed by an operator: left there", **first),
+        commissions[0],
+        commissions[1],
+    ]
+
+
+def test_a_machine_new_by_its_status_code_alone_is_commissioned_from_new():
+    machine = {k: v for k, v in plan_machine("m1", status="New").items() if k != "status_name"}
+    power = {"m1": Power(f"https://web1.vms.{DOMAIN}/redfish/v1/Systems/1", RIGHT)}
+    (commission,) = [a for a in plan([machine], power, [], Settings(domain=DOMAIN)) if a.kind == COMMISSION]
+    assert (commission.before, commission.after) == ("New", "Commissioning")
 
 
 # --- whole cycles against the MAAS double -----------------------------------------------------

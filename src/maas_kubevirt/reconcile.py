@@ -363,10 +363,10 @@ def plan(
     rank = {system_id: index for index, system_id in enumerate(order)}
     matches = sorted(matches, key=lambda m: rank.get(str(m.machine["system_id"]), len(rank)))
     reported = [
-        Action(DUPLICATE, None, None, vm=vm, namespace=namespace, before=None,
+        Action(DUPLICATE, None, None, vm=vm, namespace=namespace,
                after=",".join(str(m.machine["system_id"]) for m in group),
                note=duplicate_note(vm, namespace, group))
-        for (vm, namespace), group in sorted(duplicates.items(), key=lambda item: (item[0][1], item[0][0]))
+        for (vm, namespace), group in duplicates.items()  # in matching's order: namespace, then vm
     ]
     created: list[Action] = []
     actions: list[Action] = []
@@ -396,8 +396,7 @@ def plan(
         if current != target:
             if in_default_pool(machine):
                 if target not in existing:
-                    created.append(Action(CREATE_POOL, None, None, namespace=namespace,
-                                          before=None, after=target))
+                    created.append(Action(CREATE_POOL, None, None, namespace=namespace, after=target))
                     existing.add(target)
                 actions.append(Action(MOVE_POOL, before=current, after=target, **common))
             else:
@@ -408,21 +407,20 @@ def plan(
 
         # Commission: only in New, and only as maas.commission allows.
         if is_new(machine):
-            status = machine.get("status_name", NEW)
             if settings.commission == "auto":
-                actions.append(Action(COMMISSION, before=status, after="Commissioning", **common))
+                actions.append(Action(COMMISSION, before=NEW, after="Commissioning", **common))
             elif settings.commission == "approved":
                 tags = machine.get("tag_names")
                 if isinstance(tags, list) and settings.approval_tag in tags:
-                    actions.append(Action(COMMISSION, before=status, after="Commissioning",
+                    actions.append(Action(COMMISSION, before=NEW, after="Commissioning",
                                           note=f"tagged {settings.approval_tag}", **common))
                 else:
                     actions.append(Action(
-                        SKIP, before=status, after=status,
+                        SKIP, before=NEW, after=NEW,
                         note=f"commission: waiting for the tag {settings.approval_tag}", **common,
                     ))
             else:
-                actions.append(Action(SKIP, before=status, after=status,
+                actions.append(Action(SKIP, before=NEW, after=NEW,
                                       note="commission: maas.commission is never", **common))
     return reported + created + actions
 
