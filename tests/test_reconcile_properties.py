@@ -407,6 +407,15 @@ def test_a_rename_frees_only_a_name_the_machine_holds():
     assert skipped == {"m2": "rename: web2-vms is held by other (maas.on_hostname_taken: skip)"}
 
 
+def test_a_name_freed_early_in_a_round_is_handed_out_in_the_next():
+    """b renamed away frees a-vms for a, which came before it; c's rename after frees nothing wanted."""
+    machines, matches = zip(hostname_claim("ma", "x1", "a"), hostname_claim("mb", "a-vms", "b"),
+                            hostname_claim("mc", "x3", "c"))
+    order, renames, skipped = assign_hostnames(list(machines), list(matches), "skip")
+    assert (order, skipped) == (["mb", "mc", "ma"], {})
+    assert renames == {"ma": ("a-vms", ""), "mb": ("b-vms", ""), "mc": ("c-vms", "")}
+
+
 @pytest.mark.parametrize("mode", ["skip", "fallback"])
 def test_a_name_handed_out_is_held_by_its_new_owner(mode):
     """a-b.c and a.b-c share the primary name a-b-c: the second is told who took it."""

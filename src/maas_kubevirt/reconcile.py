@@ -285,9 +285,6 @@ def assign_hostnames(
         if not isinstance(hostname, str) or hostname.lower() not in (primary, fallback):
             pending.append((str(match.machine["system_id"]), hostname, primary, fallback))
 
-    def free(name: str, system_id: str) -> bool:
-        return names.get(name, system_id) == system_id
-
     order: list[str] = []
     renames: dict[str, tuple[str, str]] = {}
 
@@ -306,7 +303,7 @@ def assign_hostnames(
         wanted = {item[2] for item in pending}
         rest, freed_wanted = [], False
         for system_id, hostname, primary, fallback in pending:
-            if free(primary, system_id):
+            if primary not in names:  # a pending machine holds neither of its names
                 freed_wanted |= take(system_id, hostname, primary, "") in wanted
             else:
                 rest.append((system_id, hostname, primary, fallback))
@@ -319,7 +316,7 @@ def assign_hostnames(
         wanted = {item[2] for item in pending}
         rest, progress, freed_wanted = [], False, False
         for system_id, hostname, primary, fallback in pending:
-            if not freed_wanted and free(fallback, system_id):
+            if not freed_wanted and fallback not in names:
                 note = f"{primary} is held by {names.get(primary)}: using the fallback name"
                 freed_wanted = take(system_id, hostname, fallback, note) in wanted
                 progress = True
