@@ -416,6 +416,14 @@ def test_a_name_freed_early_in_a_round_is_handed_out_in_the_next():
     assert renames == {"ma": ("a-vms", ""), "mb": ("b-vms", ""), "mc": ("c-vms", "")}
 
 
+def test_with_both_names_held_the_skip_names_both_holders():
+    machine, match = hostname_claim("m1", "random", "web1")
+    fallback = identity.fallback_hostname("web1", "vms")
+    taken = {"web1-vms": "dev1", fallback: "dev2"}
+    assert assign_hostnames([machine], [match], "fallback", taken) == ([], {}, {
+        "m1": f"rename: web1-vms is held by dev1 and the fallback {fallback} by dev2"})
+
+
 @pytest.mark.parametrize("mode", ["skip", "fallback"])
 def test_a_name_handed_out_is_held_by_its_new_owner(mode):
     """a-b.c and a.b-c share the primary name a-b-c: the second is told who took it."""
