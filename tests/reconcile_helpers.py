@@ -22,6 +22,11 @@ DOMAIN = "bmc.example.com"
 SEED = "5eed" * 16
 
 
+# A machine record as the plan reads it: every field it needs, each of the shape MAAS sends.
+GOOD_RECORD = {"system_id": "abc123", "hostname": "h", "power_type": "redfish", "status_name": "New",
+               "status": 0, "pool": {"name": "default", "id": 0}, "tag_names": ["a"]}
+
+
 class RecordingAudit(Audit):
     """Audit records kept in memory as (action, system_id, outcome, reason), nothing printed."""
 

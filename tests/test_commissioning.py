@@ -1029,13 +1029,19 @@ def test_pyudev_failing_falls_back_to_the_files(machine, rendered, monkeypatch):
     assert machine.written() == expected_config("web1.vms")
 
 
+def files_only(rendered: Path, name: str, machine: Machine, monkeypatch) -> types.ModuleType:
+    """The rendered script, reading the machine's DMI attributes from its files (no pyudev)."""
+    module = load_script(rendered, name)
+    monkeypatch.setattr(module, "pyudev", None)
+    monkeypatch.setattr(module, "DMI_DIR", str(machine.sysfs))
+    return module
+
+
 @pytest.mark.parametrize("size", [64 * 1024, 64 * 1024 + 1])
 def test_dmi_attribute_is_read_at_most_64_kib(machine, rendered, monkeypatch, size):
     """The kernel's attributes are short; a file that is not is refused, not read to its end."""
     make_sysfs(machine.sysfs, b"K" * size, None)
-    module = load_script(rendered, "rendered_sysfs_bounded")
-    monkeypatch.setattr(module, "pyudev", None)
-    monkeypatch.setattr(module, "DMI_DIR", str(machine.sysfs))
+    module = files_only(rendered, "rendered_sysfs_bounded", machine, monkeypatch)
     expected = ("K" * size, None) if size <= 64 * 1024 else (
         None, f"{machine.sysfs / 'sys_vendor'}: more than 65536 bytes")
     assert module.read_sysfs("sys_vendor") == expected
@@ -1058,9 +1064,7 @@ def test_endless_dmi_attribute_is_not_read_to_its_end(machine, rendered, monkeyp
 
     writer = threading.Thread(target=write_four_times_the_limit, daemon=True)
     writer.start()
-    module = load_script(rendered, "rendered_sysfs_endless")
-    monkeypatch.setattr(module, "pyudev", None)
-    monkeypatch.setattr(module, "DMI_DIR", str(machine.sysfs))
+    module = files_only(rendered, "rendered_sysfs_endless", machine, monkeypatch)
     assert module.read_sysfs("sys_vendor") == (None, f"{fifo}: more than 65536 bytes")
     writer.join(timeout=30)
     assert outcome == ["cut off"]
@@ -1073,9 +1077,7 @@ def test_dmi_read_error_without_errno_text_is_named_by_its_kind(machine, rendere
     def unreadable(path, mode="r"):
         raise SysfsGone("the attribute went away")
 
-    module = load_script(rendered, "rendered_sysfs_bare_oserror")
-    monkeypatch.setattr(module, "pyudev", None)
-    monkeypatch.setattr(module, "DMI_DIR", str(machine.sysfs))
+    module = files_only(rendered, "rendered_sysfs_bare_oserror", machine, monkeypatch)
     monkeypatch.setattr(module, "open", unreadable, raising=False)
     assert module.read_sysfs("sys_vendor") == (None, f"{machine.sysfs / 'sys_vendor'}: SysfsGone")
 

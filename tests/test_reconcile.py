@@ -20,6 +20,7 @@ from reconcile_helpers import (  # noqa: E402
     DOMAIN,
     SEED,
     Args,
+    GOOD_RECORD,
     RecordingAudit,
     derived,
     write_seed,
@@ -568,10 +569,10 @@ def test_two_machines_swapping_names_skip_rather_than_fight():
 # --- credentials: the derived password, the placeholder, the seed ----------------------------
 
 
-def reconciler_for(double, seed_text=SEED, audit=None, full_list=False):
+def reconciler_for(double, seed_text=SEED, audit=None, full_list=False, client=None):
     """full_list: list every machine each cycle (request counts below are that strategy's;
-    tests/test_events.py counts the event-driven ones)."""
-    client = MAASClient(double.url, Signer(*double.api_key), timeout=5)
+    tests/test_events.py counts the event-driven ones). client: one of the double's, changed."""
+    client = client or MAASClient(double.url, Signer(*double.api_key), timeout=5)
     settings = Settings(domain=DOMAIN, resync_interval=None) if full_list else SETTINGS
     return Reconciler(client, settings, audit or Audit(""), passwords=Passwords(seed_text))
 
@@ -1001,11 +1002,10 @@ def test_watched_are_ours_in_the_statuses_that_end_without_an_event(commission, 
 
 
 def test_malformed_records_are_skipped_each_named_once(capsys):
-    good = {"system_id": "abc123", "hostname": "h", "power_type": "redfish", "status_name": "New",
-            "status": 0, "pool": {"name": "default", "id": 0}, "tag_names": []}
-    records = [good, dict(good, system_id=""), "junk", dict(good, system_id=7), dict(good, system_id="xyz", status="0")]
+    records = [GOOD_RECORD, dict(GOOD_RECORD, system_id=""), "junk", dict(GOOD_RECORD, system_id=7),
+               dict(GOOD_RECORD, system_id="xyz", status="0")]
     reconciler = Reconciler(NoClient(), SETTINGS, passwords=PASSWORDS)
-    assert reconciler.well_formed(records) == [good]
+    assert reconciler.well_formed(records) == [GOOD_RECORD]
     assert capsys.readouterr().err.splitlines() == [
         "maas-kubevirt: warning: machine record 2 of 5 (no system_id): skipped, MAAS sent a malformed "
         "record (unusable system_id)",
@@ -1015,7 +1015,7 @@ def test_malformed_records_are_skipped_each_named_once(capsys):
         "record (unusable system_id)",
         "maas-kubevirt: warning: machine xyz: skipped, MAAS sent a malformed record (unusable status)",
     ]
-    assert reconciler.well_formed(records) == [good]
+    assert reconciler.well_formed(records) == [GOOD_RECORD]
     assert capsys.readouterr().err == "", "each once, not every cycle"
 
 
@@ -1189,7 +1189,7 @@ def test_machines_changed_before_the_re_read_are_left_alone_then_planned_afresh(
         double.delete_machine(db)
 
     client = ChangingMAAS(double, change)
-    reconciler = Reconciler(client, Settings(domain=DOMAIN, resync_interval=None), Audit(""), passwords=PASSWORDS)
+    reconciler = reconciler_for(double, full_list=True, client=client)
     first = reconciler.cycle().actions
     assert {(a.kind, a.system_id, a.hostname, a.vm) for a in first} == {
         (SKIP, db, "db-vms", "db"), (SKIP, web, "web-vms", "web")}
@@ -1206,7 +1206,7 @@ def test_a_plan_made_again_after_the_re_read_still_avoids_names_other_nodes_hold
     double.add_node("web-vms", "device")
     web = double.add_vm("web", "vms", hostname="w1", pool="vms", status="Deployed")
     client = ChangingMAAS(double, lambda: double.power[web].update(power_pass=derived("web", "vms")))
-    reconciler = Reconciler(client, Settings(domain=DOMAIN, resync_interval=None), Audit(""), passwords=PASSWORDS)
+    reconciler = reconciler_for(double, full_list=True, client=client)
     actions = reconciler.cycle().actions
     assert [(a.kind, a.after) for a in actions if a.changes] == [(RENAME, identity.fallback_hostname("web", "vms"))]
 
@@ -1217,7 +1217,7 @@ def test_a_plan_made_again_after_the_re_read_keeps_what_it_says_of_the_other_mac
                           password=derived("db", "vms"))
     web = double.add_vm("web", "vms", hostname="w1", pool="vms", status="Deployed")
     client = ChangingMAAS(double, lambda: double.power[web].update(power_pass=derived("web", "vms")))
-    reconciler = Reconciler(client, Settings(domain=DOMAIN, resync_interval=None), Audit(""), passwords=PASSWORDS)
+    reconciler = reconciler_for(double, full_list=True, client=client)
     actions = reconciler.cycle().actions
     assert [(a.system_id, a.kind, a.note) for a in actions if a.system_id == filed] == [
         (filed, SKIP, "pool: in 'special', filed by an operator: left there")]
@@ -1262,7 +1262,7 @@ def test_only_a_password_set_is_remembered_as_right(double):
 
     sid = double.add_vm("web", "vms", hostname="w1", pool="vms", status="Deployed")
     client = NoPassword(double.url, Signer(*double.api_key), timeout=5)
-    reconciler = Reconciler(client, Settings(domain=DOMAIN, resync_interval=None), Audit(""), passwords=PASSWORDS)
+    reconciler = reconciler_for(double, full_list=True, client=client)
     outcome = reconciler.cycle().outcome
     assert (outcome.ok, outcome.failed) == (1, 1)
     assert double.machines[sid]["hostname"] == "web-vms"

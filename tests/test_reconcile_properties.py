@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from branches import branch, branches_taken  # noqa: E402
 from maas_double import MaasDouble  # noqa: E402
-from reconcile_helpers import SEED, Args, assert_no_secrets, write_values  # noqa: E402
+from reconcile_helpers import GOOD_RECORD, SEED, Args, assert_no_secrets, write_values  # noqa: E402
 
 from maas_kubevirt import cli, identity, maas  # noqa: E402
 from maas_kubevirt.maas import RetryPolicy  # noqa: E402
@@ -325,33 +325,31 @@ def test_every_wrong_password_is_set_and_commission_follows_it(inventory):
 
 # --- machine records -------------------------------------------------------------------------
 
-GOOD = {"system_id": "abc123", "hostname": "h", "power_type": "redfish", "status_name": "New",
-        "status": 0, "pool": {"name": "default", "id": 0}, "tag_names": ["a"]}
 JUNK = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=5), st.lists(st.integers(), max_size=2),
                  st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
 
 
-@given(st.sampled_from(sorted(GOOD)), JUNK)
+@given(st.sampled_from(sorted(GOOD_RECORD)), JUNK)
 def test_a_wrong_field_makes_a_record_unusable(key, value):
-    record = dict(GOOD, **{key: value})
+    record = dict(GOOD_RECORD, **{key: value})
     valid = machine_problem(record) is None
     if valid:  # only values of the right shape pass
-        assert type(value) is type(GOOD[key]) or (key == "pool" and isinstance(value, dict))
+        assert type(value) is type(GOOD_RECORD[key]) or (key == "pool" and isinstance(value, dict))
     else:
         assert machine_problem(record) == f"unusable {key}"
 
 
 def test_a_good_record_is_usable():
-    assert machine_problem(GOOD) is None
-    assert machine_problem(dict(GOOD, tag_names="a")) == "unusable tag_names"
+    assert machine_problem(GOOD_RECORD) is None
+    assert machine_problem(dict(GOOD_RECORD, tag_names="a")) == "unusable tag_names"
 
 
 @pytest.mark.parametrize("record, problem", [
     (["system_id", "abc123"], "not an object"),
     ("abc123", "not an object"),
-    (dict(GOOD, system_id=""), "unusable system_id"),
-    ({k: v for k, v in GOOD.items() if k != "hostname"}, "unusable hostname"),
-    (dict(GOOD, system_id=7, status="0", pool={"id": 0}), "unusable system_id, status, pool"),
+    (dict(GOOD_RECORD, system_id=""), "unusable system_id"),
+    ({k: v for k, v in GOOD_RECORD.items() if k != "hostname"}, "unusable hostname"),
+    (dict(GOOD_RECORD, system_id=7, status="0", pool={"id": 0}), "unusable system_id, status, pool"),
 ])
 def test_what_makes_a_record_unusable_is_named(record, problem):
     assert machine_problem(record) == problem
@@ -474,9 +472,9 @@ def test_what_is_left_alone_is_said_with_the_value_it_keeps(commission):
     settings = Settings(domain=DOMAIN, commission=commission, on_hostname_taken="skip")
     first = dict(system_id="m1", hostname="random", vm="web1", namespace="vms")
     second = dict(system_id="m2", hostname="web2-vms", vm="web2", namespace="vms")
-    start = Action(COMMISSION, before="New", after="Commissioning", **first)
     commissions = {
-        "auto": [start, Action(COMMISSION, before="New", after="Commissioning", **second)],
+        "auto": [Action(COMMISSION, before="New", after="Commissioning", **first),
+                 Action(COMMISSION, before="New", after="Commissioning", **second)],
         "approved": [Action(COMMISSION, before="New", after="Commissioning", note="tagged kubevirt-approved", **first),
                      Action(SKIP, before="New", after="New", note="commission: waiting for the tag kubevirt-approved",
                             **second)],
@@ -487,8 +485,7 @@ def test_what_is_left_alone_is_said_with_the_value_it_keeps(commission):
         Action(SKIP, before="random", after="random",
                note="rename: web1-vms is held by dev1 (maas.on_hostname_taken: skip)", **first),
         Action(SKIP, before="ops", after="ops", note="pool: in 'ops', filed by an operator: left there", **first),
-        commissions[0],
-        commissions[1],
+        *commissions,
     ]
 
 
