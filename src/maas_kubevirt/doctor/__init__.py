@@ -1,0 +1,193 @@
+"""``maas-kubevirt doctor``: check a whole site (MAAS, the cluster, the network) and say how to fix it.
+
+Each check gives one row: its name, ok / warn / fail / skip, what it found and the exact fix.
+The checks themselves are pure functions over what MAAS, the API server and the local system
+answer, one module per family (:mod:`.maas`, :mod:`.cluster`, :mod:`.network`); ``run``
+gathers those answers (read-only everywhere) and ``main`` prints them as a table or as JSON.
+Exit status: 0 when nothing fails, 1 otherwise, 2 for usage or configuration errors.
+
+Secrets: the seed, the BMC passwords and the API key are compared (in constant time, or by
+SHA-256 digest) and never printed; the seed Secret's value never leaves :mod:`kube`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+
+from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG, policies
+from maas_kubevirt.console import error, table, warn
+from maas_kubevirt.paths import SCRIPT_NAME
+
+if TYPE_CHECKING:
+    from maas_kubevirt.maas import MAASClient
+
+OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
+STATUSES = (OK, WARN, FAIL, SKIP)
+
+# `render`'s default output directory, named in the fixes.
+RENDER_DIR = "build"
+LISTED = 5  # offenders named in one row; the JSON "subjects" holds them all
+
+Resolver = Callable[[str], list[str]]
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str
+    found: str
+    fix: str = ""
+    subjects: tuple[str, ...] = field(default=())
+
+    def as_dict(self) -> dict:
+        """The row as JSON: check, status, found, fix, and every affected object as subjects."""
+        return {"check": self.name, "status": self.status, "found": self.found, "fix": self.fix,
+                "subjects": list(self.subjects)}
+
+
+def _clean(text: Any) -> str:
+    """One printable line: control characters escaped (text from MAAS or the cluster)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in " ".join(str(text).split()))
+
+
+def _some(items: Sequence[str]) -> str:
+    shown = ", ".join(items[:LISTED])
+    return shown + (f" and {len(items) - LISTED} more" if len(items) > LISTED else "")
+
+
+def _version_text(version: Sequence[int]) -> str:
+    return ".".join(map(str, version))
+
+
+def _skipped(names: Iterable[str], reason: str) -> list[Check]:
+    return [Check(name, SKIP, reason) for name in names]
+
+
+# The families import the helpers above from this module, so they are imported after them.
+from maas_kubevirt.doctor.network import (  # noqa: E402
+    REDFISH_DEADLINE, Credentials, dns_check, redfish_check, redfish_probe, redfish_url, system_resolve,
+)
+from maas_kubevirt.doctor.maas import (  # noqa: E402
+    FIXED_DNS_VERSIONS, MAAS_CHECKS, admin_check, claims, claims_check, enlist_commissioning_check,
+    maas_checks, password_check, script_check, seed_file_check, version_check,
+)
+from maas_kubevirt.doctor.cluster import (  # noqa: E402
+    CLUSTER_CHECKS, CRDS, KUBEMACPOOL_VALUE, KYVERNO_CONTROLLERS, KYVERNO_MIN, KYVERNO_POLICY_CRD, Generated,
+    Inventory, _cidrs, _selects, allowlist_check, cluster_checks, crds_check, image_version,
+    kyverno_rbac_checks, kyverno_version_check, missing_rules, namespaces_check, policies_check,
+    seed_secret_check, vm_problems, vms_check,
+)
+
+# What callers and tests use from the families, under one name: maas_kubevirt.doctor.
+__all__ = [
+    "OK", "WARN", "FAIL", "SKIP", "STATUSES", "Check", "Options", "Reach", "run", "summary",
+    "render_table", "render_json", "main",
+    "REDFISH_DEADLINE", "Credentials", "dns_check", "redfish_check", "redfish_probe", "redfish_url",
+    "system_resolve",
+    "FIXED_DNS_VERSIONS", "MAAS_CHECKS", "admin_check", "claims", "claims_check", "enlist_commissioning_check",
+    "maas_checks", "password_check", "script_check", "seed_file_check", "version_check",
+    "CLUSTER_CHECKS", "CRDS", "KUBEMACPOOL_VALUE", "KYVERNO_CONTROLLERS", "KYVERNO_MIN", "KYVERNO_POLICY_CRD",
+    "Generated", "Inventory", "_cidrs", "_selects", "allowlist_check", "cluster_checks", "crds_check",
+    "image_version", "kyverno_rbac_checks", "kyverno_version_check", "missing_rules", "namespaces_check",
+    "policies_check", "seed_secret_check", "vm_problems", "vms_check",
+]
+
+
+# --- gathering: read-only requests, then the families' checks -------------------------------
+
+
+@dataclass
+class Options:
+    kubeconfig: str | None = None
+    context: str | None = None
+    command: str = PROG                      # how the operator runs us, for the fixes
+    resolve: Resolver | None = None         # None: the system resolver
+    redfish_deadline: float = REDFISH_DEADLINE
+
+
+@dataclass
+class Reach:
+    """What the network checks need: one host (and MAAS's credentials) per namespace."""
+    hosts: dict[str, str] = field(default_factory=dict)
+    credentials: dict[str, Credentials] = field(default_factory=dict)
+
+
+class _Fixes:
+    def __init__(self, command: str, values: Mapping[str, Any]):
+        render = f"{command} render --output {RENDER_DIR}"
+        self.apply = f"`{render} && kubectl apply -k {RENDER_DIR}/kubernetes`"
+        self.apply_seed = (f"point seed.file at the MAAS host's seed, then `{render} && kubectl apply -f "
+                           f"{RENDER_DIR}/kubernetes/{policies.SEED_SECRET_FILE}`")
+        self.upload = f"`{render} && {command} upload-script --script {RENDER_DIR}/commissioning/{SCRIPT_NAME}`"
+        self.enlist = "`maas $PROFILE maas set-config name=enlist_commissioning value=true`"
+        self.reconcile = command
+        self.key_source = "MAAS_API_KEY" if os.environ.get("MAAS_API_KEY") else values["maas"]["api_key_file"]
+
+
+def run(values: Mapping[str, Any], client: MAASClient, cluster: Any | None, options: Options) -> list[Check]:
+    """Every check, in order: MAAS, the seed file, the cluster, the network."""
+    fixes = _Fixes(options.command, values)
+    reach = Reach()
+    seed_check, seed = seed_file_check(values["seed"]["file"])
+    checks = maas_checks(values, client, seed, fixes, reach)
+    checks.append(seed_check)
+    if cluster is None:
+        checks.append(Check("cluster", SKIP, "no --kubeconfig given: the cluster was not checked",
+                            f"`{options.command} doctor --kubeconfig FILE` (read access is enough)"))
+    else:
+        checks.extend(cluster_checks(values, cluster, seed, fixes, reach))
+    resolve = options.resolve or system_resolve
+    checks.append(dns_check(reach.hosts, resolve, values["redfish"]["domain"]))
+    checks.append(redfish_check(reach.credentials, resolve, options.redfish_deadline))
+    reach.credentials.clear()
+    return checks
+
+
+def summary(checks: Sequence[Check]) -> dict[str, int]:
+    return {status: sum(c.status == status for c in checks) for status in STATUSES}
+
+
+def render_table(checks: Sequence[Check]) -> str:
+    rows = [(c.name, c.status, c.found, c.fix or "-") for c in checks]
+    counts = summary(checks)
+    return table(("CHECK", "STATUS", "FOUND", "FIX"), rows) + "\n" + \
+        ", ".join(f"{n} {status}" for status, n in counts.items())
+
+
+def render_json(checks: Sequence[Check]) -> str:
+    return json.dumps({"checks": [c.as_dict() for c in checks], "summary": summary(checks)}, indent=2)
+
+
+def main(values: dict, args: Any) -> int:
+    """``doctor [--kubeconfig FILE [--context NAME]] [--json]``: 0 nothing fails, 1 something does."""
+    from maas_kubevirt.maas import RetryPolicy, client_from_values
+
+    command = PROG + (f" --values {shlex.quote(args.values)}" if getattr(args, "values", None) else "")
+    options = Options(kubeconfig=getattr(args, "kubeconfig", None), context=getattr(args, "context", None),
+                      command=command)
+    cluster = None
+    if options.kubeconfig:
+        from maas_kubevirt.kube import Cluster, KubeConfigError
+
+        try:
+            cluster = Cluster(options.kubeconfig, options.context)
+        except KubeConfigError as failure:
+            error(str(failure))
+            return EXIT_USAGE
+        if cluster.insecure:
+            warn(f"the kubeconfig skips verifying the API server's certificate ({cluster.host})")
+    client = client_from_values(values, warn)
+    # A diagnosis should not sit through the reconciler's patient retries.
+    client.retry = RetryPolicy(attempts=2, backoff=1.0, max_retry_after=5.0)
+    try:
+        checks = run(values, client, cluster, options)
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+    print(render_json(checks) if getattr(args, "json", False) else render_table(checks), flush=True)
+    return EXIT_FAILED if any(c.status == FAIL for c in checks) else EXIT_OK

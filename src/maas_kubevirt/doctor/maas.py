@@ -1,0 +1,250 @@
+"""doctor's MAAS checks: version, administrator key, script, enlistment setting, seed file,
+claims and stored power passwords."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shlex
+import stat
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+from maas_kubevirt import identity
+from maas_kubevirt import seed as seeds
+from maas_kubevirt.doctor import FAIL, OK, SKIP, WARN, Check, _clean, _skipped, _some, _version_text
+from maas_kubevirt.doctor.network import Credentials
+from maas_kubevirt.maas import (
+    DNS_NAME_REJECTED,
+    MIN_MAAS_VERSION,
+    MAASAuthError,
+    MAASClient,
+    MAASError,
+    parse_version,
+)
+from maas_kubevirt.paths import SCRIPT_NAME
+from maas_kubevirt.reconcile import RIGHT, Match, Passwords, matching
+# What upload-script checks before it uploads is what doctor checks in MAAS.
+from maas_kubevirt.render import REQUIRED_TAGS, rendering_problem
+from maas_kubevirt.values import ValuesError
+
+if TYPE_CHECKING:
+    from maas_kubevirt.doctor import Reach, _Fixes
+
+FIXED_DNS_VERSIONS = "upgrade to 3.6.5 or 3.7.3"
+
+
+def version_check(text: str) -> Check:
+    """MAAS 2.9 or later, and not one that refuses DNS names in a redfish power address."""
+    version = parse_version(text)
+    name = "maas.version"
+    if version is None:
+        return Check(name, WARN, f"cannot read the MAAS version {_clean(text)!r}",
+                     "check that maas.url points at a MAAS region (`maas --version` on the region)")
+    if version < MIN_MAAS_VERSION:
+        return Check(name, FAIL, f"MAAS {_clean(text)}: older than {_version_text(MIN_MAAS_VERSION)}, "
+                     "which first hands a commissioning script's power parameters to MAAS (BMC_CONFIG_PATH)",
+                     f"upgrade MAAS to {_version_text(MIN_MAAS_VERSION)} or later; {FIXED_DNS_VERSIONS}")
+    for low, high in DNS_NAME_REJECTED:
+        if low <= version <= high:
+            return Check(name, FAIL, f"MAAS {_clean(text)} refuses DNS names in a redfish power address "
+                         f"({_version_text(low)}-{_version_text(high)}, LP:2150892): VMs enlist without power",
+                         FIXED_DNS_VERSIONS)
+    return Check(name, OK, f"MAAS {_clean(text)}")
+
+
+def admin_check(user: Mapping[str, Any], key_source: str) -> Check:
+    """The API key's user is a MAAS administrator (users/?op=whoami: is_superuser)."""
+    username = _clean(user.get("username", "?"))
+    if user.get("is_superuser") is True:
+        return Check("maas.admin", OK, f"the API key belongs to {username}, an administrator")
+    return Check("maas.admin", FAIL,
+                 f"the API key belongs to {username}, who is not an administrator "
+                 "(power parameters and script uploads need one)",
+                 f"store an administrator's key in {key_source}: `sudo maas apikey --username ADMIN "
+                 f"--generate > {key_source}` (one key, mode 0600)")
+
+
+def script_check(script: Mapping[str, Any] | None, render_problem: str | None, upload: str) -> Check:
+    """The commissioning script is in MAAS, tagged, and its stored text is the render of these values.
+
+    render_problem: why the stored text is not that render (``render.rendering_problem``), or None.
+    """
+    name = "maas.script"
+    if script is None:
+        return Check(name, FAIL, f"MAAS has no script {SCRIPT_NAME}", upload)
+    problems = []
+    tags = script.get("tags")
+    tags = [str(t) for t in tags] if isinstance(tags, list) else []
+    missing = [tag for tag in REQUIRED_TAGS if tag not in tags]
+    if missing:
+        problems.append(f"not tagged {', '.join(missing)} (tags: {_clean(', '.join(tags)) or 'none'})")
+    if render_problem:
+        problems.append(_clean(render_problem))
+    if not problems:
+        return Check(name, OK, f"{SCRIPT_NAME} is current and tagged {', '.join(REQUIRED_TAGS)}")
+    return Check(name, FAIL, f"{SCRIPT_NAME}: " + "; ".join(problems), upload)
+
+
+def enlist_commissioning_check(value: Any, profile_fix: str) -> Check:
+    """enlist_commissioning on: MAAS then runs the built-ins and scripts tagged enlisting."""
+    name = "maas.enlist_commissioning"
+    if value is True:
+        return Check(name, OK, "on: enlistment runs the built-in scripts and those tagged enlisting")
+    return Check(name, WARN,
+                 f"{'off' if value is False else _clean(repr(value))}: enlistment runs only scripts tagged "
+                 "bmc-config (src/metadataserver/api.py), so VMs enlist without hardware details",
+                 profile_fix)
+
+
+def seed_file_check(path: str) -> tuple[Check, str | None]:
+    """The seed file passes the reconciler's own checks (:func:`seed.read`): a regular file, not
+    a symlink, mode 0600 or 0400, owned by root or this user, 32 or more random bytes.
+
+    Returns the check and, when it passes, the seed, for the checks that compare with it.
+    """
+    name = "maas.seed_file"
+    install = (f"`install -m 600 -o root SEEDFILE {shlex.quote(path or '/etc/maas-kubevirt/seed')}`, "
+               "SEEDFILE holding the seed the cluster's seed Secret was rendered from "
+               f"({seeds.ACCEPTED})")
+    if not path:
+        return Check(name, FAIL, "seed.file is empty: the MAAS host has no seed",
+                     f"set seed.file in the values, e.g. /etc/maas-kubevirt/seed, then {install}"), None
+    try:
+        seed = seeds.read(Path(path), "seed.file", follow_symlinks=False)
+    except ValuesError as failure:
+        return Check(name, FAIL, _clean(failure), install), None
+    info = os.stat(path)
+    return Check(name, OK, f"{path}: mode {stat.S_IMODE(info.st_mode):04o}, owned by {_user_name(info.st_uid)}, "
+                 f"{seeds.random_bytes(seed)} random bytes"), seed
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def claims(matches: Iterable[Match]) -> dict[str, list[str]]:
+    """serial ``<vm>.<namespace>`` -> system_ids of the machines whose power address claims it."""
+    found: dict[str, list[str]] = {}
+    for match in matches:
+        found.setdefault(f"{match.vm}.{match.namespace}", []).append(str(match.machine["system_id"]))
+    return found
+
+
+def claims_check(claimed: Mapping[str, Sequence[str]]) -> Check:
+    """No VM is claimed by two or more MAAS machines."""
+    duplicates = {serial: ids for serial, ids in sorted(claimed.items()) if len(ids) > 1}
+    if not duplicates:
+        return Check("maas.claims", OK, f"{len(claimed)} VM(s), each claimed by one MAAS machine")
+    described = [f"{serial} by {' and '.join(ids)}" for serial, ids in duplicates.items()]
+    return Check("maas.claims", FAIL,
+                 f"{len(duplicates)} VM(s) claimed by more than one machine: {_some(described)}; "
+                 "none of them gets a password, a name, a pool or a commission",
+                 "keep the machine whose boot MAC is the VM's and delete the others: "
+                 "`maas $PROFILE machine delete SYSTEM_ID`",
+                 tuple(sid for ids in duplicates.values() for sid in ids))
+
+
+def password_check(verdicts: Mapping[str, bool], reconcile: str) -> Check:
+    """Every sole claimant's stored power_pass is the one derived from the seed."""
+    wrong = sorted(sid for sid, right in verdicts.items() if not right)
+    if not wrong:
+        return Check("maas.power_password", OK,
+                     f"{len(verdicts)} machine(s) hold the BMC password derived from the seed")
+    return Check("maas.power_password", FAIL,
+                 f"{len(wrong)} machine(s) hold a power password other than the one derived from the seed: "
+                 f"{_some(wrong)}", f"`{reconcile} reconcile --once` sets it", tuple(wrong))
+
+
+
+def _refused(error: MAASError, fixes: _Fixes) -> Check:
+    return Check("maas.admin", FAIL, f"the API key was refused: {_clean(error)}",
+                 f"store a valid administrator's key in {fixes.key_source}: "
+                 "`sudo maas apikey --username ADMIN --generate`")
+
+
+MAAS_CHECKS = ("maas.version", "maas.admin", "maas.script", "maas.enlist_commissioning",
+               "maas.claims", "maas.power_password")
+
+
+def maas_checks(values: Mapping[str, Any], client: MAASClient, seed: str | None, fixes: _Fixes,
+                reach: Reach) -> list[Check]:
+    """The MAAS checks, and the hosts and credentials the network checks will use."""
+    domain = values["redfish"]["domain"]
+    checks: list[Check] = []
+    try:
+        checks.append(version_check(client.version()))
+    except MAASAuthError as error:
+        # MAAS answers version/ without authentication, but refuses a request signed by a bad key.
+        checks.append(Check("maas.version", SKIP, "not read: the API key was refused"))
+        checks.append(_refused(error, fixes))
+        return checks + _skipped(MAAS_CHECKS[2:], "the API key was refused")
+    except MAASError as error:
+        checks.append(Check("maas.version", FAIL, f"no answer from MAAS at {values['maas']['url']}: {_clean(error)}",
+                            "check maas.url: the region API answers `curl URL/api/2.0/version/`"))
+        return checks + _skipped(MAAS_CHECKS[1:], "MAAS did not answer")
+    try:
+        user = client.whoami()
+    except MAASAuthError as error:
+        checks.append(_refused(error, fixes))
+        return checks + _skipped(MAAS_CHECKS[2:], "the API key was refused")
+    except MAASError as error:
+        checks.append(Check("maas.admin", FAIL, _clean(error), "check the MAAS region's logs"))
+        user = {}
+    else:
+        checks.append(admin_check(user, fixes.key_source))
+    admin = user.get("is_superuser") is True
+    try:
+        script = client.script(SCRIPT_NAME)
+        problem = None
+        if script is not None:
+            stored = client.script_text(SCRIPT_NAME).decode("utf-8", "replace")
+            problem = rendering_problem(stored, dict(values), "the text MAAS stores")
+        checks.append(script_check(script, problem, fixes.upload))
+    except MAASError as error:
+        checks.append(Check("maas.script", FAIL, f"cannot read the script: {_clean(error)}", fixes.upload))
+    try:
+        checks.append(enlist_commissioning_check(client.config("enlist_commissioning"), fixes.enlist))
+    except MAASError as error:
+        checks.append(Check("maas.enlist_commissioning", FAIL, f"cannot read it: {_clean(error)}", fixes.enlist))
+    if not admin:
+        return checks + _skipped(MAAS_CHECKS[4:], "power parameters need an administrator's key")
+    try:
+        machines = client.machines()
+        redfish = [str(m["system_id"]) for m in machines if m.get("power_type") == "redfish"]
+        matches = matching(machines, client.power_addresses(redfish), domain)
+        claimed = claims(matches)
+        checks.append(claims_check(claimed))
+        sole = {serial: ids[0] for serial, ids in claimed.items() if len(ids) == 1}
+        chosen: set[tuple[str, str]] = set()      # (vm, namespace): one per namespace, for Redfish
+        for serial in sorted(sole, key=lambda s: identity.parse_serial(s)[::-1]):
+            vm, namespace = identity.parse_serial(serial)
+            if namespace not in reach.hosts:
+                reach.hosts[namespace] = identity.redfish_host(vm, namespace, domain)
+                chosen.add((vm, namespace))
+
+        passwords = Passwords(seed) if seed else None   # the reconciler's own comparison
+
+        def keep(parameters: Mapping[str, Any]) -> bool | None:
+            """Whether the password is right; MAAS's credentials kept only for the chosen VMs."""
+            parsed = identity.parse_redfish_address(parameters.get("power_address"), domain)
+            if parsed is None:
+                return None
+            if parsed in chosen:
+                reach.credentials[parsed[1]] = Credentials(
+                    sole[identity.format_serial(*parsed)], str(parameters.get("power_address")),
+                    str(parameters.get("power_user") or ""), str(parameters.get("power_pass") or ""),
+                    str(parameters.get("node_id") or "1"))
+            return passwords.judge(parameters, domain).password == RIGHT if passwords else None
+
+        verdicts = client.power_parameters(sole.values(), keep)
+        if seed is None:
+            checks.append(Check("maas.power_password", SKIP, "no seed to derive the passwords from (see maas.seed_file)"))
+        else:
+            checks.append(password_check({sid: bool(v) for sid, v in verdicts.items() if v is not None}, fixes.reconcile))
+    except MAASError as error:
+        checks.append(Check("maas.claims", FAIL, f"cannot read the machines: {_clean(error)}", "check the MAAS region's logs"))
+    return checks
