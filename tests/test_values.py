@@ -32,7 +32,7 @@ def test_defaults_cover_exactly_the_schema():
 def test_overrides_merge_over_defaults(tmp_path):
     values = load_values(write(tmp_path, {"redfish": {"domain": "BMC.Lab.Example.org"}}))
     assert values["redfish"]["domain"] == "bmc.lab.example.org"
-    assert values["redfish"]["scheme"] == "https"
+    assert values["redfish"]["username"] == DEFAULTS["redfish"]["username"]
     assert values["maas"] == DEFAULTS["maas"]
 
 
@@ -48,9 +48,8 @@ def test_bare_off_means_off(tmp_path):
     "override, problem",
     [
         ({"redfish": {"domain": "not a domain"}}, "redfish.domain: expected a DNS name such as bmc.example.com, found 'not a domain'"),
-        ({"redfish": {"scheme": "ftp"}}, "redfish.scheme: expected one of https, http, found 'ftp'"),
         ({"redfish": {"check": "maybe"}}, "redfish.check: expected one of off, advisory, strict, found 'maybe'"),
-        ({"redfish": {"colour": "blue"}}, "redfish.colour: unknown key; expected one of domain, scheme, username, check"),
+        ({"redfish": {"colour": "blue"}}, "redfish.colour: unknown key; expected one of domain, username, check"),
         ({"smbios": {"manufacturer": ""}}, "smbios.manufacturer: expected a non-empty printable string, found an empty string"),
         ({"kubernetes": {"opt_in_label": "bad key/with/slashes"}}, "kubernetes.opt_in_label: expected a Kubernetes label key"),
         ({"kubernetes": {"system_namespace": "Kube_System"}}, "kubernetes.system_namespace: expected a Kubernetes namespace name"),
@@ -74,8 +73,25 @@ def test_each_bad_key_is_named_with_expected_and_found(tmp_path, override, probl
 
 def test_every_problem_is_reported_at_once(tmp_path):
     with pytest.raises(ValuesError) as raised:
-        load_values(write(tmp_path, {"redfish": {"scheme": "ftp", "check": 1}, "maas": {"interval": -1}}))
+        load_values(write(tmp_path, {"redfish": {"username": "a b", "check": 1}, "maas": {"interval": -1}}))
     assert len(raised.value.problems) == 3
+
+
+@pytest.mark.parametrize("scheme", ["https", "http", "ftp", None])
+def test_redfish_scheme_is_refused_with_its_reason(tmp_path, scheme):
+    """MAAS keeps a Redfish address only as a bare host and its driver adds https:// itself."""
+    with pytest.raises(ValuesError) as raised:
+        load_values(write(tmp_path, {"redfish": {"scheme": scheme}}))
+    assert raised.value.problems == [
+        "redfish.scheme: no longer supported: MAAS stores the Redfish address as a bare host and always "
+        "reaches it over https://; remove the key"]
+
+
+def test_a_values_file_setting_redfish_scheme_exits_2(tmp_path, capsys):
+    output = tmp_path / "out"
+    code = cli.main(["--values", write(tmp_path, "redfish:\n  scheme: https\n"), "render", "--output", str(output)])
+    assert code == 2 and not output.exists()
+    assert "redfish.scheme: no longer supported" in capsys.readouterr().err
 
 
 def test_invalid_yaml_names_the_line(tmp_path):
@@ -194,7 +210,6 @@ def test_boundaries_types_and_control_characters(section, key, value, accepted):
     [
         ("redfish", "username", "a b", "expected a user name of 1-64 letters, digits, '.', '_' or '-', found 'a b'"),
         ("redfish", "check", True, "expected one of off, advisory, strict, found true"),
-        ("redfish", "scheme", "ftp", "expected one of https, http, found 'ftp'"),
         ("seed", "file", 5, "expected a file path, found 5"),
         ("seed", "file", "/etc/\0seed", "expected a file path, found '/etc/\\x00seed'"),
         ("kubernetes", "system_namespace", "Kube_System",

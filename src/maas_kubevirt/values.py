@@ -186,7 +186,6 @@ def _annotations(value: Any) -> list[str]:
 SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
     "redfish": {
         "domain": _dns_name,
-        "scheme": _choice("https", "http"),
         "username": _user,
         "check": _choice("off", "advisory", "strict"),
     },
@@ -222,6 +221,13 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
 }
 
 
+# Keys a values file may no longer set, and why: ignoring one silently would let an operator
+# believe it still has an effect.
+RETIRED: dict[tuple[str, str], str] = {
+    ("redfish", "scheme"): "MAAS stores the Redfish address as a bare host and always reaches it over https://",
+}
+
+
 def _read(path: Path) -> Any:
     try:
         text = path.read_text(encoding="utf-8")
@@ -250,7 +256,9 @@ def validate(values: Any, source: str = "values") -> dict:
             problems.append(f"{section}: expected a mapping, found {_found(given)}")
             continue
         for key in given:
-            if key not in keys:
+            if (section, key) in RETIRED:
+                problems.append(f"{section}.{key}: no longer supported: {RETIRED[section, key]}; remove the key")
+            elif key not in keys:
                 problems.append(f"{section}.{key}: unknown key; expected one of {', '.join(keys)}")
         for key, check in keys.items():
             if key not in given:
