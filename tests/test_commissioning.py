@@ -195,11 +195,12 @@ def _as_sysfs(value):
     return "" if value == "Not Specified" else value
 
 
-def expected_config(serial: str, *, scheme="https", domain="bmc.example.com", user="maas") -> dict:
+def expected_config(serial: str, *, domain="bmc.example.com", user="maas") -> dict:
     vm, namespace = identity.parse_serial(serial)
     return {
         "power_type": "redfish",
-        "power_address": f"{scheme}://{identity.redfish_host(vm, namespace, domain)}",
+        # The bare host, the one form MAAS stores and the reconciler trusts.
+        "power_address": identity.redfish_host(vm, namespace, domain),
         "power_user": user,
         "power_pass": identity.PLACEHOLDER_PASSWORD,
         "node_id": "1",
@@ -285,7 +286,7 @@ def test_render_changes_only_the_settings_line(rendered):
 ])
 def test_render_injects_values_no_value_can_break_out_of(hostile, tmp_path):
     values = copy.deepcopy(VALUES)
-    values["redfish"].update(domain=hostile, username=hostile, scheme=hostile, check=hostile)
+    values["redfish"].update(domain=hostile, username=hostile, check=hostile)
     values["smbios"]["manufacturer"] = hostile
     path = render_to(tmp_path, values)
     tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -293,7 +294,7 @@ def test_render_injects_values_no_value_can_break_out_of(hostile, tmp_path):
     assert [ast.dump(n) for n in tree.body if not _is_settings(n)] == [
         ast.dump(n) for n in original.body if not _is_settings(n)]
     assert load_script(path, "hostile").SETTINGS == {
-        **{key: hostile for key in ("domain", "scheme", "username", "check", "manufacturer")}, "rendered": True}
+        **{key: hostile for key in ("domain", "username", "check", "manufacturer")}, "rendered": True}
 
 
 def _is_settings(node: ast.stmt) -> bool:
@@ -334,10 +335,10 @@ def test_kubevirt_vm_gets_redfish_power(machine, rendered):
     result = machine.run(rendered)
     assert result.status == 0, result.output
     assert machine.written() == expected_config("web1.vms")
-    assert machine.written()["power_address"] == "https://web1.vms.bmc.example.com"
+    assert machine.written()["power_address"] == "web1.vms.bmc.example.com"  # bare: MAAS stores no URL
     assert machine.written()["power_pass"] == identity.PLACEHOLDER_PASSWORD
     assert one_line(result.stdout) == (
-        f"{SCRIPT_NAME}: wrote Redfish power for web1.vms: https://web1.vms.bmc.example.com (user maas, "
+        f"{SCRIPT_NAME}: wrote Redfish power for web1.vms: web1.vms.bmc.example.com (user maas, "
         f"placeholder password for the maas-kubevirt reconciler to replace) to {machine.config}\n")
     assert result.stderr == ""
     assert dmidecode_calls(machine.bin) == [MANUFACTURER, SERIAL]
@@ -362,15 +363,15 @@ def test_dotted_vm_name_splits_on_the_last_dot(machine, rendered):
     assert machine.run(rendered).status == 0
     config = machine.written()
     assert config == expected_config("web.frontend-1.team-a")
-    assert config["power_address"] == "https://web.frontend-1.team-a.bmc.example.com"
+    assert config["power_address"] == "web.frontend-1.team-a.bmc.example.com"
 
 
 def test_site_values_reach_the_file(machine, tmp_path):
-    values = values_with(domain="lab.example.org", scheme="http", username="redfish.admin", manufacturer="Acme Cloud")
+    values = values_with(domain="lab.example.org", username="redfish.admin", manufacturer="Acme Cloud")
     script = render_to(tmp_path, values)
     machine.smbios("Acme Cloud", "db-0.prod")
     assert machine.run(script).status == 0
-    assert machine.written() == expected_config("db-0.prod", scheme="http", domain="lab.example.org", user="redfish.admin")
+    assert machine.written() == expected_config("db-0.prod", domain="lab.example.org", user="redfish.admin")
 
 
 def test_whitespace_around_values_is_not_part_of_them(machine, rendered):
@@ -916,7 +917,6 @@ def test_invalid_settings_are_a_configuration_error(machine, monkeypatch):
 
 SETTINGS_PROBLEMS = {
     "domain": ("bmc", "domain is not a DNS name"),
-    "scheme": ("ftp", "scheme is not https or http"),
     "check": ("sometimes", "check is not off, advisory or strict"),
     "username": ("maas admin", "username is not 1-64 letters, digits, '.', '_' or '-'"),
     "manufacturer": (" \t", "manufacturer is empty"),
@@ -969,11 +969,10 @@ def test_settings_that_are_not_a_mapping(machine, monkeypatch):
     assert one_line(result.stderr) == f"{SCRIPT_NAME}: error: SETTINGS is not a mapping: render the script again\n"
 
 
-@pytest.mark.parametrize("scheme", ["https", "http"])
 @pytest.mark.parametrize("check", ["off", "advisory", "strict"])
-def test_every_documented_setting_is_accepted(scheme, check):
+def test_every_documented_setting_is_accepted(check):
     module = load_script(name="settings_accepted")
-    settings = {**module.SETTINGS, "scheme": scheme, "check": check, "rendered": True, "username": "a" * 64}
+    settings = {**module.SETTINGS, "check": check, "rendered": True, "username": "a" * 64}
     assert module.check_settings(settings) == settings
 
 
@@ -1172,8 +1171,8 @@ class RedfishDouble:
         self.server.server_close()
 
 
-def checking_script(tmp_path: Path, check: str, scheme: str = "http", port: int | None = None, resolve=None):
-    module = load_script(render_to(tmp_path, values_with(check=check, scheme=scheme)), f"rendered_check_{check}")
+def checking_script(tmp_path: Path, check: str, port: int | None = None, resolve=None):
+    module = load_script(render_to(tmp_path, values_with(check=check)), f"rendered_check_{check}")
     asked = []
 
     def fake_resolve(host, wanted_port):
@@ -1186,12 +1185,34 @@ def checking_script(tmp_path: Path, check: str, scheme: str = "http", port: int 
     return module, asked
 
 
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory) -> tuple[Path, Path]:
+    """A self-signed certificate and its key: what a BMC Ingress may well present."""
+    openssl = require_tool("openssl", "openssl makes the self-signed certificate of the Redfish check's tests")
+    directory = tmp_path_factory.mktemp("tls")
+    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=bmc",
+                    "-keyout", str(directory / "key.pem"), "-out", str(directory / "cert.pem")],
+                   check=True, capture_output=True)
+    return directory / "cert.pem", directory / "key.pem"
+
+
+def tls_context(certificate: tuple[Path, Path]) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(*certificate)
+    return context
+
+
+PLAIN = None  # a double without TLS
+
+
 @pytest.fixture
-def bmc():
+def bmc(certificate):
+    """Redfish doubles serving HTTPS, as MAAS's driver and the check always ask (tls=PLAIN: HTTP)."""
     servers = []
 
-    def start(*args, **kwargs):
-        servers.append(RedfishDouble(*args, **kwargs))
+    def start(*args, tls="self-signed", **kwargs):
+        context = tls_context(certificate) if tls == "self-signed" else tls
+        servers.append(RedfishDouble(*args, tls=context, **kwargs))
         return servers[-1]
 
     yield start
@@ -1207,8 +1228,8 @@ def test_check_that_passes_writes(machine, tmp_path, monkeypatch, bmc, check):
     result = machine.run_inprocess(module, monkeypatch)
     assert result.status == 0, result.output
     assert "answered 200" in result.stdout
-    assert asked == [("web1.vms.bmc.example.com", 80)]
-    assert machine.written() == expected_config("web1.vms", scheme="http")
+    assert asked == [("web1.vms.bmc.example.com", 443)]
+    assert machine.written() == expected_config("web1.vms")
     [request] = double.requests
     assert request["path"] == "/redfish/v1/"  # the service root, public in Redfish and kubevirtBMC
     assert request["host"] == "web1.vms.bmc.example.com"
@@ -1229,7 +1250,7 @@ def test_check_refused_by_the_allowlist(machine, tmp_path, monkeypatch, bmc, che
                                            "not writing BMC_CONFIG_PATH\n")
         machine.nothing_written()
     else:
-        assert machine.written() == expected_config("web1.vms", scheme="http")
+        assert machine.written() == expected_config("web1.vms")
 
 
 def test_check_with_nothing_listening_is_reported(machine, tmp_path, monkeypatch):
@@ -1240,31 +1261,26 @@ def test_check_with_nothing_listening_is_reported(machine, tmp_path, monkeypatch
     module, _ = checking_script(tmp_path, "advisory", port=free)
     result = machine.run_inprocess(module, monkeypatch)
     assert result.status == 0 and "cannot connect" in result.stdout
-    assert machine.written() == expected_config("web1.vms", scheme="http")
+    assert machine.written() == expected_config("web1.vms")
 
 
-def test_check_over_https_against_plain_http_reports_tls(machine, tmp_path, monkeypatch, bmc):
-    double = bmc(200)
+def test_check_against_plain_http_reports_tls(machine, tmp_path, monkeypatch, bmc):
+    double = bmc(200, tls=PLAIN)
     machine.smbios("KubeVirt", "web1.vms")
-    module, asked = checking_script(tmp_path, "advisory", scheme="https", port=double.port)
+    module, asked = checking_script(tmp_path, "advisory", port=double.port)
     result = machine.run_inprocess(module, monkeypatch)
     assert result.status == 0 and "TLS failed" in result.stdout
     assert asked == [("web1.vms.bmc.example.com", 443)]
     assert machine.written() == expected_config("web1.vms")
 
 
-def test_check_over_https_does_not_verify_the_certificate(machine, tmp_path, monkeypatch, bmc):
-    openssl = require_tool("openssl", "openssl makes the self-signed certificate of the HTTPS test")
-    subprocess.run([openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=bmc",
-                    "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")],
-                   check=True, capture_output=True)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+def test_check_over_https_does_not_verify_the_certificate(machine, tmp_path, monkeypatch, bmc, certificate):
+    context = tls_context(certificate)
     server_names = []
     context.sni_callback = lambda sock, name, ctx: server_names.append(name)
     double = bmc(200, tls=context)
     machine.smbios("KubeVirt", "web1.vms")
-    module, _ = checking_script(tmp_path, "strict", scheme="https", port=double.port)
+    module, _ = checking_script(tmp_path, "strict", port=double.port)
     result = machine.run_inprocess(module, monkeypatch)
     assert result.status == 0, result.output
     assert "answered 200" in result.stdout
@@ -1285,7 +1301,7 @@ def test_check_that_hangs_in_dns_is_bounded_to_5_seconds(machine, tmp_path, monk
     elapsed = time.monotonic() - started
     assert module.CHECK_TIMEOUT - 0.5 <= elapsed < module.CHECK_TIMEOUT + 1
     assert result.status == 0 and "no answer within 5 s" in result.stdout
-    assert machine.written() == expected_config("web1.vms", scheme="http")
+    assert machine.written() == expected_config("web1.vms")
 
 
 def test_strict_check_with_a_bmc_that_never_answers(machine, tmp_path, monkeypatch, bmc):
@@ -1329,7 +1345,7 @@ def test_bmc_answering_another_status_is_reported_without_a_hint(machine, tmp_pa
     machine.smbios("KubeVirt", "web1.vms")
     module, _ = checking_script(tmp_path, check, port=double.port)
     result = machine.run_inprocess(module, monkeypatch)
-    assert result.stdout.splitlines()[0] == "Redfish check: http://web1.vms.bmc.example.com/redfish/v1/ answered 404"
+    assert result.stdout.splitlines()[0] == "Redfish check: https://web1.vms.bmc.example.com/redfish/v1/ answered 404"
     assert result.status == (os.EX_UNAVAILABLE if check == "strict" else 0)
 
 
@@ -1365,13 +1381,13 @@ def test_check_failures_are_reported_with_their_reason(machine, tmp_path, monkey
     machine.smbios("KubeVirt", "web1.vms")
     module, _ = checking_script(tmp_path, check, resolve=failing)
     result = machine.run_inprocess(module, monkeypatch)
-    report = f"Redfish check: http://web1.vms.bmc.example.com/redfish/v1/: {reason}\n"
+    report = f"Redfish check: https://web1.vms.bmc.example.com/redfish/v1/: {reason}\n"
     if check == "strict":
         assert result.status == os.EX_UNAVAILABLE and result.stdout == report
         machine.nothing_written()
     else:
         assert result.status == 0 and result.stdout.startswith(report) and result.stderr == ""
-        assert machine.written() == expected_config("web1.vms", scheme="http")
+        assert machine.written() == expected_config("web1.vms")
 
 
 def wrapped(tmp_path: Path, script: Path, setup: str) -> Path:

@@ -109,7 +109,7 @@ def test_rendered_script_writes_redfish_power_in_a_kubevirt_guest(firmware, rend
     vm, namespace = identity.parse_serial(SERIAL)
     assert written == {
         "power_type": "redfish",
-        "power_address": "https://" + identity.redfish_host(vm, namespace, DOMAIN),
+        "power_address": identity.redfish_host(vm, namespace, DOMAIN),
         "power_user": USERNAME,
         "power_pass": identity.PLACEHOLDER_PASSWORD,  # the reconciler sets the real one
         "node_id": "1",

@@ -172,7 +172,6 @@ GOOD = {
     "domain": st.one_of(
         st.sampled_from(["bmc.example.com", "BMC.Example.COM.", "lab.example.org", "bmc.exampl\u212a.com"]),
         st.lists(GOOD_LABEL, min_size=2, max_size=4).map(".".join)),
-    "scheme": st.sampled_from(["https", "http"]),
     "username": st.one_of(st.just("maas"), st.from_regex(USERNAME, fullmatch=True)),
     "check": st.sampled_from(["off", "advisory", "strict"]),
     "manufacturer": st.sampled_from(["KubeVirt", "Acme Cloud", "ünïcødé VMs", " KubeVirt\t"]),
@@ -180,7 +179,6 @@ GOOD = {
 }
 ANY = {
     "domain": domain,
-    "scheme": st.text(max_size=6),
     "username": st.text(max_size=70),
     "check": st.text(max_size=6),
     "manufacturer": st.text(max_size=20),
@@ -243,7 +241,7 @@ def run(machine: dict, directory: Path):
         source = machine["stamped"] if machine["sysfs"] == "same" else machine["sysfs_other"]
         return script._text(source[attribute].encode("utf-8")), None
 
-    def redfish_check(url, host):
+    def redfish_check(host):
         return machine["check_ok"], "Redfish check: (faked)"
 
     def smbios_absent():
@@ -287,7 +285,7 @@ def in_order(machine: dict) -> bool:
         return False
     return (
         values["rendered"] is True and bool(values["manufacturer"].strip())
-        and values["scheme"] in ("https", "http") and USERNAME.fullmatch(values["username"]) is not None
+        and USERNAME.fullmatch(values["username"]) is not None
         and (values["check"] in ("off", "advisory") or (values["check"] == "strict" and machine["check_ok"]))
         and machine["bmc_config_path"] and not machine["existing"]
     )
@@ -352,9 +350,11 @@ def test_writes_exactly_the_five_keys_or_nothing(machine):
     assert seen(machine, "system-manufacturer", "sys_vendor") == values["manufacturer"].strip()
     the_serial = seen(machine, "system-serial-number", "product_serial")
     vm, namespace = identity.parse_serial(the_serial)
+    # The script writes exactly the one address identity.py trusts, naming this VM.
+    assert identity.parse_redfish_address(written["power_address"], values["domain"]) == (vm, namespace)
     assert written == {
         "power_type": "redfish",
-        "power_address": f"{values['scheme']}://{identity.redfish_host(vm, namespace, values['domain'])}",
+        "power_address": identity.redfish_host(vm, namespace, values["domain"]),
         "power_user": values["username"],
         "power_pass": identity.PLACEHOLDER_PASSWORD,  # the only password the script ever writes
         "node_id": "1",
@@ -380,11 +380,11 @@ ORIGINAL_LINES = SCRIPT.read_text(encoding="utf-8").split("\n")
 
 
 @settings(max_examples=min(settings.default.max_examples, 300))  # each render parses the whole script
-@given(st.fixed_dictionaries({key: st.text() for key in ("domain", "scheme", "username", "check", "manufacturer")}))
+@given(st.fixed_dictionaries({key: st.text() for key in ("domain", "username", "check", "manufacturer")}))
 def test_render_injects_any_text_as_a_literal(values):
     given_values = {
         **VALUES,
-        "redfish": {key: values[key] for key in ("domain", "scheme", "username", "check")},
+        "redfish": {key: values[key] for key in ("domain", "username", "check")},
         "smbios": {"manufacturer": values["manufacturer"]},
     }
     rendered = render_commissioning(given_values).split("\n")

@@ -12,6 +12,7 @@ from hypothesis import assume, example, given, strategies as st
 from maas_kubevirt import identity
 from maas_kubevirt.identity import IdentityError
 from branches import branch, branches_taken
+from hostile_addresses import HOSTILE
 from strategies import dns_labels, namespaces, readable_collisions, serials, short_vm_names, vm_names
 
 MAAS_HOSTNAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z")  # one DNS label
@@ -123,7 +124,7 @@ def test_redfish_host_is_a_valid_dns_name(vm, namespace):
     host = identity.redfish_host(vm, namespace, DOMAIN)
     assert len(host) <= 253
     assert all(1 <= len(label) <= 63 for label in host.split("."))
-    assert identity.parse_redfish_address(f"https://{host}", DOMAIN) == (vm, namespace)
+    assert identity.parse_redfish_address(host, DOMAIN) == (vm, namespace)
 
 
 def test_redfish_host_too_long_is_reported_not_mangled():
@@ -205,34 +206,82 @@ def test_parse_serial_accepts_exactly_the_kubernetes_names(text):
 @pytest.mark.parametrize(
     "address, expected",
     [
-        ("https://web1.vms.bmc.example.com", ("web1", "vms")),
-        ("http://web1.vms.bmc.example.com", ("web1", "vms")),
         ("web1.vms.bmc.example.com", ("web1", "vms")),
-        ("HTTPS://WEB1.VMS.BMC.EXAMPLE.COM/", ("web1", "vms")),
-        ("https://db.primary.vms.bmc.example.com:443/redfish/v1/Systems/1", ("db.primary", "vms")),
-        ("  https://web1.vms.bmc.example.com/ \n", ("web1", "vms")),
-        ("\thttps://web1.vms.bmc.example.com", ("web1", "vms")),
-        ("https://web1.vms.bmc.example.com.", ("web1", "vms")),
-        ("https://web1.vms.bmc.example.com.evil.io", None),
-        ("https://web1.vms.xbmc.example.com", None),
-        ("https://vms.bmc.example.com", None),
-        ("https://bmc.example.com", None),
-        ("https://10.0.0.5", None),
-        ("ftp://web1.vms.bmc.example.com", None),
-        ("https://user@web1.vms.bmc.example.com", None),
+        ("WEB1.VMS.BMC.EXAMPLE.COM", ("web1", "vms")),  # ASCII, compared case-insensitively
+        ("db.primary.vms.bmc.example.com", ("db.primary", "vms")),
+        ("web1.vms.xbmc.example.com", None),
+        ("vms.bmc.example.com", None),
+        ("bmc.example.com", None),
+        ("10.0.0.5", None),
         ("", None),
         (None, None),
+        (42, None),
     ],
 )
-def test_parse_redfish_address_is_anchored_and_label_aligned(address, expected):
+def test_parse_redfish_address_takes_the_bare_host_only(address, expected):
     assert identity.parse_redfish_address(address, DOMAIN) == expected
+
+
+@pytest.mark.parametrize("address", HOSTILE)
+def test_hostile_addresses_are_never_canonical(address):
+    assert identity.parse_redfish_address(address, DOMAIN) is None
+
+
+@pytest.mark.parametrize("address", [a for a in HOSTILE if "\u212a" not in a])
+def test_hostile_addresses_that_name_web1_are_suspects_of_it(address):
+    """Every look-alike that can be undone to web1.vms is a suspect naming it (the rest name nothing)."""
+    assert identity.suspect_identity(address, DOMAIN) in (("web1", "vms"), None)
+
+
+def test_kelvin_sign_is_a_suspect_of_the_vm_it_imitates():
+    assert identity.parse_redfish_address("\u212aube.vms.bmc.example.com", DOMAIN) is None
+    assert identity.suspect_identity("\u212aube.vms.bmc.example.com", DOMAIN) == ("kube", "vms")
+
+
+@pytest.mark.parametrize("address, expected", [
+    ("https://web1.vms.bmc.example.com", ("web1", "vms")),
+    ("user@web1.vms.bmc.example.com:31234/x?y#z", ("web1", "vms")),
+    ("web1.vms.bmc.example.com.", ("web1", "vms")),
+    ("web1.vms.bmc.example.com.evil.io", ("web1", "vms")),
+    ("web1%2evms.bmc.example.com", ("web1", "vms")),
+    ("\uff57eb1.vms.bmc.example.com", ("web1", "vms")),
+    ("web1.vms.bmc.example.com", None),          # canonical: not a suspect
+    ("web1.vms.xbmc.example.com", None),
+    ("evil.io", None),
+    (None, None),
+])
+def test_suspect_identity_names_what_a_look_alike_imitates(address, expected):
+    assert identity.suspect_identity(address, DOMAIN) == expected
+
+
+@given(short_vm_names(), namespaces, st.text(max_size=8), st.text(max_size=8))
+def test_only_the_bare_host_itself_is_canonical(vm, namespace, before, after):
+    """Anything added around the canonical host makes it not canonical, whatever it is."""
+    host = identity.redfish_host(vm, namespace, DOMAIN)
+    address = before + host + after
+    parsed = identity.parse_redfish_address(address, DOMAIN)
+    if parsed is not None:
+        assert address.lower() == identity.redfish_host(*parsed, DOMAIN)
+        assert address.isascii()
+    if before == after == "":
+        assert parsed == (vm, namespace)
+    elif parsed is None and identity.suspect_identity(address, DOMAIN) == (vm, namespace):
+        assert address.lower() != host
+
+
+@given(st.text(max_size=60))
+def test_parse_redfish_address_accepts_only_what_it_would_write(text):
+    parsed = identity.parse_redfish_address(text, DOMAIN)
+    if parsed is not None:
+        assert text.lower() == identity.redfish_host(*parsed, DOMAIN)
+        assert identity.suspect_identity(text, DOMAIN) is None
 
 
 @given(short_vm_names(), namespaces, dns_labels(20))
 def test_lookalike_domains_never_match(vm, namespace, evil):
     host = identity.redfish_host(vm, namespace, DOMAIN)
-    assert identity.parse_redfish_address(f"https://{host}.{evil}", DOMAIN) is None
-    assert identity.parse_redfish_address(f"https://{vm}.{namespace}.{evil}{DOMAIN}", DOMAIN) is None
+    assert identity.parse_redfish_address(f"{host}.{evil}", DOMAIN) is None
+    assert identity.parse_redfish_address(f"{vm}.{namespace}.{evil}{DOMAIN}", DOMAIN) is None
 
 
 @pytest.mark.parametrize("domain", ["", "localhost", "bmc..example.com", "bmc.example.com/x", "-bmc.example.com", "a" * 64 + ".com"])

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+import unicodedata
+import urllib.parse
 
 LABEL_MAX = 63
 SUBDOMAIN_MAX = 253
@@ -16,10 +18,6 @@ HOST_MAX = 253
 HASH_SUFFIX = 8
 _LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
 _DOMAIN_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
-_ADDRESS = re.compile(
-    r"(?:(?P<scheme>https?)://)?(?P<host>[^/:?#]+)(?::(?P<port>[0-9]{1,5}))?(?P<path>[/?#].*)?\Z",
-    re.IGNORECASE,
-)
 
 
 class IdentityError(ValueError):
@@ -106,24 +104,52 @@ def redfish_host(vm: str, namespace: str, domain: str) -> str:
 
 
 def parse_redfish_address(address: object, domain: str) -> tuple[str, str] | None:
-    """(vm, namespace) when a MAAS power_address is exactly ``<vm>.<namespace>.<domain>``, else None.
+    """(vm, namespace) when a MAAS power_address is exactly the bare host ``<vm>.<namespace>.<domain>``.
 
-    The scheme, a port and a path are optional; the match is anchored, label-aligned and
-    case-insensitive, so ``web1.vms.<domain>.evil.io`` is not ours.
+    ASCII only, compared case-insensitively, with no scheme, userinfo, port, path, query,
+    fragment, trailing dot or space: the one form MAAS stores for Redfish (its driver adds
+    ``https://``), and so the only address trusted with a password (DESIGN.md section 6).
     """
-    if not isinstance(address, str):
+    if not isinstance(address, str) or not address.isascii():
         return None
-    match = _ADDRESS.match(address.strip())
-    if not match:
-        return None
-    host = match["host"].lower().rstrip(".")
     suffix = "." + validate_domain(domain)
+    host = address.lower()
     if not host.endswith(suffix):
         return None
     try:
-        return parse_serial(host[: -len(suffix)])
+        vm, namespace = parse_serial(host[: -len(suffix)])
     except IdentityError:
         return None
+    return vm, namespace
+
+
+# What may stand before a host in an address (scheme, userinfo) or after it (port, path, ...).
+_HOST_BOUNDARY = re.compile(r"[/@:?#\\\[\]\s]")
+
+
+def suspect_identity(address: object, domain: str) -> tuple[str, str] | None:
+    """(vm, namespace) that an address which is not canonical still names, else None.
+
+    Undoes what an attacker would use to make a look-alike (Unicode compatibility forms such
+    as KELVIN SIGN, case, percent-encoding, a scheme, userinfo, port, path, trailing dots,
+    spaces) and finds ``<vm>.<namespace>.<domain>`` in what is left.
+    """
+    if not isinstance(address, str) or parse_redfish_address(address, domain) is not None:
+        return None
+    text = unicodedata.normalize("NFKC", urllib.parse.unquote(address)).casefold()
+    suffix = "." + validate_domain(domain)
+    for part in _HOST_BOUNDARY.split(text):
+        part = part.strip(".")
+        at = part.rfind(suffix)
+        while at > 0:
+            rest = part[at + len(suffix):]
+            if rest == "" or rest.startswith("."):
+                try:
+                    return parse_serial(part[:at])
+                except IdentityError:
+                    pass
+            at = part.rfind(suffix, 0, at)
+    return None
 
 
 def smbios_uuid(vm: str, namespace: str) -> str:
