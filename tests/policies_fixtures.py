@@ -169,6 +169,59 @@ def expected_ingress(name: str, namespace: str, values: dict) -> dict:
     return {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": metadata, "spec": spec}
 
 
+def expected_network_policy(namespace: str, values: dict) -> dict:
+    """The NetworkPolicy an opted-in namespace gets: Redfish from the Ingress controller only."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "maas-kubevirt-bmc", "namespace": namespace,
+                     "labels": {"app.kubernetes.io/part-of": "maas-kubevirt"}},
+        "spec": {
+            "podSelector": {"matchExpressions": [{"key": "kubevirt.io/virtualmachinebmc-name", "operator": "Exists"}]},
+            "policyTypes": ["Ingress"],
+            "ingress": [{
+                "from": [{"namespaceSelector": {"matchLabels": {
+                    "kubernetes.io/metadata.name": values["ingress"]["controller_namespace"]}}}],
+                "ports": [{"protocol": "TCP", "port": 10080}],
+            }],
+        },
+    }
+
+
+def catch_all_ingress(name: str, namespace: str, *, class_name: str | None = "nginx", legacy_class: str | None = None,
+                      hosts: list[str | None] = (), default_backend: bool = False) -> dict:
+    """An Ingress with the given rules (None: a rule without host) and, optionally, a defaultBackend."""
+    backend = {"service": {"name": "web", "port": {"number": 80}}}
+    rules = [{**({"host": h} if h is not None else {}),
+              "http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": backend}]}} for h in hosts]
+    spec: dict = {}
+    if class_name is not None:
+        spec["ingressClassName"] = class_name
+    if default_backend:
+        spec["defaultBackend"] = backend
+    if rules:
+        spec["rules"] = rules
+    metadata: dict = {"name": name, "namespace": namespace}
+    if legacy_class is not None:
+        metadata["annotations"] = {"kubernetes.io/ingress.class": legacy_class}
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": metadata, "spec": spec}
+
+
+# Ingresses in tenant-a and what the catch-all rule decides for the default class nginx.
+CATCH_ALL_CASES = [
+    (catch_all_ingress("hostless", "tenant-a", hosts=[None]), "fail"),
+    (catch_all_ingress("hostless-among-hosts", "tenant-a", hosts=["www.example.org", None]), "fail"),
+    (catch_all_ingress("default-backend", "tenant-a", default_backend=True), "fail"),
+    (catch_all_ingress("default-backend-and-host", "tenant-a", hosts=["www.example.org"], default_backend=True), "fail"),
+    (catch_all_ingress("legacy-hostless", "tenant-a", class_name=None, legacy_class="nginx", hosts=[None]), "fail"),
+    (catch_all_ingress("hosts", "tenant-a", hosts=["www.example.org", "web1.tenant-a." + DOMAIN]), "pass"),
+    (catch_all_ingress("legacy-hosts", "tenant-a", class_name=None, legacy_class="nginx", hosts=["www.example.org"]), "pass"),
+    (catch_all_ingress("other-class-hostless", "tenant-a", class_name="traefik", hosts=[None]), "skip"),
+    (catch_all_ingress("other-class-default", "tenant-a", class_name="traefik", default_backend=True), "skip"),
+    (catch_all_ingress("legacy-other-hostless", "tenant-a", class_name=None, legacy_class="traefik", hosts=[None]), "skip"),
+]
+
+
 def ingress_with_hosts(name: str, namespace: str, hosts: list[str], tls_hosts: list[str] = ()) -> dict:
     spec: dict = {"rules": [{"host": h, "http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": {
         "service": {"name": "web", "port": {"number": 80}}}}]}} for h in hosts]}
@@ -415,6 +468,24 @@ def suites(values: dict) -> dict[str, str]:
     for rule in ("bmc-secret", "virtual-machine-bmc", "bmc-ingress"):
         results.append(_result(pol, rule, ["tenant-a/db.primary"], "skip"))
     files["bmc/kyverno-test.yaml"] = _dump([_test("vm-bmc", "policy-vm-bmc.yaml", results)])
+
+    # bmc-isolation: a NetworkPolicy per opted-in namespace (none elsewhere: the CLI reports
+    # nothing for a namespace the rule does not select), and no catch-all Ingress of the class.
+    pol = names["isolation"]
+    namespaces = [namespace(ns, OPT_IN, "1") for ns in OPTED_IN] + [namespace(PLAIN, {}, "1")]
+    files["bmc-isolation/resources.yaml"] = _dump(namespaces + [ing for ing, _ in CATCH_ALL_CASES])
+    files["bmc-isolation/values.yaml"] = _dump([_values_file()])
+    results = []
+    for ns in OPTED_IN:
+        files[f"bmc-isolation/generated-networkpolicy-{ns}.yaml"] = _dump([expected_network_policy(ns, values)])
+        results.append(_result(pol, "bmc-network-policy", [ns], "pass", kind="Namespace",
+                               generatedResource=f"generated-networkpolicy-{ns}.yaml"))
+    by_outcome = {}
+    for ing, outcome in CATCH_ALL_CASES:
+        by_outcome.setdefault(outcome, []).append(f"{ing['metadata']['namespace']}/{ing['metadata']['name']}")
+    results += [_result(pol, "ingress-no-catch-all", refs, outcome, kind="Ingress")
+                for outcome, refs in sorted(by_outcome.items())]
+    files["bmc-isolation/kyverno-test.yaml"] = _dump([_test("bmc-isolation", "policy-bmc-isolation.yaml", results)])
     return files
 
 

@@ -17,7 +17,13 @@ from hypothesis import strategies as st
 from conftest import require
 from maas_kubevirt import identity, policies
 from maas_kubevirt.values import ValuesError, load_values, validate
-from policies_fixtures import expected_ingress, expected_secret, expected_vmbmc, vm_uid
+from policies_fixtures import (
+    expected_ingress,
+    expected_network_policy,
+    expected_secret,
+    expected_vmbmc,
+    vm_uid,
+)
 from policies_schemas import (
     SchemaProblem,
     generate_patterns,
@@ -132,6 +138,7 @@ def test_rbac_aggregates_exactly_the_needed_verbs(defaults):
         ("", "secrets", ()): generate,
         ("bmc.kubevirt.io", "virtualmachinebmcs", ()): generate,
         ("networking.k8s.io", "ingresses", ()): generate,
+        ("networking.k8s.io", "networkpolicies", ()): generate,
         ("kubevirt.io", "virtualmachines", ()): {"get", "list", "watch", "update"},
     }
     # Kyverno admits a synchronised generate rule only if its admission controller may get and
@@ -140,6 +147,7 @@ def test_rbac_aggregates_exactly_the_needed_verbs(defaults):
         ("", "secrets", ()): {"get", "list"},
         ("bmc.kubevirt.io", "virtualmachinebmcs", ()): {"get", "list"},
         ("networking.k8s.io", "ingresses", ()): {"get", "list"},
+        ("networking.k8s.io", "networkpolicies", ()): {"get", "list"},
     }
     read = {"get", "list", "watch"}
     assert reports == {
@@ -176,8 +184,11 @@ def test_policies_match_opted_in_namespaces_and_claims_match_every_namespace(def
                 assert "namespaceSelector" not in resources
                 excluded = [e["resources"].get("namespaceSelector") for e in rule.get("exclude", {}).get("any", [])]
                 assert excluded == ([selector_yes] if rule["name"].endswith("-only-when-opted-in") else [])
-            elif rule["name"] == "stamp-identity-on-opt-in":
+            elif rule["name"] in ("stamp-identity-on-opt-in", "bmc-network-policy"):
                 assert resources == {"kinds": ["Namespace"], "selector": selector_yes}
+            elif rule["name"] == "ingress-no-catch-all":
+                # Cluster-wide: a catch-all of the class serves every namespace's BMC hosts.
+                assert resources == {"kinds": ["networking.k8s.io/v1/Ingress"]}
             else:
                 assert resources["kinds"] == ["kubevirt.io/v1/VirtualMachine"]
                 assert resources["namespaceSelector"] == selector_yes
@@ -235,6 +246,7 @@ _IN_PLACE = {
     "ingress__tls_secret": "bmc-wildcard",
     "ingress__class_name": "haproxy",
     "ingress__allowlist_annotation": "haproxy.org/allow-list",
+    "ingress__controller_namespace": "ingress-system",
 }
 
 
@@ -247,6 +259,8 @@ def test_a_values_change_touches_only_what_kyverno_lets_change(defaults, key, va
     changes = {key: value}
     if key == "ingress__class_name":
         changes["ingress__allowlist_annotation"] = "haproxy.org/allow-list"
+    if key == "ingress__allowlist_annotation":   # class nginx takes only ingress-nginx's names
+        changes["ingress__class_name"] = "haproxy"
     before = _policies_of(policies.render_kubernetes(defaults, SEED))
     after = _policies_of(policies.render_kubernetes(values_with(defaults, **changes), SEED))
     assert policies.policies_to_recreate(before, after) == []
@@ -259,16 +273,17 @@ def test_a_values_change_touches_only_what_kyverno_lets_change(defaults, key, va
                 assert {k: v for k, v in rule["generate"].items() if k != "data"} == {k: v for k, v in old_rule["generate"].items() if k != "data"}
 
 
-@pytest.mark.parametrize("key, value", [
-    ("kubernetes__opt_in_label", "example.org/bmc"),
-    ("kubernetes__opt_in_value", "yes"),
-    ("kubernetes__seed_secret", "other-seed"),
-    ("kubernetes__system_namespace", "other-system"),
+@pytest.mark.parametrize("key, value, recreated", [
+    # The opt-in label selects the namespaces of both policies' generate rules.
+    ("kubernetes__opt_in_label", "example.org/bmc", ["isolation", "bmc"]),
+    ("kubernetes__opt_in_value", "yes", ["isolation", "bmc"]),
+    ("kubernetes__seed_secret", "other-seed", ["bmc"]),
+    ("kubernetes__system_namespace", "other-system", ["bmc"]),
 ])
-def test_a_change_in_an_immutable_part_is_detected(defaults, key, value):
+def test_a_change_in_an_immutable_part_is_detected(defaults, key, value, recreated):
     before = _policies_of(policies.render_kubernetes(defaults, SEED))
     after = _policies_of(policies.render_kubernetes(values_with(defaults, **{key: value}), SEED))
-    assert policies.policies_to_recreate(before, after) == [policies.POLICY_NAMES["bmc"]]
+    assert policies.policies_to_recreate(before, after) == sorted(policies.POLICY_NAMES[n] for n in recreated)
     text = policies.recreate_procedure(["maas-kubevirt-vm-bmc"], [], "out/kubernetes", before)
     assert "kubectl delete clusterpolicy maas-kubevirt-vm-bmc\n  kubectl apply -k out/kubernetes" in text
     assert "orphanDownstreamOnPolicyDelete" in text and "stay in place" in text
@@ -309,7 +324,9 @@ def test_library_annotations_on_every_policy(defaults):
         for key in ("title", "category", "severity", "subject", "description"):
             assert annotations[f"policies.kyverno.io/{key}"]
         assert annotations["policies.kyverno.io/severity"] in ("low", "medium", "high")
-        assert annotations["policies.kyverno.io/subject"].split(", ")[0] == "VirtualMachine"
+        assert set(annotations["policies.kyverno.io/subject"].split(", ")) <= {
+            "VirtualMachine", "VirtualMachineInstance", "VirtualMachineInstanceReplicaSet", "VirtualMachinePool",
+            "Ingress", "Namespace", "NetworkPolicy"}
         assert annotations["kyverno.io/kyverno-version"] == policies.KYVERNO_MIN_VERSION
 
 
@@ -335,6 +352,36 @@ def test_ingress_pattern_is_the_expected_ingress(defaults, tls):
     assert secret["data"]["username"] == expected_secret("web1", "tenant-a", username=values["redfish"]["username"])["data"]["username"]
 
 
+@pytest.mark.parametrize("controller_namespace", ["ingress-nginx", "ingress-system"])
+def test_network_policy_pattern_is_the_expected_network_policy(defaults, controller_namespace):
+    values = values_with(defaults, ingress__controller_namespace=controller_namespace)
+    isolation = policy(policies.render_kubernetes(values, SEED), policies.POLICY_NAMES["isolation"])
+    (generated,) = [resolve(p, {**VARIABLES, "request.object.metadata.name": "tenant-a"})
+                    for p in generate_patterns(isolation)]
+    assert generated == expected_network_policy("tenant-a", values)
+    rule = rules(isolation)["bmc-network-policy"]
+    assert rule["generate"]["synchronize"] is rule["generate"]["generateExisting"] is True
+    assert rule["generate"]["orphanDownstreamOnPolicyDelete"] is True
+    # Redfish only: the one port admitted is kubevirtBMC's Redfish container port, over TCP.
+    (admitted,) = generated["spec"]["ingress"]
+    assert admitted["ports"] == [{"protocol": "TCP", "port": policies.REDFISH_POD_PORT}]
+
+
+def test_the_catch_all_rule_follows_the_values(defaults):
+    isolation = rules(policy(policies.render_kubernetes(defaults, SEED), policies.POLICY_NAMES["isolation"]))
+    rule = isolation["ingress-no-catch-all"]
+    assert rule["validate"]["failureAction"] == "Enforce" and rule["validate"]["allowExistingViolations"] is False
+    assert rule["validate"]["message"].startswith("ingress-no-catch-all: ") and "Fix: " in rule["validate"]["message"]
+    assert [c["value"] for c in rule["preconditions"]["any"]] == ["nginx", "nginx"]
+    other = rules(policy(policies.render_kubernetes(values_with(
+        defaults, ingress__class_name="haproxy", ingress__allowlist_annotation="haproxy.org/allow-list"), SEED),
+        policies.POLICY_NAMES["isolation"]))
+    assert [c["value"] for c in other["ingress-no-catch-all"]["preconditions"]["any"]] == ["haproxy", "haproxy"]
+    allowed = rules(policy(policies.render_kubernetes(values_with(defaults, ingress__allow_catch_all=True), SEED),
+                           policies.POLICY_NAMES["isolation"]))
+    assert list(allowed) == ["bmc-network-policy"]
+
+
 # --- schemas ----------------------------------------------------------------------------------
 
 def _validate_render(manifests: dict[str, str], module_dir) -> None:
@@ -351,7 +398,8 @@ def test_every_rendered_object_validates_against_its_schema(defaults, module_dir
 
 def test_expected_generated_objects_validate(defaults, module_dir):
     for ns in ("tenant-a", "tenant-b"):
-        for obj in (expected_secret("web1", ns), expected_vmbmc("web1", ns), expected_ingress("web1", ns, defaults)):
+        for obj in (expected_secret("web1", ns), expected_vmbmc("web1", ns), expected_ingress("web1", ns, defaults),
+                    expected_network_policy(ns, defaults)):
             validate_object(obj, module_dir)
 
 
@@ -374,8 +422,8 @@ def test_the_validator_catches_a_broken_policy(defaults, module_dir):
         ({"ingress__tls_secret": "wild", "ingress__cluster_issuer": "le"}, "ingress.cluster_issuer"),
         ({"ingress__annotations": {"nginx.ingress.kubernetes.io/whitelist-source-range": "0.0.0.0/0"}}, "ingress.annotations"),
         ({"ingress__annotations": {"nginx.ingress.kubernetes.io/allowlist-source-range": "10.0.0.0/8"}}, "ingress.annotations"),
-        ({"ingress__allowlist_annotation": "example.org/allow", "ingress__annotations": {"example.org/allow": "0.0.0.0/0"}},
-         "ingress.annotations"),
+        ({"ingress__class_name": "haproxy", "ingress__allowlist_annotation": "example.org/allow",
+          "ingress__annotations": {"example.org/allow": "0.0.0.0/0"}}, "ingress.annotations"),
         ({"ingress__class_name": "traefik"}, "ingress.allowlist_annotation"),
         ({"redfish__domain": ("a" * 62 + ".") * 2 + "example.com"}, "redfish.domain"),
         ({"ingress__annotations": {"cert-manager.io/cluster-issuer": "other"}}, "ingress.annotations"),

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import copy
+import ipaddress
 
 import pytest
 import yaml
-from hypothesis import example, given, strategies as st
+from hypothesis import assume, example, given, strategies as st
 
 from branches import branch, branches_taken
 
@@ -357,6 +358,7 @@ def test_source_ranges_refuse_nothing_and_everything():
 
 def test_allowlist_annotation_is_an_annotation_key_or_empty():
     values = copy.deepcopy(DEFAULTS)
+    values["ingress"]["class_name"] = "haproxy"
     for accepted in ("", "nginx.ingress.kubernetes.io/whitelist-source-range", "allowlist"):
         values["ingress"]["allowlist_annotation"] = accepted
         assert validate(copy.deepcopy(values))["ingress"]["allowlist_annotation"] == accepted
@@ -365,3 +367,115 @@ def test_allowlist_annotation_is_an_annotation_key_or_empty():
         validate(values)
     assert raised.value.problems == [
         "ingress.allowlist_annotation: expected an annotation key ([prefix/]name), or an empty string, found 'bad key'"]
+
+
+NGINX_NAMES = ["nginx.ingress.kubernetes.io/allowlist-source-range", "nginx.ingress.kubernetes.io/whitelist-source-range"]
+
+
+@given(st.one_of(st.sampled_from(NGINX_NAMES + [""]),
+                 st.sampled_from(NGINX_NAMES).map(lambda n: n.replace("-", "_")),   # typos of the right name
+                 st.sampled_from(NGINX_NAMES).map(lambda n: n.replace("-source", "-Source")),
+                 st.sampled_from(NGINX_NAMES).map(lambda n: n + "s"),
+                 st.from_regex(r"[a-z]([a-z0-9.-]{0,20}[a-z0-9])?/[a-z]([a-z0-9-]{0,20}[a-z0-9])?", fullmatch=True)))
+@example("nginx.ingress.kubernetes.io/allow-list-source-range")
+@example("haproxy.org/allow-list")
+def test_class_nginx_takes_only_ingress_nginx_allowlist_names(name):
+    """ingress-nginx ignores any other annotation: a misspelt one would leave every BMC open."""
+    values = copy.deepcopy(DEFAULTS)
+    values["ingress"]["allowlist_annotation"] = name
+    if name in NGINX_NAMES + [""]:
+        assert validate(copy.deepcopy(values))["ingress"]["allowlist_annotation"] == name
+    else:
+        with pytest.raises(ValuesError) as raised:
+            validate(copy.deepcopy(values))
+        assert raised.value.problems == [
+            f"ingress.allowlist_annotation: expected {NGINX_NAMES[0]}, {NGINX_NAMES[1]} or an empty string (the "
+            f"only allowlists ingress-nginx reads, for class_name nginx), found {name!r}"]
+        values["ingress"]["class_name"] = "haproxy"      # another controller names its own
+        assert validate(values)["ingress"]["allowlist_annotation"] == name
+
+
+def _ranges_problems(ranges: list[str]) -> list[str]:
+    values = copy.deepcopy(DEFAULTS)
+    values["ingress"]["source_ranges"] = ranges
+    try:
+        validate(values)
+    except ValuesError as error:
+        return error.problems
+    return []
+
+
+def _split(network: ipaddress.IPv4Network | ipaddress.IPv6Network, data, depth: int) -> list[str]:
+    """A random partition of network into CIDRs: each piece kept whole or cut into its two halves."""
+    if depth == 0 or network.prefixlen == network.max_prefixlen or not data.draw(st.booleans()):
+        return [str(network)]
+    low, high = network.subnets(prefixlen_diff=1)
+    return _split(low, data, depth - 1) + _split(high, data, depth - 1)
+
+
+@given(st.data(), st.sampled_from([4, 6]), st.integers(min_value=1, max_value=6))
+def test_ranges_that_add_up_to_a_whole_family_are_refused_like_slash_0(data, version, depth):
+    everything = ipaddress.ip_network("0.0.0.0/0" if version == 4 else "::/0")
+    low, high = everything.subnets(prefixlen_diff=1)       # never /0 itself: that has its own rule
+    pieces = _split(low, data, depth - 1) + _split(high, data, depth - 1)
+    order = data.draw(st.permutations(pieces))
+    other = data.draw(st.lists(st.sampled_from(["10.0.0.0/8", "192.168.0.0/16"] if version == 6 else ["fd00::/8"]),
+                               max_size=2))                # ranges of the other family change nothing
+    problems = _ranges_problems(list(order) + other)
+    assert problems == [f"ingress.source_ranges: expected CIDRs that together leave out part of IPv{version} (the "
+                        f"rack controllers, not the whole Internet), found {', '.join(order)}, which add up to "
+                        f"{everything}"]
+    # Without any one piece, some addresses are left out: accepted.
+    missing = data.draw(st.integers(min_value=0, max_value=len(order) - 1))
+    assert _ranges_problems([p for i, p in enumerate(order) if i != missing] + other) == [] or len(order) == 1
+
+
+def _networks(version: int):
+    """CIDRs of one family, short prefixes often, so that lists of them cover it now and then."""
+    longest = 32 if version == 4 else 128
+    prefix = st.one_of(st.integers(min_value=1, max_value=3), st.integers(min_value=1, max_value=longest))
+    return st.builds(lambda address, length: ipaddress.ip_network(f"{address}/{length}", strict=False),
+                     st.ip_addresses(v=version), prefix)
+
+
+def _covers_family(networks: list) -> bool:
+    """Whether CIDRs of one family cover all of it. Two CIDRs are nested or disjoint, so the
+    union's size is the sum over those not inside another (counted once)."""
+    outermost = {n for n in networks if not any(m != n and n.subnet_of(m) for m in networks)}
+    return bool(networks) and sum(n.num_addresses for n in outermost) == 2 ** networks[0].max_prefixlen
+
+
+@given(st.lists(_networks(4), max_size=5), st.lists(_networks(6), max_size=5))
+def test_a_range_list_is_refused_exactly_when_a_family_is_covered(v4, v6):
+    assume(v4 or v6)
+    problems = _ranges_problems([str(n) for n in v4 + v6])
+    expected = [f"IPv{version}" for version, family in ((4, v4), (6, v6)) if _covers_family(family)]
+    assert [p.split("part of ")[1].split(" ")[0] for p in problems] == expected
+    assert all(p.startswith("ingress.source_ranges: expected ") for p in problems)
+
+
+def test_whole_family_union_is_named_once_beside_a_slash_0():
+    assert _ranges_problems(["0.0.0.0/0", "0.0.0.0/1", "128.0.0.0/1"]) == [
+        "ingress.source_ranges[0]: expected a CIDR narrower than /0 (the rack controllers, not the whole Internet), "
+        "found '0.0.0.0/0'"]
+    assert _ranges_problems(["::/1", "8000::/1", "10.0.0.0/8"]) == [
+        "ingress.source_ranges: expected CIDRs that together leave out part of IPv6 (the rack controllers, not the "
+        "whole Internet), found ::/1, 8000::/1, which add up to ::/0"]
+    assert _ranges_problems(["0.0.0.0/1", "128.0.0.0/2", "192.0.0.0/2", "::/1"]) != []
+    assert _ranges_problems(["0.0.0.0/1", "128.0.0.0/2", "::/1", "8000::/2"]) == []
+
+
+@pytest.mark.parametrize("section, key, value, accepted", [
+    ("ingress", "controller_namespace", "ingress-nginx", True),
+    ("ingress", "controller_namespace", "kube-system", True),
+    ("ingress", "controller_namespace", "Ingress_Nginx", False),
+    ("ingress", "controller_namespace", "", False),
+    ("ingress", "allow_catch_all", True, True),
+    ("ingress", "allow_catch_all", False, True),
+    ("ingress", "allow_catch_all", "false", False),
+    ("ingress", "allow_catch_all", 0, False),
+])
+def test_controller_namespace_and_allow_catch_all(section, key, value, accepted):
+    test_boundaries_types_and_control_characters(section, key, value, accepted)
+    assert DEFAULTS["ingress"]["controller_namespace"] == "ingress-nginx"
+    assert DEFAULTS["ingress"]["allow_catch_all"] is False

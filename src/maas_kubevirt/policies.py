@@ -27,7 +27,7 @@ import yaml
 
 from maas_kubevirt import identity
 from maas_kubevirt.paths import data_dir, write_atomic
-from maas_kubevirt.values import ValuesError
+from maas_kubevirt.values import NGINX_ALLOWLIST_ANNOTATIONS, NGINX_CLASS, ValuesError
 
 # Oldest Kyverno the policies are written for (rule-level generateExisting, failureAction,
 # mutateExistingOnPolicyUpdate); tests run them with the CLI built by tools/build-kyverno.
@@ -38,9 +38,9 @@ EXAMPLE_NAMESPACE = "maas-vms"
 KUBEMACPOOL_LABEL = "mutatevirtualmachines.kubemacpool.io"
 # ingress-nginx's source allowlist; whitelist-source-range is its deprecated alias, which
 # ingress-nginx still honours, so neither may come from ingress.annotations.
-ALLOWLIST_ANNOTATION = "nginx.ingress.kubernetes.io/allowlist-source-range"
-DEPRECATED_ALLOWLIST_ANNOTATION = "nginx.ingress.kubernetes.io/whitelist-source-range"
-NGINX_CLASS = "nginx"
+ALLOWLIST_ANNOTATION, DEPRECATED_ALLOWLIST_ANNOTATION = NGINX_ALLOWLIST_ANNOTATIONS
+# The Ingress class annotation older than spec.ingressClassName, which controllers still read.
+LEGACY_INGRESS_CLASS_ANNOTATION = "kubernetes.io/ingress.class"
 CLUSTER_ISSUER_ANNOTATION = "cert-manager.io/cluster-issuer"
 # Set on each VM by the opt-in rule: a new value on every opt-in makes the update that fires
 # the BMC policy's generate rules even when the VM already carries its serial and UUID.
@@ -53,7 +53,14 @@ POLICY_NAMES = {
     "claims": "maas-kubevirt-identity-claims",
     "audit": "maas-kubevirt-audit-vm",
     "bmc": "maas-kubevirt-vm-bmc",
+    "isolation": "maas-kubevirt-bmc-isolation",
 }
+# kubevirtBMC (internal/controller/virtualmachinebmc/constant.go): every BMC pod carries this
+# label, and listens for Redfish on this port behind its Service's port 80.
+BMC_POD_LABEL = "kubevirt.io/virtualmachinebmc-name"
+REDFISH_POD_PORT = 10080
+# The NetworkPolicy generated in each opted-in namespace.
+NETWORK_POLICY_NAME = "maas-kubevirt-bmc"
 
 SEED_SECRET_FILE = "seed-secret.yaml"
 KUSTOMIZATION_FILE = "kustomization.yaml"
@@ -67,6 +74,7 @@ FILES = [
     "policy-identity-claims.yaml",
     "policy-vm-audit.yaml",
     "policy-vm-bmc.yaml",
+    "policy-bmc-isolation.yaml",
     "example-namespace.yaml",
 ]
 
@@ -253,6 +261,11 @@ def _context(values: dict, seed: str | None) -> dict[str, Any]:
         + _jmespath_string("." + domain) + "])) }}",
         "seed_url_path": f"/api/v1/namespaces/{kubernetes['system_namespace']}/secrets/{kubernetes['seed_secret']}",
         "ingress_annotations": annotations,
+        "bmc_pod_label": BMC_POD_LABEL,
+        "redfish_pod_port": REDFISH_POD_PORT,
+        "network_policy_name": NETWORK_POLICY_NAME,
+        "legacy_ingress_class_jmespath": '{{ request.object.metadata.annotations."'
+        + LEGACY_INGRESS_CLASS_ANNOTATION + "\" || '' }}",
         "tls_secret_name": tls_secret_name,
         "files": {"ordered": files, "seed": seed is not None},
     }
@@ -377,15 +390,15 @@ def recreate_procedure(names: list[str], retired: list[str], kustomize_dir: str 
     lines.append(f"  kubectl apply -k {kustomize_dir}")
     if all(keeps_downstream(previous[name]) for name in names + retired):
         lines.append(
-            "The generated Secrets, VirtualMachineBMCs and Ingresses stay in place while the policy "
-            "is gone (orphanDownstreamOnPolicyDelete), and the new policy adopts and updates those "
-            "of the VMs it matches (generateExisting). Those of VMs it no longer matches stay as "
-            "they are until their VM is deleted."
+            "The generated Secrets, VirtualMachineBMCs, Ingresses and NetworkPolicies stay in place "
+            "while the policy is gone (orphanDownstreamOnPolicyDelete), and the new policy adopts and "
+            "updates those of the VMs and namespaces it matches (generateExisting). Those of VMs it no "
+            "longer matches stay as they are until their VM is deleted."
         )
     else:
         lines.append(
             "The policy in the cluster was rendered without orphanDownstreamOnPolicyDelete: "
-            "deleting it deletes every generated Secret, VirtualMachineBMC and Ingress, and the "
+            "deleting it deletes every generated Secret, VirtualMachineBMC, Ingress and NetworkPolicy, and the "
             "new policy generates them again (generateExisting). MAAS cannot reach the BMCs in "
             "between."
         )

@@ -19,6 +19,13 @@ _LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
 _URL = re.compile(r"https?://[^\s/?#]+(/[^\s?#]*)?\Z")
 _K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 _MAAS_TAG = re.compile(r"[\w-]+\Z")
+# ingress-nginx reads a source allowlist from these annotations only (the second is the
+# deprecated name it still honours); any other name on class nginx would leave the BMC open.
+NGINX_CLASS = "nginx"
+NGINX_ALLOWLIST_ANNOTATIONS = (
+    "nginx.ingress.kubernetes.io/allowlist-source-range",
+    "nginx.ingress.kubernetes.io/whitelist-source-range",
+)
 
 
 class ValuesError(Exception):
@@ -146,12 +153,14 @@ def _maas_tag(value: Any) -> str | None:
 
 
 def _source_ranges(value: Any) -> list[str]:
-    """The BMC allowlist: at least one CIDR, none of them the whole address space (/0)."""
+    """The BMC allowlist: at least one CIDR; neither one of them nor their union the whole space (/0)."""
     if not isinstance(value, list):
         return ["a list of CIDRs such as 10.0.0.0/8"]
     if not value:
         return ["at least one CIDR, such as the MAAS rack controllers' (an empty list would leave every BMC open)"]
-    problems = []
+    problems: list[str] = []
+    networks: list = []
+    whole: set[int] = set()  # IP versions already refused for a /0 item
     for index, item in enumerate(value):
         try:
             if not isinstance(item, str):
@@ -161,9 +170,30 @@ def _source_ranges(value: Any) -> list[str]:
             problems.append(f"[{index}]: expected a CIDR such as 10.0.0.0/8, found {_found(item)}")
             continue
         if network.prefixlen == 0:
+            whole.add(network.version)
             problems.append(f"[{index}]: expected a CIDR narrower than /0 (the rack controllers, not "
                             f"the whole Internet), found {item!r}")
+            continue
+        networks.append(network)
+    return problems + _whole_family_unions(networks, whole)
+
+
+def _whole_family_unions(networks: list, already_whole: set[int]) -> list[str]:
+    """A problem for each IP version whose ranges together cover all of it, as /0 would."""
+    problems = []
+    for version, everything in ((4, "0.0.0.0/0"), (6, "::/0")):
+        family = [n for n in networks if n.version == version]
+        if version in already_whole or not family:
+            continue
+        if any(n.prefixlen == 0 for n in ipaddress.collapse_addresses(family)):
+            listed = ", ".join(str(n) for n in family)
+            problems.append(f": expected CIDRs that together leave out part of IPv{version} (the rack "
+                            f"controllers, not the whole Internet), found {listed}, which add up to {everything}")
     return problems
+
+
+def _boolean(value: Any) -> str | None:
+    return None if isinstance(value, bool) else "true or false"
 
 
 def _annotation_key(value: Any) -> str | None:
@@ -199,6 +229,8 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
     },
     "ingress": {
         "class_name": _k8s_name,
+        "controller_namespace": _namespace,
+        "allow_catch_all": _boolean,
         "tls_secret": _optional(_k8s_name),
         "cluster_issuer": _optional(_k8s_name),
         "source_ranges": _source_ranges,
@@ -269,13 +301,23 @@ def validate(values: Any, source: str = "values") -> dict:
                 problems.append(f"{section}.{key}: expected {outcome}, found {_found(given[key])}")
             elif isinstance(outcome, list):
                 problems.extend(
-                    f"{section}.{key}{p}" if p.startswith("[") else f"{section}.{key}: expected {p}, found {_found(given[key])}"
+                    f"{section}.{key}{p}" if p.startswith(("[", ":")) else f"{section}.{key}: expected {p}, found {_found(given[key])}"
                     for p in outcome
                 )
     if problems:
         raise ValuesError(problems)
+    _check_nginx_allowlist(values["ingress"])
     values["redfish"]["domain"] = identity.validate_domain(values["redfish"]["domain"])
     return values
+
+
+def _check_nginx_allowlist(ingress: dict) -> None:
+    """On class nginx, the allowlist annotation is one ingress-nginx reads: a typo would open every BMC."""
+    name = ingress["allowlist_annotation"]
+    if ingress["class_name"] == NGINX_CLASS and name and name not in NGINX_ALLOWLIST_ANNOTATIONS:
+        raise ValuesError([
+            f"ingress.allowlist_annotation: expected {', '.join(NGINX_ALLOWLIST_ANNOTATIONS)} or an empty "
+            f"string (the only allowlists ingress-nginx reads, for class_name {NGINX_CLASS}), found {name!r}"])
 
 
 def _merge(defaults: dict, overrides: dict) -> dict:
