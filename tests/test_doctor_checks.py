@@ -320,6 +320,9 @@ class MemoryCluster:
         self.seed_digest = hashlib.sha256(seed.encode()).hexdigest()
         self.namespace_list = [namespace("vms", True)]
         self.inventory = inventory([vm("web1", ["02:00:00:00:00:01"])])
+        self.policies_of = {"vms": [network_policy("vms")]}
+        self.daemonset_list = [daemonset("kube-system", "calico-node")]
+        self.elsewhere = [catch_all_ingress("web", "shop", "traefik", hosts=[None])]
 
     def crd(self, name):
         return self.crds.get(name)
@@ -350,7 +353,13 @@ class MemoryCluster:
         return [{"metadata": {"name": n}} for n in self.inventory.bmcs]
 
     def ingresses(self, ns):
-        return self.inventory.ingresses
+        return self.inventory.ingresses if ns is not None else self.inventory.ingresses + self.elsewhere
+
+    def network_policies(self, ns):
+        return self.policies_of.get(ns, [])
+
+    def daemonsets(self):
+        return self.daemonset_list
 
 
 def test_cluster_section_over_a_healthy_cluster_and_one_with_each_failure():
@@ -366,8 +375,132 @@ def test_cluster_section_over_a_healthy_cluster_and_one_with_each_failure():
     cluster.seed_digest = hashlib.sha256(b"another").hexdigest()
     cluster.namespace_list[0]["metadata"]["labels"].pop(policies.KUBEMACPOOL_LABEL)
     cluster.inventory.vms[0]["spec"]["template"]["spec"]["domain"]["devices"]["interfaces"][0].pop("macAddress")
-    failed = {c.name for c in doctor.cluster_checks(VALUES, cluster, seed, fixes, doctor.Reach()) if c.status == "fail"}
-    assert failed == {"cluster.crds", "cluster.policies", "cluster.seed_secret", "cluster.kubemacpool", "cluster.vms/vms"}
+    cluster.policies_of.clear()
+    cluster.elsewhere.append(catch_all_ingress("all", "shop", "nginx", default_backend=True))
+    cluster.daemonset_list.clear()
+    checks = {c.name: c for c in doctor.cluster_checks(VALUES, cluster, seed, fixes, doctor.Reach())}
+    failed = {name for name, c in checks.items() if c.status == "fail"}
+    assert failed == {"cluster.crds", "cluster.policies", "cluster.seed_secret", "cluster.kubemacpool", "cluster.vms/vms",
+                      "cluster.network_policies", "cluster.catch_all"}
+    assert checks["cluster.cni"].status == "warn"
+
+
+class Forbidden(MemoryCluster):
+    """A kubeconfig that may read the opted-in namespaces but list nothing cluster-wide."""
+
+    def daemonsets(self):
+        from maas_kubevirt.kube import KubeError
+        raise KubeError("/apis/apps/v1/daemonsets", 403, "daemonsets.apps is forbidden")
+
+    def ingresses(self, ns):
+        if ns is None:
+            from maas_kubevirt.kube import KubeError
+            raise KubeError("/apis/networking.k8s.io/v1/ingresses", 403, "ingresses.networking.k8s.io is forbidden")
+        return super().ingresses(ns)
+
+
+def test_what_cannot_be_listed_cluster_wide_is_a_warning():
+    seed = "s" * 40
+    checks = {c.name: c for c in doctor.cluster_checks(VALUES, Forbidden(seed), seed,
+                                                       doctor._Fixes("maas-kubevirt", VALUES), doctor.Reach())}
+    assert checks["cluster.cni"].status == checks["cluster.catch_all"].status == "warn"
+    assert checks["cluster.network_policies"].status == "ok"
+
+
+# --- what keeps the BMCs closed: NetworkPolicy, CNI, no catch-all Ingress -----------------------
+
+
+def network_policy(ns: str) -> dict:
+    """The NetworkPolicy as the API server returns it after Kyverno generated it."""
+    return {"metadata": {"name": "maas-kubevirt-bmc", "namespace": ns,
+                         "labels": {"app.kubernetes.io/part-of": "maas-kubevirt"}},
+            "spec": copy.deepcopy(GENERATED.network_policy)}
+
+
+def daemonset(ns: str, name: str) -> dict:
+    return {"metadata": {"name": name, "namespace": ns}}
+
+
+def catch_all_ingress(name: str, ns: str, class_name: str | None, *, legacy: str | None = None,
+                      hosts: list[str | None] = (), default_backend: bool = False) -> dict:
+    backend = {"service": {"name": "web", "port": {"number": 80}}}
+    spec: dict = {"rules": [{"host": h} if h else {"http": {}} for h in hosts]}
+    if class_name:
+        spec["ingressClassName"] = class_name
+    if default_backend:
+        spec["defaultBackend"] = backend
+    metadata: dict = {"name": name, "namespace": ns}
+    if legacy:
+        metadata["annotations"] = {"kubernetes.io/ingress.class": legacy}
+    return {"metadata": metadata, "spec": spec}
+
+
+def test_the_generated_network_policy_admits_only_the_ingress_controller_to_redfish():
+    assert GENERATED.names["NetworkPolicy"] == "maas-kubevirt-bmc"
+    assert GENERATED.network_policy == {
+        "podSelector": {"matchExpressions": [{"key": "kubevirt.io/virtualmachinebmc-name", "operator": "Exists"}]},
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}}],
+                     "ports": [{"protocol": "TCP", "port": 10080}]}],
+    }
+
+
+def test_network_policies_missing_or_changed():
+    assert doctor.network_policies_check({}, GENERATED, APPLY).status == "ok"
+    assert doctor.network_policies_check({"a": [network_policy("a")]}, GENERATED, APPLY).status == "ok"
+    opened = network_policy("b")
+    opened["spec"]["ingress"][0]["from"] = [{"namespaceSelector": {}}]
+    check = doctor.network_policies_check(
+        {"a": [network_policy("a")], "b": [opened], "c": [], "d": [{"metadata": {"name": "other"}, "spec": {}}]},
+        GENERATED, APPLY)
+    assert check.status == "fail" and check.subjects == ("c", "d", "b")
+    assert "without NetworkPolicy maas-kubevirt-bmc" in check.found and "changed from the rendered one: b" in check.found
+    assert "maas-kubevirt-bmc-isolation" in check.fix
+
+
+@pytest.mark.parametrize("names, status", [
+    (["calico-node"], "ok"), (["cilium"], "ok"), (["kube-router"], "ok"), (["antrea-agent"], "ok"),
+    (["weave-net"], "ok"), (["canal"], "ok"), (["kube-proxy", "kube-flannel-ds"], "warn"), ([], "warn"),
+    (["calico-nodes"], "warn"), (["my-cilium"], "warn"),
+])
+def test_a_cni_that_enforces_network_policy_is_looked_for_by_daemonset_name(names, status):
+    check = doctor.cni_check([daemonset("kube-system", n) for n in names])
+    assert check.status == status
+    if status == "warn":
+        assert "heuristic" in check.found and "NetworkPolicy" in check.fix
+    assert doctor.cni_check(None).status == "warn"
+
+
+def test_catch_all_ingresses_of_the_bmc_class():
+    ingresses = [
+        catch_all_ingress("hostless", "a", "nginx", hosts=[None]),
+        catch_all_ingress("mixed", "a", "nginx", hosts=["www.example.org", ""]),
+        catch_all_ingress("default", "b", "nginx", hosts=["www.example.org"], default_backend=True),
+        catch_all_ingress("legacy", "b", None, legacy="nginx", hosts=[None]),
+        catch_all_ingress("named", "a", "nginx", hosts=["www.example.org"]),
+        catch_all_ingress("other", "a", "traefik", hosts=[None], default_backend=True),
+        catch_all_ingress("classless", "a", None, hosts=[None]),
+    ]
+    check = doctor.catch_all_check(ingresses, "nginx", allowed=False)
+    assert check.status == "fail"
+    assert check.subjects == ("a/hostless", "a/mixed", "b/default", "b/legacy")
+    assert "b/default (spec.defaultBackend)" in check.found and "a/hostless (a rule without host)" in check.found
+    assert doctor.catch_all_check(ingresses, "nginx", allowed=True).status == "warn"
+    assert doctor.catch_all_check(ingresses[4:], "nginx", allowed=False).status == "ok"
+    assert doctor.catch_all_check(ingresses, "traefik", allowed=False).subjects == ("a/other",)
+    assert doctor.catch_all_check(None, "nginx", allowed=False).status == "warn"
+
+
+@given(st.lists(st.one_of(st.none(), st.just(""), st.sampled_from(["a.example.org", "web1.vms.bmc.example.com"])),
+                max_size=4),
+       st.booleans(), st.sampled_from(["nginx", "traefik", None]), st.sampled_from(["nginx", "traefik", None]))
+def test_catch_all_rule(hosts, default_backend, class_name, legacy):
+    """A catch-all: defaultBackend, or any rule whose host is absent or empty; of the class by
+    spec.ingressClassName, else by the older annotation."""
+    ingress_ = catch_all_ingress("x", "a", class_name, legacy=legacy, hosts=hosts, default_backend=default_backend)
+    is_catch_all = default_backend or any(not h for h in hosts)
+    assert (doctor.catch_all(ingress_) is not None) == is_catch_all
+    assert doctor.ingress_class(ingress_) == (class_name or legacy or "")
 
 
 @given(st.integers(0, 9), st.integers(0, 12), st.integers(0, 12), st.sampled_from(["", "~beta1-123-gabc", "-rc2"]))

@@ -121,6 +121,16 @@ def test_reads_page_by_page_and_never_writes(stand_in, tmp_path):
     assert {method for method, *_ in stand_in.requests} == {"GET"}
 
 
+def test_what_the_isolation_checks_read(stand_in, tmp_path):
+    cluster = kube.Cluster(str(kubeconfig(tmp_path, stand_in.url)))
+    assert cluster.network_policies("vms") == cluster.daemonsets() == []
+    assert cluster.ingresses("vms") == cluster.ingresses(None) == []
+    cluster.close()
+    assert [path for _, path, *_ in stand_in.requests] == [
+        "/apis/networking.k8s.io/v1/namespaces/vms/networkpolicies", "/apis/apps/v1/daemonsets",
+        "/apis/networking.k8s.io/v1/namespaces/vms/ingresses", "/apis/networking.k8s.io/v1/ingresses"]
+
+
 def test_secrets_are_listed_as_metadata_and_the_seed_as_a_digest(stand_in, tmp_path):
     cluster = kube.Cluster(str(kubeconfig(tmp_path, stand_in.url)))
     assert cluster.secret_names("vms") == {"web1-bmc", "web2-bmc"}

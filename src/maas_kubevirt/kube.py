@@ -152,8 +152,17 @@ class Cluster:
     def virtual_machine_bmcs(self, namespace: str) -> list[dict]:
         return list(self.items(f"/apis/bmc.kubevirt.io/v1beta1/namespaces/{namespace}/virtualmachinebmcs"))
 
-    def ingresses(self, namespace: str) -> list[dict]:
-        return list(self.items(f"/apis/networking.k8s.io/v1/namespaces/{namespace}/ingresses"))
+    def ingresses(self, namespace: str | None) -> list[dict]:
+        """The Ingresses of one namespace, or of every namespace (None)."""
+        where = f"/namespaces/{namespace}" if namespace is not None else ""
+        return list(self.items(f"/apis/networking.k8s.io/v1{where}/ingresses"))
+
+    def network_policies(self, namespace: str) -> list[dict]:
+        return list(self.items(f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies"))
+
+    def daemonsets(self) -> list[dict]:
+        """DaemonSets in every namespace (a CNI runs its node agent as one)."""
+        return list(self.items("/apis/apps/v1/daemonsets"))
 
     def secret_names(self, namespace: str) -> set[str]:
         """The names of a namespace's Secrets, listed as metadata only (no value is fetched)."""

@@ -1,13 +1,13 @@
-"""doctor's cluster checks: CRDs, Kyverno and its RBAC, the policies, the seed Secret, and the
-opted-in namespaces' VMs and Ingresses."""
+"""doctor's cluster checks: CRDs, Kyverno and its RBAC, the policies, the seed Secret, the
+opted-in namespaces' VMs, Ingresses and NetworkPolicies, and what keeps the BMCs closed."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import re
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from maas_kubevirt import identity, policies
 from maas_kubevirt.doctor import FAIL, LISTED, OK, WARN, Check, _clean, _skipped, _some, _version_text
@@ -23,6 +23,10 @@ KYVERNO_POLICY_CRD = "clusterpolicies.kyverno.io"
 KYVERNO_MIN = tuple(int(part) for part in policies.KYVERNO_MIN_VERSION.split("."))
 KYVERNO_CONTROLLERS = "app.kubernetes.io/part-of=kyverno,app.kubernetes.io/component in (admission-controller,background-controller)"
 KUBEMACPOOL_VALUE = "allocate"
+# Node agents of CNIs that enforce NetworkPolicy, as their DaemonSets are usually named. A
+# heuristic: a CNI installed under another name is not seen, and one seen may have its
+# NetworkPolicy support switched off.
+NETWORK_POLICY_CNIS = ("calico-node", "cilium", "kube-router", "antrea", "weave-net", "canal")
 
 
 def crds_check(present: Iterable[str]) -> Check:
@@ -235,27 +239,32 @@ def namespaces_check(namespaces: Sequence[Mapping[str, Any]], opt_in: str) -> Ch
 @dataclass(frozen=True)
 class Generated:
     """What the bundle's generate rules name and stamp, read from the rendered policies."""
-    names: Mapping[str, str]            # kind -> name template (Secret, VirtualMachineBMC, Ingress)
+    names: Mapping[str, str]            # kind -> name template (Secret, VirtualMachineBMC, Ingress, NetworkPolicy)
     allowlist: Mapping[str, str]        # Ingress allowlist annotation -> value
+    network_policy: Mapping[str, Any] = field(default_factory=dict)   # the NetworkPolicy's spec
 
     @classmethod
     def from_policies(cls, objects: Iterable[Mapping[str, Any]], allowlist_key: str) -> "Generated":
         """From the rendered ClusterPolicies; allowlist_key is the Ingress class's allowlist annotation."""
         names: dict[str, str] = {}
         allowlist: dict[str, str] = {}
+        network_policy: dict[str, Any] = {}
         for obj in objects:
             if obj.get("kind") != "ClusterPolicy":
                 continue
             for rule in obj["spec"].get("rules") or []:
                 generate = rule.get("generate")
-                if not isinstance(generate, dict) or generate.get("kind") not in ("Secret", "VirtualMachineBMC", "Ingress"):
+                if not isinstance(generate, dict) or generate.get("kind") not in (
+                        "Secret", "VirtualMachineBMC", "Ingress", "NetworkPolicy"):
                     continue
                 names[generate["kind"]] = generate["name"]
                 if generate["kind"] == "Ingress":
                     annotations = ((generate.get("data") or {}).get("metadata") or {}).get("annotations") or {}
                     if allowlist_key in annotations:
                         allowlist[allowlist_key] = annotations[allowlist_key]
-        return cls(names, allowlist)
+                if generate["kind"] == "NetworkPolicy":
+                    network_policy = (generate.get("data") or {}).get("spec") or {}
+        return cls(names, allowlist, network_policy)
 
     def name(self, kind: str, vm: str, namespace: str) -> str:
         text = re.sub(r"\{\{\s*request\.object\.metadata\.name\s*\}\}", vm, self.names[kind])
@@ -350,8 +359,112 @@ def allowlist_check(inventories: Iterable[Inventory], generated: Generated, appl
 
 
 
+def network_policies_check(found: Mapping[str, Iterable[Mapping[str, Any]]], generated: Generated,
+                           apply: str) -> Check:
+    """Each opted-in namespace holds the generated NetworkPolicy, as rendered.
+
+    found: opted-in namespace -> its NetworkPolicies.
+    """
+    name = "cluster.network_policies"
+    if "NetworkPolicy" not in generated.names:
+        return Check(name, FAIL, "the rendered policies generate no NetworkPolicy", apply)
+    wanted = generated.names["NetworkPolicy"]
+    missing, changed = [], []
+    for namespace, items in sorted(found.items()):
+        by_name = {str((item.get("metadata") or {}).get("name")): item for item in items}
+        if wanted not in by_name:
+            missing.append(namespace)
+        elif by_name[wanted].get("spec") != generated.network_policy:
+            changed.append(namespace)
+    if not missing and not changed:
+        return Check(name, OK, f"{len(found)} opted-in namespace(s), each with NetworkPolicy {wanted}")
+    problems = []
+    if missing:
+        problems.append(f"without NetworkPolicy {wanted} (any pod can reach their BMCs, past the Ingress "
+                        f"allowlist): {_some(missing)}")
+    if changed:
+        problems.append(f"with NetworkPolicy {wanted} changed from the rendered one: {_some(changed)}")
+    return Check(name, FAIL, "; ".join(problems),
+                 f"`kubectl get clusterpolicy {policies.POLICY_NAMES['isolation']}` must be Ready (Kyverno "
+                 f"generates the NetworkPolicy within seconds and puts back a changed one); then {apply}",
+                 tuple(missing + changed))
+
+
+def _enforces_network_policy(daemonset: Mapping[str, Any]) -> bool:
+    name = str((daemonset.get("metadata") or {}).get("name") or "")
+    return any(name == known or name.startswith(known + "-") for known in NETWORK_POLICY_CNIS)
+
+
+def cni_check(daemonsets: Iterable[Mapping[str, Any]] | None) -> Check:
+    """A CNI that enforces NetworkPolicy can be seen (a heuristic: known DaemonSet names).
+
+    daemonsets: every DaemonSet of the cluster, or None when they may not be listed.
+    """
+    name = "cluster.cni"
+    fix = ("use a CNI that enforces NetworkPolicy (Calico, Cilium, Antrea, kube-router, ...): without one, "
+           "the generated NetworkPolicies admit every pod to the BMCs")
+    if daemonsets is None:
+        return Check(name, WARN, "cannot list DaemonSets: whether a CNI enforces NetworkPolicy is not known", fix)
+    seen = sorted(f"{(d.get('metadata') or {}).get('namespace')}/{(d.get('metadata') or {}).get('name')}"
+                  for d in daemonsets if _enforces_network_policy(d))
+    if seen:
+        return Check(name, OK, f"a CNI that enforces NetworkPolicy runs: {_some(seen)} (judged by DaemonSet name)")
+    return Check(name, WARN, "no DaemonSet of a CNI known to enforce NetworkPolicy ("
+                 + ", ".join(NETWORK_POLICY_CNIS) + "); a heuristic: yours may be named otherwise", fix)
+
+
+def ingress_class(ingress: Mapping[str, Any]) -> str:
+    """spec.ingressClassName, else the older kubernetes.io/ingress.class annotation ('' for neither)."""
+    spec = ingress.get("spec") or {}
+    annotations = (ingress.get("metadata") or {}).get("annotations") or {}
+    return str(spec.get("ingressClassName") or annotations.get(policies.LEGACY_INGRESS_CLASS_ANNOTATION) or "")
+
+
+def catch_all(ingress: Mapping[str, Any]) -> str | None:
+    """Why an Ingress receives requests for hosts it does not name, or None."""
+    spec = ingress.get("spec") or {}
+    if spec.get("defaultBackend"):
+        return "spec.defaultBackend"
+    if any(not (rule or {}).get("host") for rule in spec.get("rules") or []):
+        return "a rule without host"
+    return None
+
+
+def catch_all_check(ingresses: Iterable[Mapping[str, Any]] | None, class_name: str, allowed: bool) -> Check:
+    """No Ingress of the BMC class catches requests for hosts without an Ingress of their own."""
+    name = "cluster.catch_all"
+    if ingresses is None:
+        return Check(name, WARN, "cannot list the Ingresses of every namespace",
+                     "run doctor with a kubeconfig that may list Ingresses cluster-wide")
+    found = sorted(f"{(i.get('metadata') or {}).get('namespace')}/{(i.get('metadata') or {}).get('name')} ({why})"
+                   for i in ingresses if ingress_class(i) == class_name and (why := catch_all(i)))
+    if not found:
+        return Check(name, OK, f"no Ingress of class {class_name} catches hosts it does not name")
+    what = (f"{len(found)} Ingress(es) of class {class_name} catch every request for a BMC host without "
+            f"an Ingress (a deleted VM's, with its password): {_some(found)}")
+    subjects = tuple(f.split(" ", 1)[0] for f in found)
+    if allowed:
+        return Check(name, WARN, what + "; allowed by ingress.allow_catch_all",
+                     "set ingress.allow_catch_all: false unless this class must serve a catch-all", subjects)
+    return Check(name, FAIL, what, "give each rule a host and remove spec.defaultBackend, or move the Ingress "
+                 "to another class (the policy refuses new ones; these predate it)", subjects)
+
+
 CLUSTER_CHECKS = ("cluster.crds", "cluster.kyverno", "cluster.kyverno_rbac", "cluster.policies",
-                  "cluster.seed_secret", "cluster.kubemacpool", "cluster.vms", "cluster.ingress_allowlist")
+                  "cluster.seed_secret", "cluster.kubemacpool", "cluster.vms", "cluster.ingress_allowlist",
+                  "cluster.network_policies", "cluster.cni", "cluster.catch_all")
+
+
+def _listed_or_none(read: Callable[[], list[dict]]) -> list[dict] | None:
+    """What read returns, or None when the API server forbids it (a narrower kubeconfig)."""
+    from maas_kubevirt.kube import KubeError
+
+    try:
+        return read()
+    except KubeError as error:
+        if error.status != 403:
+            raise
+        return None
 
 
 def cluster_checks(values: Mapping[str, Any], cluster: Any, seed: str | None, fixes: _Fixes,
@@ -393,6 +506,12 @@ def cluster_checks(values: Mapping[str, Any], cluster: Any, seed: str | None, fi
                 cluster.ingresses(namespace)))
         checks.extend(vms_check(inventory, generated, opt_in) for inventory in inventories)
         checks.append(allowlist_check(inventories, generated, fixes.apply))
+        checks.append(network_policies_check(
+            {inventory.namespace: cluster.network_policies(inventory.namespace) for inventory in inventories},
+            generated, fixes.apply))
+        checks.append(cni_check(_listed_or_none(cluster.daemonsets)))
+        checks.append(catch_all_check(_listed_or_none(lambda: cluster.ingresses(None)),
+                                      values["ingress"]["class_name"], values["ingress"]["allow_catch_all"]))
     except KubeError as error:
         done = {c.name.split("/")[0] for c in checks}
         checks.append(Check("cluster.api", FAIL, _clean(error),
