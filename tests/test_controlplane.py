@@ -601,6 +601,36 @@ def test_no_object_of_any_kind_claims_another_vms_uuid(control_plane, make_names
         assert_denied(create(cp, FACTORIES[kind]("thief", where, {"uuid": stolen})), "uuid")
 
 
+# Each rule of the claims policy on its own, for each kind it covers (issue 18 item 7): the
+# refusal names the rule, so one rule cannot stand in for another.
+RULE_PREFIX = {"VirtualMachine": "vm", "VirtualMachineInstance": "vmi",
+               "VirtualMachineInstanceReplicaSet": "vmirs", "VirtualMachinePool": "vmpool"}
+
+
+@pytest.mark.parametrize("kind", list(FACTORIES))
+def test_each_identity_rule_refuses_on_each_kind(control_plane, make_namespace, kind):
+    cp = control_plane
+    make, rule = FACTORIES[kind], RULE_PREFIX[kind]
+    opted_in, elsewhere = make_namespace(), make_namespace(labelled=False)
+    # serial-is-its-own alone: another VM's serial, in an opted-in namespace (opt-in rule exempt).
+    assert_denied(create(cp, make("thief", opted_in, {"serial": f"victim.{opted_in}"})), f"{rule}-serial-is-its-own")
+    # serial-only-when-opted-in alone: the object's own <name>.<namespace>, where not opted in.
+    own = create(cp, make("mine", elsewhere, {"serial": identity.format_serial("mine", elsewhere)}))
+    assert_denied(own, f"{rule}-serial-only-when-opted-in")
+    assert f"{rule}-serial-is-its-own" not in own.stderr
+    # uuid-is-its-own alone: another VM's derived UUID and no serial, in both kinds of namespace.
+    for where in (opted_in, elsewhere):
+        stolen = create(cp, make("thief", where, {"uuid": identity.smbios_uuid("victim", opted_in)}))
+        assert_denied(stolen, f"{rule}-uuid-is-its-own")
+        assert "serial-" not in stolen.stderr
+    # And the same object with its own identity, or none, is admitted.
+    for where, firmware in ((opted_in, {"serial": identity.format_serial("fine", opted_in),
+                                        "uuid": identity.smbios_uuid("fine", opted_in)}),
+                            (elsewhere, {"uuid": identity.smbios_uuid("fine", elsewhere)})):
+        admitted = create(cp, make("fine", where, firmware))
+        assert admitted.returncode == 0, admitted.stderr
+
+
 def test_own_serial_form_only_in_an_opted_in_namespace(control_plane, make_namespace):
     cp = control_plane
     opted_in, elsewhere = make_namespace(), make_namespace(labelled=False)
@@ -639,6 +669,108 @@ def test_an_ingress_cannot_squat_another_namespaces_bmc_host(control_plane, bund
     assert own.returncode == 0, own.stderr
     unrelated = create(cp, ingress("site", elsewhere, "www.example.org"))
     assert unrelated.returncode == 0, unrelated.stderr
+
+
+# The BMCs closed to the rest of the cluster (issue 18 items 3 and 4).
+
+
+def expected_network_policy(values: dict) -> dict:
+    """The NetworkPolicy's spec, from the values and kubevirtBMC's pod label and Redfish port."""
+    return {
+        "podSelector": {"matchExpressions": [{"key": "kubevirt.io/virtualmachinebmc-name", "operator": "Exists"}]},
+        "policyTypes": ["Ingress"],
+        "ingress": [{
+            "from": [{"namespaceSelector": {"matchLabels": {
+                "kubernetes.io/metadata.name": values["ingress"]["controller_namespace"]}}}],
+            "ports": [{"protocol": "TCP", "port": 10080}],
+        }],
+    }
+
+
+def network_policy_matches(cp: ControlPlane, values: dict, namespace: str) -> bool:
+    found = get(cp, "networkpolicy", "maas-kubevirt-bmc", namespace)
+    return bool(found) and found["spec"] == expected_network_policy(values) and \
+        found["metadata"]["labels"].get("app.kubernetes.io/part-of") == "maas-kubevirt"
+
+
+def test_an_opted_in_namespace_gets_the_network_policy(control_plane, bundle, make_namespace):
+    cp = control_plane
+    opted_in, elsewhere = make_namespace(), make_namespace(labelled=False)
+    eventually(cp, lambda: network_policy_matches(cp, bundle.values, opted_in), "the NetworkPolicy")
+    found = get(cp, "networkpolicy", "maas-kubevirt-bmc", opted_in)
+    assert found["spec"] == expected_network_policy(bundle.values)
+    # Only Redfish over TCP; IPMI (UDP 623 on the Service, 10623 on the pod) is not admitted.
+    assert [p for rule in found["spec"]["ingress"] for p in rule["ports"]] == [{"protocol": "TCP", "port": 10080}]
+    # Kept in sync: deleted or opened, it comes back as rendered.
+    cp.kubectl("delete", "networkpolicy", "maas-kubevirt-bmc", "-n", opted_in)
+    eventually(cp, lambda: network_policy_matches(cp, bundle.values, opted_in), "the deleted NetworkPolicy back")
+    cp.kubectl("patch", "networkpolicy", "maas-kubevirt-bmc", "-n", opted_in, "--type=json", "-p", json.dumps([
+        {"op": "replace", "path": "/spec/ingress/0/from", "value": [{"namespaceSelector": {}}]}]))
+    eventually(cp, lambda: network_policy_matches(cp, bundle.values, opted_in), "the opened NetworkPolicy restored")
+    assert get(cp, "networkpolicy", "maas-kubevirt-bmc", elsewhere) is None
+
+
+def test_a_namespace_labelled_later_gets_the_network_policy(control_plane, bundle, make_namespace):
+    cp = control_plane
+    namespace = make_namespace(labelled=False)
+    time.sleep(5)
+    assert get(cp, "networkpolicy", "maas-kubevirt-bmc", namespace) is None
+    opt_in = bundle.values["kubernetes"]
+    cp.kubectl("label", "namespace", namespace, f"{opt_in['opt_in_label']}={opt_in['opt_in_value']}")
+    eventually(cp, lambda: network_policy_matches(cp, bundle.values, namespace), "the NetworkPolicy after the label")
+
+
+def test_the_ingress_controller_namespace_changes_in_place(control_plane, bundle, site, namespace):
+    cp = control_plane
+    eventually(cp, lambda: network_policy_matches(cp, bundle.values, namespace), "the NetworkPolicy")
+    changed = render_bundle(site[0], merged(bundle.values, {"ingress": {"controller_namespace": "ingress-system"}}),
+                            bundle.seed)
+    applied = cp.kubectl("apply", "-k", f"{changed.output}/kubernetes/", check=False)
+    assert applied.returncode == 0, applied.stderr
+    wait_policies_ready(cp)
+    eventually(cp, lambda: network_policy_matches(cp, changed.values, namespace),
+               "the NetworkPolicy to follow ingress.controller_namespace")
+
+
+def catch_all_ingress(name: str, namespace: str, *, class_name: str | None = "nginx", legacy: str | None = None,
+                      hostless: bool = False, default_backend: bool = False) -> dict:
+    backend = {"service": {"name": "web", "port": {"number": 80}}}
+    paths = {"paths": [{"path": "/", "pathType": "Prefix", "backend": backend}]}
+    spec: dict = {"rules": [{"host": "www.example.org", "http": paths}] + ([{"http": paths}] if hostless else [])}
+    if class_name:
+        spec["ingressClassName"] = class_name
+    if default_backend:
+        spec["defaultBackend"] = backend
+    metadata: dict = {"name": name, "namespace": namespace}
+    if legacy:
+        metadata["annotations"] = {"kubernetes.io/ingress.class": legacy}
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": metadata, "spec": spec}
+
+
+def test_a_catch_all_ingress_of_the_bmc_class_is_refused(control_plane, bundle, make_namespace):
+    cp = control_plane
+    for where in (make_namespace(), make_namespace(labelled=False)):
+        assert_denied(create(cp, catch_all_ingress("hostless", where, hostless=True)), "ingress-no-catch-all")
+        assert_denied(create(cp, catch_all_ingress("default", where, default_backend=True)), "ingress-no-catch-all")
+        assert_denied(create(cp, catch_all_ingress("legacy", where, class_name=None, legacy="nginx", hostless=True)),
+                      "ingress-no-catch-all")
+        # Another class, or every rule with a host, is admitted.
+        for admitted in (catch_all_ingress("other", where, class_name="traefik", hostless=True, default_backend=True),
+                         catch_all_ingress("named", where)):
+            result = create(cp, admitted)
+            assert result.returncode == 0, result.stderr
+        # An existing Ingress of the class cannot become a catch-all either.
+        patched = cp.kubectl("patch", "ingress", "named", "-n", where, "--type=json", "-p", json.dumps([
+            {"op": "remove", "path": "/spec/rules/0/host"}]), check=False)
+        assert_denied(patched, "ingress-no-catch-all")
+
+
+def test_allow_catch_all_admits_it(control_plane, bundle, site, namespace):
+    cp = control_plane
+    allowed = render_bundle(site[0], merged(bundle.values, {"ingress": {"allow_catch_all": True}}), bundle.seed)
+    install(cp, allowed)
+    result = create(cp, catch_all_ingress("hostless", namespace, hostless=True))
+    assert result.returncode == 0, result.stderr
 
 
 # Values changes and seed rotation on a live install (issue 9 items 4 and 5).

@@ -150,6 +150,19 @@ def test_a_healthy_site(site):
     assert "cluster.kyverno_rbac/background-controller" in checks
 
 
+def test_the_bmcs_closed_to_the_cluster(restored):
+    """The NetworkPolicy generated for the namespace; no CNI on this tier; a catch-all reported."""
+    checks = restored.settle(lambda c: NAMESPACE not in c["cluster.network_policies"].subjects,
+                             "the NetworkPolicy generated")
+    assert checks["cluster.cni"].status == "warn" and "heuristic" in checks["cluster.cni"].found
+    assert checks["cluster.catch_all"].status == "ok"
+    restored.plane.kubectl("delete", "networkpolicy", "maas-kubevirt-bmc", "-n", NAMESPACE, "--wait=true")
+    # Kyverno puts it back within seconds; doctor sees it either missing or back, never changed.
+    check = restored.checks()["cluster.network_policies"]
+    assert check.status == "ok" or (check.status == "fail" and NAMESPACE in check.subjects)
+    restored.settle(lambda c: NAMESPACE not in c["cluster.network_policies"].subjects, "the NetworkPolicy restored")
+
+
 def test_a_policy_deleted(restored):
     name = next(o["metadata"]["name"] for o in policies.objects(policies.render_kubernetes(restored.values, None))
                 if o["kind"] == "ClusterPolicy" and "audit" in o["metadata"]["name"])
