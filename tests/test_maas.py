@@ -26,6 +26,7 @@ from maas_kubevirt.maas import (  # noqa: E402
     MAASAuthError,
     MAASClient,
     MAASError,
+    MAASForbidden,
     MAASTooLarge,
     MAASVersionError,
     Response,
@@ -151,18 +152,22 @@ def test_replayed_nonce_is_refused(double):
         client.machines()
 
 
-def test_not_admin_is_403(double):
+FORBIDDEN = "(the API key's user lacks permission for this request: a MAAS administrator's key has it)"
+
+
+def test_not_admin_is_403_on_that_request_only(double):
     double.admin = False
     sid = double.add_vm("web1", "vms")
-    with pytest.raises(MAASAuthError) as caught:
+    with pytest.raises(MAASForbidden) as caught:
         client_for(double).power_addresses([sid])
     assert caught.value.status == 403 and "withheld" in str(caught.value)
+    assert not isinstance(caught.value, MAASAuthError)
     # @admin_method's message (src/maasserver/api/support.py, METHOD_RESERVED_ADMIN), seen when
     # the body is not withheld.
-    with pytest.raises(MAASAuthError) as caught:
+    with pytest.raises(MAASForbidden) as caught:
         client_for(double).call("GET", "machines/", [("op", "power_parameters"), ("id", sid)])
     assert str(caught.value) == ("GET machines/?op=power_parameters: 403: This method is reserved for "
-                                 "admin users. (the API key's user is not a MAAS administrator)")
+                                 f"admin users. {FORBIDDEN}")
 
 
 @pytest.mark.parametrize("call", ["update", "commission", "power", "pool"])
@@ -175,9 +180,10 @@ def test_admin_only_writes_are_403_with_an_empty_body(double, call):
               "commission": lambda: client.commission(sid),
               "power": lambda: client.call("GET", f"machines/{sid}/", [("op", "power_parameters")]),
               "pool": lambda: client.create_pool("vms")}[call]
-    with pytest.raises(MAASAuthError) as caught:
+    with pytest.raises(MAASForbidden) as caught:
         action()
     assert caught.value.status == 403 and "(no message)" in str(caught.value)
+    assert not isinstance(caught.value, MAASAuthError)
     assert double.writes == [] and double.request_count == 1
 
 
@@ -365,7 +371,7 @@ def test_api_secret_echoed_by_maas_is_scrubbed(status):
 
     client = MAASClient("http://maas/MAAS/", Signer("consumerX", "tokenXY", "secretXYZ"),
                         transport=Echo(), retry=FAST)
-    with pytest.raises(MAASAuthError if status in (401, 403) else MAASError) as caught:
+    with pytest.raises({401: MAASAuthError, 403: MAASForbidden}.get(status, MAASError)) as caught:
         client.machines()
     assert "<withheld>" in str(caught.value)
     for part in ("consumerX", "tokenXY", "secretXYZ"):
@@ -426,8 +432,10 @@ def test_power_addresses_in_bulk_chunks_without_passwords(double):
 
 
 def test_single_power_address(double):
-    sid = double.add_vm("web1", "vms")
+    sid = double.add_vm("web1", "vms", scheme="https")
     assert client_for(double).power_address(sid) == "https://web1.vms.bmc.example.com/redfish/v1/Systems/1"
+    bare = double.add_vm("web2", "vms", scheme="")
+    assert client_for(double).power_address(bare) == "web2.vms.bmc.example.com"
 
 
 # --- version ---------------------------------------------------------------------------------
@@ -1764,3 +1772,452 @@ def test_a_region_behind_a_proxy_keeps_its_path_whatever_it_ends_with(base):
 def test_an_api_path_with_or_without_a_leading_slash_is_the_same_resource(path):
     client = MAASClient("https://maas.example:5443/MAAS/", Signer("a", "b", "c"))
     assert client.url(path, {"op": "x"}) == "https://maas.example:5443/MAAS/api/2.0/version/?op=x"
+
+
+# --- a change is sent once unless MAAS asks for it again (issue 17) ---------------------------
+
+
+class Scripted:
+    """Answers each attempt with the next outcome (a Response, or a TransportError it raises),
+    then 200 with ``{}``; records every attempt."""
+
+    def __init__(self, *outcomes):
+        self.outcomes = list(outcomes)
+        self.sent: list[tuple[str, str]] = []
+
+    def send(self, method, url, headers, files, timeout):
+        self.sent.append((method, url.split("/api/2.0/")[1]))
+        outcome = self.outcomes.pop(0) if self.outcomes else Response(200, {"Content-Type": "application/json"}, b"{}")
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    def close(self):
+        pass
+
+
+def scripted(*outcomes, retry=RetryPolicy(attempts=4, backoff=0.01, max_backoff=0.05, max_retry_after=60)):
+    transport, sleep = Scripted(*outcomes), Recorder()
+    return MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=transport, sleep=sleep,
+                      retry=retry), transport, sleep
+
+
+CHANGES = {
+    "commission": lambda c: c.commission("abc"),
+    "update_machine": lambda c: c.update_machine("abc", hostname="web1-vms", pool="vms"),
+    "set_power_pass": lambda c: c.set_power_pass("abc", "pw-long"),
+    "create_pool": lambda c: c.create_pool("vms"),
+    "delete": lambda c: c.call("DELETE", "machines/abc/"),
+}
+MAY_HAVE_ARRIVED = {
+    "reset": TransportError("connection", CLOSED),
+    "read timeout": TransportError("timeout", "no answer in time"),
+}
+NEVER_LEFT = {
+    "refused": TransportError("connection", "connection refused", sent=False),
+    "no DNS answer": TransportError("connection", "cannot resolve the MAAS host name", sent=False),
+    "connect timeout": TransportError("timeout", "no connection in time", sent=False),
+}
+SERVICE_UNAVAILABLE = Response(503, {"Content-Type": "text/plain"}, b"Unable to power on")
+
+
+@pytest.mark.parametrize("failure", sorted(MAY_HAVE_ARRIVED))
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_a_change_that_may_have_reached_maas_is_sent_once_and_in_flight(change, failure):
+    client, transport, sleep = scripted(MAY_HAVE_ARRIVED[failure])
+    with pytest.raises(MAASError) as caught:
+        CHANGES[change](client)
+    assert len(transport.sent) == 1 and sleep.sleeps == []
+    assert caught.value.in_flight and caught.value.status is None
+    assert caught.value.kind == MAY_HAVE_ARRIVED[failure].kind
+    assert str(caught.value).endswith("after the request was sent: MAAS may have carried it out; not sent again")
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_a_change_answered_503_without_retry_after_is_sent_once(change):
+    """MAAS 3.6.5 answers a commission whose power-on failed so, after it started commissioning."""
+    client, transport, sleep = scripted(SERVICE_UNAVAILABLE)
+    with pytest.raises(MAASError) as caught:
+        CHANGES[change](client)
+    assert len(transport.sent) == 1 and sleep.sleeps == []
+    assert caught.value.status == 503 and not caught.value.in_flight
+    assert str(caught.value).endswith(": 503: Unable to power on")
+
+
+@pytest.mark.parametrize("failure", sorted(NEVER_LEFT))
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_a_change_that_never_left_is_sent_again(change, failure):
+    client, transport, sleep = scripted(NEVER_LEFT[failure], NEVER_LEFT[failure])
+    CHANGES[change](client)
+    assert len(transport.sent) == 3 and len(sleep.sleeps) == 2
+    assert transport.sent[0] == transport.sent[1] == transport.sent[2]
+
+
+@pytest.mark.parametrize("status, retry_after", [(503, "10"), (409, "5")])
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_a_change_maas_asks_for_again_is_sent_again(change, status, retry_after):
+    """Retry-After: MAAS rolled the view back and wants the request again (middleware.py, views.py)."""
+    client, transport, sleep = scripted(Response(status, {"Retry-After": retry_after}, b"busy"))
+    CHANGES[change](client)
+    assert len(transport.sent) == 2 and sleep.sleeps == [float(retry_after)]
+
+
+@pytest.mark.parametrize("failure", ["reset", "read timeout", "503"])
+def test_a_read_is_asked_again_after_the_same_failures(failure):
+    outcome = SERVICE_UNAVAILABLE if failure == "503" else MAY_HAVE_ARRIVED[failure]
+    client, transport, sleep = scripted(outcome, outcome)
+    assert client.call("GET", "machines/") == {}
+    assert len(transport.sent) == 3
+
+
+def test_a_change_sent_again_is_bounded_like_a_read():
+    client, transport, _ = scripted(*[NEVER_LEFT["refused"]] * 10, retry=RetryPolicy(attempts=3, backoff=0.01))
+    with pytest.raises(MAASError) as caught:
+        client.commission("abc")
+    assert len(transport.sent) == 3 and not caught.value.in_flight
+    assert str(caught.value) == "POST machines/abc/?op=commission: connection: connection refused"
+
+
+def test_a_change_whose_answer_is_too_large_may_have_been_made():
+    client, _, _ = scripted(TransportError("too-large", "response body larger than ..."))
+    with pytest.raises(MAASTooLarge) as caught:
+        client.commission("abc")
+    assert caught.value.in_flight
+    client, _, _ = scripted(TransportError("too-large", "response body larger than ..."))
+    with pytest.raises(MAASTooLarge) as caught:
+        client.machines()
+    assert not caught.value.in_flight
+
+
+def test_commission_answered_503_by_the_double_is_sent_once(double):
+    sid = double.add_vm("web1", "vms")
+    double.inject("503", retry_after=None, path="op=commission")
+    with pytest.raises(MAASError) as caught:
+        client_for(double).commission(sid)
+    assert caught.value.status == 503
+    assert double.counts[("POST", "machines/{id}/?op=commission")] == 1
+
+
+@pytest.mark.parametrize("fault", ["reset", "hang"])
+def test_a_change_cut_off_on_the_wire_is_sent_once(double, fault):
+    sid = double.add_vm("web1", "vms")
+    double.inject(fault, method="PUT", hang=1.5, count=5)
+    with pytest.raises(MAASError) as caught:
+        client_for(double, timeout=1).update_machine(sid, hostname="web1-vms")
+    assert caught.value.in_flight and caught.value.kind == ("timeout" if fault == "hang" else "connection")
+    assert double.request_count == 1
+
+
+class Counting(maas.Transport):
+    """The real transport, counting its attempts."""
+
+    def __init__(self):
+        super().__init__()
+        self.attempts = 0
+
+    def send(self, *args, **kw):
+        self.attempts += 1
+        return super().send(*args, **kw)
+
+
+def test_a_change_to_a_port_that_refuses_is_tried_again_on_the_real_transport():
+    transport = Counting()
+    client = MAASClient("http://127.0.0.1:9/MAAS/", Signer("a", "b", "c"), transport=transport,
+                        retry=RetryPolicy(attempts=3, backoff=0.01), timeout=1)
+    with pytest.raises(MAASError) as caught:
+        client.update_machine("abc", hostname="x")
+    assert transport.attempts == 3 and not caught.value.in_flight
+    assert caught.value.kind == "connection"
+
+
+def test_a_server_that_hangs_up_after_reading_a_change_gets_it_once():
+    port = raw_server(b"", b"")
+    transport = Counting()
+    client = MAASClient(f"http://127.0.0.1:{port}/MAAS/", Signer("a", "b", "c"), transport=transport,
+                        retry=RetryPolicy(attempts=3, backoff=0.01), timeout=2)
+    with pytest.raises(MAASError) as caught:
+        client.commission("abc")
+    assert transport.attempts == 1 and caught.value.in_flight
+    assert str(caught.value) == (f"POST machines/abc/?op=commission: connection: {CLOSED} after the "
+                                 "request was sent: MAAS may have carried it out; not sent again")
+
+
+@pytest.mark.parametrize("error, never_sent", [
+    (requests.ConnectionError(ConnectionRefusedError(111, "Connection refused")), True),
+    (requests.ConnectionError(urllib3.exceptions.NewConnectionError(None, "No route to host")), True),
+    (requests.ConnectionError(urllib3.exceptions.NameResolutionError(
+        "maas.example.com", None, socket.gaierror(-3, "Temporary failure"))), True),
+    (requests.ConnectionError(socket.gaierror(-2, "Name or service not known")), True),
+    (requests.ConnectTimeout(urllib3.exceptions.ConnectTimeoutError(None, "connect timed out")), True),
+    (requests.exceptions.SSLError(ssl.SSLCertVerificationError(1, "certificate verify failed")), True),
+    (requests.ConnectionError(ConnectionResetError(104, "Connection reset by peer")), False),
+    (requests.ConnectionError(http.client.RemoteDisconnected("closed")), False),
+    (requests.ConnectionError(urllib3.exceptions.ProtocolError("Connection aborted.", BrokenPipeError(32, "x"))), False),
+    (requests.ConnectionError(urllib3.exceptions.ReadTimeoutError(None, "/", "read timed out")), False),
+    (requests.exceptions.SSLError(ssl.SSLError(1, "[SSL: DECRYPTION_FAILED_OR_BAD_RECORD_MAC]")), False),
+    (requests.ConnectionError("Max retries exceeded"), False),
+])
+def test_only_a_connection_never_made_counts_as_never_sent(error, never_sent):
+    assert maas._never_sent(error) is never_sent
+
+
+def test_the_transport_says_whether_the_request_left(monkeypatch):
+    transport = maas.Transport()
+
+    def raising(error):
+        def request(*args, **kw):
+            raise error
+        return request
+
+    for error, sent in [(requests.ConnectTimeout("connect"), False), (requests.ReadTimeout("read"), True),
+                        (requests.ConnectionError(ConnectionRefusedError(111, "x")), False),
+                        (requests.ConnectionError(ConnectionResetError(104, "x")), True)]:
+        monkeypatch.setattr(transport.session, "request", raising(error))
+        with pytest.raises(TransportError) as caught:
+            transport.send("PUT", "http://maas/MAAS/api/2.0/machines/abc/", {}, None, 1)
+        assert caught.value.sent is sent, error
+
+
+# --- one PUT with several fields, one of them secret ------------------------------------------
+
+
+SECRET = "3f9c1e0b7a5d42c8e6b1f0a9d3c7e5b2"  # shaped like a derived BMC password
+
+
+def test_update_machine_sends_every_field_in_one_put():
+    client, transport, _ = scripted()
+    captured = []
+    transport.send = lambda method, url, headers, files, timeout: (
+        captured.append((method, url.split("/api/2.0/")[1], files))
+        or Response(200, {"Content-Type": "application/json"}, b"{}"))
+    client.update_machine("abc", hide=(SECRET,), hostname="web1-vms", pool="vms",
+                          power_parameters_power_address="web1.vms.bmc.example.com",
+                          power_parameters_power_pass=SECRET)
+    assert captured == [("PUT", "machines/abc/", {
+        "hostname": (None, "web1-vms"), "pool": (None, "vms"),
+        "power_parameters_power_address": (None, "web1.vms.bmc.example.com"),
+        "power_parameters_power_pass": (None, SECRET)})]
+
+
+def everything_said(error: BaseException) -> str:
+    """Every way an exception reaches an output channel: str, repr, args, message, traceback."""
+    import traceback
+
+    return "\n".join([str(error), repr(error), repr(error.args), getattr(error, "message", ""),
+                      "".join(traceback.format_exception(error))])
+
+
+def assert_withheld(error: BaseException, secret: str = SECRET) -> None:
+    said = everything_said(error)
+    for start in range(0, len(secret) - 7):  # no 8 characters of it either
+        assert secret[start:start + 8] not in said, said
+
+
+ECHOES = {
+    "400 JSON": Response(400, {"Content-Type": "application/json"},
+                         f'{{"power_parameters_power_pass": ["{SECRET} is not valid"]}}'.encode()),
+    "400 text": Response(400, {"Content-Type": "text/plain"}, f"bad power_pass={SECRET}".encode()),
+    "400 at the cut": Response(400, {"Content-Type": "text/plain"}, ("x" * 290 + SECRET).encode()),
+    "400 url-encoded": Response(400, {"Content-Type": "text/plain"}, f"pass%3D{SECRET}".encode()),
+    "400 HTML": Response(400, {"Content-Type": "text/html"},
+                         f"<html><title>bad {SECRET}</title></html>".encode()),
+    "409": Response(409, {"Content-Type": "text/plain"}, f"conflict on {SECRET}".encode()),
+    "500": Response(500, {"Content-Type": "text/html"}, f"<html><body>Traceback: {SECRET}</body></html>".encode()),
+    "503": Response(503, {"Content-Type": "text/plain"}, f"power on with {SECRET} failed".encode()),
+    "malformed 200": Response(200, {"Content-Type": "application/json"}, f'{{"echo": "{SECRET}'.encode()),
+    "too deep 200": Response(200, {"Content-Type": "application/json"},
+                             ("[" * 80 + f'"{SECRET}"' + "]" * 80).encode()),
+    "timeout": TransportError("timeout", "no answer in time"),
+    "reset": TransportError("connection", CLOSED),
+    "too large": TransportError("too-large", "response body larger than maas.max_response_mib"),
+}
+
+
+@pytest.mark.parametrize("failure", sorted(ECHOES))
+@pytest.mark.parametrize("how", ["update_machine", "set_power_pass"])
+def test_the_secret_of_a_put_never_reaches_a_message(failure, how):
+    client, _, _ = scripted(ECHOES[failure], retry=RetryPolicy(attempts=1))
+    with pytest.raises(MAASError) as caught:
+        if how == "set_power_pass":
+            client.set_power_pass("abc", SECRET)
+        else:
+            client.update_machine("abc", hide=(SECRET,), hostname="web1-vms", power_parameters_power_pass=SECRET)
+    assert_withheld(caught.value)
+
+
+def test_a_field_named_power_pass_is_withheld_even_when_not_listed_in_hide():
+    client, _, _ = scripted(ECHOES["400 text"])
+    with pytest.raises(MAASError) as caught:
+        client.update_machine("abc", power_parameters_power_pass=SECRET)
+    assert str(caught.value) == "PUT machines/abc/: 400: bad power_pass=<withheld>"
+
+
+def test_a_secret_under_another_field_name_is_withheld_when_listed(double):
+    sid = double.add_vm("web1", "vms")
+    double.inject("echo", method="PUT")
+    with pytest.raises(MAASError) as caught:
+        client_for(double).update_machine(sid, hide=(SECRET,), hostname="web1-vms", description=SECRET)
+    assert str(caught.value) == f"PUT machines/{sid}/: 400: hostname=web1-vms description=<withheld>"
+
+
+@pytest.mark.parametrize("fault", ["echo", "500", "hang", "reset"])
+def test_the_double_echoing_or_failing_a_password_put_never_shows_it(double, fault):
+    sid = double.add_vm("web1", "vms")
+    double.inject(fault, method="PUT", hang=1.5)
+    with pytest.raises(MAASError) as caught:
+        client_for(double, timeout=1).update_machine(
+            sid, hide=(SECRET,), hostname="web1-vms", power_parameters_power_address="web1.vms.bmc.example.com",
+            power_parameters_power_pass=SECRET)
+    assert_withheld(caught.value)
+    assert double.request_count == 1
+
+
+def test_set_power_pass_is_one_put_of_the_password_alone(double):
+    sid = double.add_vm("web1", "vms")
+    before = dict(double.power[sid])
+    client_for(double).set_power_pass(sid, SECRET)
+    assert double.power[sid] == {**before, "power_pass": SECRET}
+    assert double.counts[("PUT", "machines/{id}/")] == 1
+
+
+# --- a system_id goes into a URL only as MAAS makes them (issue 18) ---------------------------
+
+
+HOSTILE_IDS = ["x/../../machines/abc", "../abc", "..", ".", "abc/", "abc/../def", "ABC", "abc?op=delete",
+               "abc#x", "abc%2F..%2Fdef", "", " abc", "abc\n", "abc\x1b[2J", "ａｂｃ", "\u0430bc",
+               "a" * 42, "abc;rm", "abc\\..\\def", None, 42, ["abc"]]
+MACHINE_CALLS = {
+    "power_address": (lambda c, sid: c.power_address(sid), "GET machines/?op=power_parameters"),
+    "update_machine": (lambda c, sid: c.update_machine(sid, hostname="x"), "PUT machines/"),
+    "set_power_pass": (lambda c, sid: c.set_power_pass(sid, SECRET), "PUT machines/"),
+    "commission": (lambda c, sid: c.commission(sid), "POST machines/?op=commission"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MACHINE_CALLS))
+@pytest.mark.parametrize("system_id", HOSTILE_IDS, ids=repr)
+def test_a_system_id_maas_would_not_make_sends_nothing(system_id, name):
+    client, transport, _ = scripted()
+    call, start = MACHINE_CALLS[name]
+    with pytest.raises(MAASError) as caught:
+        call(client, system_id)
+    assert transport.sent == []
+    assert caught.value.kind == "malformed" and caught.value.status is None and not caught.value.in_flight
+    text = str(caught.value)
+    assert text.startswith(f"{start}: malformed: refused system_id ") and text.isprintable()
+    assert text.endswith("MAAS makes them of lower-case letters and digits (at most 41); no request sent")
+    assert maas._one_line(repr(system_id), 80) in text
+
+
+def test_a_hostile_system_id_never_reaches_the_machine_it_points_at(double):
+    """The attack of issue 18: the HTTP client resolved dot segments and the PUT landed on <other>."""
+    other = double.add_machine("foreign", power_type="ipmi", power_pass="ipmi-S3CRET-1", status="Deployed")
+    client = client_for(double)
+    for hostile in (f"x/../../machines/{other}", f"../{other}", f"x/..%2F{other}"):
+        with pytest.raises(MAASError):
+            client.set_power_pass(hostile, SECRET)
+        with pytest.raises(MAASError):
+            client.commission(hostile)
+    assert double.request_count == 0 and double.writes == [] and double.commissions == []
+
+
+@pytest.mark.parametrize("system_id", ["abc123", "4y3h7n", "a", "0" * 41])
+def test_system_ids_as_maas_makes_them_are_sent_as_they_are(system_id):
+    client, transport, _ = scripted()
+    client.commission(system_id)
+    client.update_machine(system_id, hostname="x")
+    assert transport.sent == [("POST", f"machines/{system_id}/?op=commission"), ("PUT", f"machines/{system_id}/")]
+
+
+def test_a_script_name_is_one_path_segment():
+    client, transport, _ = scripted(Response(404, {}, b""))
+    client.script("../machines/abc")
+    client.update_script("a/b?c#d", b"#!/bin/sh\n")
+    client.script_text("..")
+    assert transport.sent == [("GET", "scripts/..%2Fmachines%2Fabc"), ("PUT", "scripts/a%2Fb%3Fc%23d"),
+                              ("GET", "scripts/%2E%2E?op=download")]
+
+
+# --- deep JSON is malformed, never a crash (issue 18) ------------------------------------------
+
+
+@pytest.mark.parametrize("depth, refused", [(maas.MAX_JSON_DEPTH, False), (maas.MAX_JSON_DEPTH + 1, True),
+                                            (5000, True), (200000, True)])
+def test_json_nested_past_the_bound_is_malformed(depth, refused):
+    body = ("[" * depth + "]" * depth).encode()
+    client, _, _ = scripted(Response(200, {"Content-Type": "application/json"}, body))
+    if not refused:
+        assert client.call("GET", "machines/") is not None
+        return
+    with pytest.raises(MAASError) as caught:
+        client.call("GET", "machines/")
+    assert caught.value.kind == "malformed" and caught.value.status == 200
+    assert str(caught.value) == (f"GET machines/: 200: JSON nested deeper than {maas.MAX_JSON_DEPTH} levels "
+                                 f"in the response ({len(body)} bytes)")
+
+
+@pytest.mark.parametrize("name", ["machines", "machines_by_id", "taken_hostnames", "power_addresses", "events",
+                                  "pools", "version", "whoami", "config", "script", "power_address"])
+def test_every_call_refuses_deep_json_as_malformed(name):
+    deep = b'{"a": ' * 100 + b"1" + b"}" * 100
+    client, _, _ = scripted(*[Response(200, {"Content-Type": "application/json"}, deep)] * 4)
+    with pytest.raises(MAASError) as caught:
+        CALLS[name][0](client, "abc")
+    assert caught.value.kind == "malformed"
+
+
+def test_a_deep_error_body_is_shown_as_text_not_walked():
+    deep = b'{"hostname": ' * 100000 + b'"x"' + b"}" * 100000
+    client, _, _ = scripted(Response(400, {"Content-Type": "application/json"}, deep))
+    with pytest.raises(MAASError) as caught:
+        client.update_machine("abc", hostname="x")
+    assert caught.value.status == 400 and str(caught.value).startswith('PUT machines/abc/: 400: {"hostname": ')
+    assert len(caught.value.message) == maas.MAX_MESSAGE
+
+
+def test_deep_json_from_the_double_is_malformed(double):
+    double.inject("reply", path=r"^machines/$", status=200, body=b"[" * 3000 + b"]" * 3000)
+    with pytest.raises(MAASError) as caught:
+        client_for(double).machines()
+    assert caught.value.kind == "malformed"
+
+
+# --- a 403 fails that request; only the key's own checks stop the service ---------------------
+
+
+@pytest.mark.parametrize("call, line", [
+    (lambda c: c.version(), "GET version/"),
+    (lambda c: c.whoami(), "GET users/?op=whoami"),
+])
+def test_a_403_on_the_keys_own_checks_is_an_auth_error(call, line):
+    client, _, _ = scripted(Response(403, {"Content-Type": "text/plain"}, b"Forbidden"))
+    with pytest.raises(MAASAuthError) as caught:
+        call(client)
+    assert str(caught.value) == f"{line}: 403: Forbidden (the API key's user is not a MAAS administrator)"
+
+
+@pytest.mark.parametrize("name", sorted(set(CALLS) - {"version", "whoami"}))
+def test_a_403_anywhere_else_fails_that_request_only(name):
+    client, transport, _ = scripted(Response(403, {"Content-Type": "text/plain"}, b""))
+    with pytest.raises(MAASForbidden) as caught:
+        CALLS[name][0](client, "abc")
+    assert not isinstance(caught.value, MAASAuthError) and caught.value.status == 403
+    assert ": 403: " in str(caught.value) and str(caught.value).endswith(FORBIDDEN)
+    assert len(transport.sent) == 1
+
+
+def test_a_401_anywhere_is_an_auth_error():
+    for name in sorted(CALLS):
+        client, _, _ = scripted(Response(401, {"Content-Type": "text/plain"}, b"Invalid signature"))
+        with pytest.raises(MAASAuthError):
+            CALLS[name][0](client, "abc")
+
+
+def test_require_administrator(double):
+    client = client_for(double)
+    assert client.require_administrator()["is_superuser"] is True
+    double.admin = False
+    with pytest.raises(MAASAuthError) as caught:
+        client.require_administrator()
+    assert str(caught.value) == ("GET users/?op=whoami: not-admin: the API key's user 'admin' is not a MAAS "
+                                 "administrator: use an administrator's key (`maas apikey --username ADMIN`)")

@@ -193,3 +193,121 @@ def test_one_line_is_the_text_or_its_start_and_an_ellipsis(text, limit):
         assert line == flat
     else:
         assert len(line) == limit and line.endswith("...") and flat.startswith(line[:-3])
+
+
+# --- issue 18: system ids in URLs, deep JSON, secrets in echoed bodies --------------------------
+
+import json  # noqa: E402
+import re  # noqa: E402
+from urllib.parse import unquote  # noqa: E402
+
+import urllib3.util  # noqa: E402
+
+from maas_kubevirt import maas  # noqa: E402
+
+MAAS_ID = st.text(st.sampled_from("abcdefghijklmnopqrstuvwxyz0123456789"), min_size=1, max_size=41)
+BASE = "http://maas:5240/MAAS/api/2.0/"
+
+
+class NoRequests:
+    def __init__(self):
+        self.sent = []
+
+    def send(self, method, url, headers, files, timeout):
+        self.sent.append(url)
+        return maas.Response(200, {"Content-Type": "application/json"}, b"{}")
+
+    def close(self):
+        pass
+
+
+def client_with(transport):
+    return maas.MAASClient("http://maas:5240/MAAS/", maas.Signer("a", "b", "c"), transport=transport,
+                           retry=maas.RetryPolicy(attempts=1))
+
+
+@given(MAAS_ID)
+def test_an_id_as_maas_makes_them_is_one_segment_sent_as_it_is(system_id):
+    assert maas.valid_system_id(system_id) and maas.segment(system_id) == system_id
+    transport = NoRequests()
+    client_with(transport).commission(system_id)
+    assert transport.sent == [f"{BASE}machines/{system_id}/?op=commission"]
+
+
+@given(st.one_of(st.text(max_size=60), MAAS_ID.map(lambda s: s + "/.."), MAAS_ID.map(lambda s: "../" + s)))
+def test_any_other_id_sends_nothing_and_names_itself_escaped(system_id):
+    transport = NoRequests()
+    valid = maas.valid_system_id(system_id)
+    assert valid == (re.fullmatch(r"[a-z0-9]{1,41}", system_id) is not None)
+    try:
+        client_with(transport).update_machine(system_id, hostname="x")
+    except maas.MAASError as error:
+        assert not valid and error.kind == "malformed" and transport.sent == []
+        assert str(error).isprintable() and "\n" not in str(error)
+    else:
+        assert valid and transport.sent == [f"{BASE}machines/{system_id}/"]
+
+
+@given(st.text(min_size=1, max_size=40))
+def test_a_segment_stays_one_segment_whatever_the_http_client_resolves(text):
+    quoted = maas.segment(text)
+    assert unquote(quoted) == text
+    parsed = urllib3.util.parse_url(f"{BASE}scripts/{quoted}")  # resolves dot segments, as sent
+    assert parsed.path == f"/MAAS/api/2.0/scripts/{quoted}"
+    assert parsed.query is None and parsed.fragment is None
+
+
+JSON_TEXT = st.text(st.sampled_from('[]{}"\\/ab\u00e9\u2028\x00\n'), max_size=8)
+JSON_VALUE = st.recursive(
+    st.none() | st.booleans() | st.integers() | JSON_TEXT,
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(JSON_TEXT, children, max_size=3),
+    max_leaves=30,
+)
+
+
+def depth(value) -> int:
+    if isinstance(value, list):
+        return 1 + max(map(depth, value), default=0)
+    if isinstance(value, dict):
+        return 1 + max(map(depth, value.values()), default=0)
+    return 0
+
+
+@given(JSON_VALUE, st.integers(0, 12), st.booleans(), st.sampled_from([None, 1]),
+       st.sampled_from(["utf-8", "utf-16", "utf-32-le"]))
+def test_nesting_depth_is_measured_as_json_nests_ignoring_strings(value, limit, ascii_only, indent, encoding):
+    body = json.dumps(value, ensure_ascii=ascii_only, indent=indent).encode(encoding)
+    assert maas.json_nested_deeper(body, limit) == (depth(value) > limit)
+
+
+@given(st.integers(1, 3000), st.sampled_from(["[]", "{}"]))
+def test_any_nesting_past_the_bound_is_malformed_never_a_crash(levels, brackets):
+    opening, closing = brackets
+    text = (opening + ('"k": ' if opening == "{" else "")) * levels + "0" + closing * levels
+    transport = NoRequests()
+    transport.send = lambda *a: maas.Response(200, {"Content-Type": "application/json"}, text.encode())
+    client = client_with(transport)
+    if levels <= maas.MAX_JSON_DEPTH:
+        assert client.call("GET", "machines/") is not None
+    else:
+        with pytest.raises(maas.MAASError) as caught:
+            client.call("GET", "machines/")
+        assert caught.value.kind == "malformed"
+
+
+HEX_SECRET = st.text(st.sampled_from("0123456789abcdef"), min_size=8, max_size=40)
+# Text around the secret without hexadecimal digits, so the secret cannot also arise from it.
+AROUND = st.text(st.characters(exclude_characters="0123456789abcdefABCDEF"), max_size=400)
+
+
+@given(HEX_SECRET, AROUND, AROUND, st.sampled_from(["json", "text", "html"]))
+def test_a_secret_echoed_anywhere_in_an_error_body_is_withheld(secret, before, after, shape):
+    if shape == "json":
+        body, ctype = json.dumps({"power_parameters_power_pass": [before + secret + after]}).encode(), "application/json"
+    elif shape == "html":
+        body, ctype = f"<html><title>{before}{secret}{after}</title></html>".encode(), "text/html"
+    else:
+        body, ctype = (before + secret + after).encode(), "text/plain"
+    line = maas.readable_message(body, ctype, (secret,))
+    for start in range(len(secret) - 7):  # not even 8 characters of it, wherever the line is cut
+        assert secret[start:start + 8] not in line

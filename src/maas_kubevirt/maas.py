@@ -5,10 +5,18 @@ Three separate pieces, so tests can replace any of them:
 - ``Signer`` signs a request with OAuth 1.0 PLAINTEXT (oauthlib) from the API key
   ``consumer:token:secret``; a fresh nonce and timestamp on every attempt.
 - ``Transport`` sends one HTTP request with requests and returns status, headers and body.
-- ``MAASClient`` builds the URLs (``<url>/api/2.0/<path>``), retries what is worth retrying
-  (connection errors, timeouts, 503 and 409 honouring Retry-After; bounded) and turns every
-  failure into a ``MAASError`` whose message is one line: ``METHOD path: status: MAAS's
-  message``, control characters escaped.
+- ``MAASClient`` builds the URLs (``<url>/api/2.0/<path>``, each path segment quoted, a
+  system_id checked first), retries what is worth retrying and turns every failure into a
+  ``MAASError`` whose message is one line: ``METHOD path: status: MAAS's message``, control
+  characters escaped.
+
+Retries: a read (GET) is retried after a connection error, a timeout or a 503; any request
+after a failure that came before it was sent (connection refused, no DNS answer, connect
+timeout), and after a 503 or 409 carrying Retry-After, MAAS's word that it did nothing and
+wants the request again. A request that changes MAAS (POST, PUT, DELETE) is otherwise sent
+once: a failure after it may have reached MAAS (reset, read timeout) surfaces at once with
+``in_flight``, and a 503 without Retry-After is final (MAAS 3.6.5 answers a commission that
+failed to power on that way, after it started commissioning).
 
 Limits: each response body is capped (``maas.max_response_mib``); a ``deadline`` bounds a whole
 cycle of requests; each request runs in a worker thread so a ``stop`` event (SIGTERM) ends it
@@ -23,6 +31,7 @@ message (bodies of power-parameter responses are withheld; a password sent is sc
 from __future__ import annotations
 
 import email.utils
+import html
 import ipaddress
 import json
 import os
@@ -34,7 +43,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, TypeVar
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import quote, quote_plus, urlencode, urlsplit
 
 import oauthlib.oauth1
 import requests
@@ -79,7 +88,8 @@ class MAASError(Exception):
         self.status = status
         self.message = message
         self.kind = kind
-        # The request was sent and then abandoned: MAAS may have carried it out.
+        # The request was sent and no answer came (abandoned, reset, timed out): MAAS may have
+        # carried it out, so the caller reads the machine back instead of assuming either way.
         self.in_flight = in_flight
         super().__init__(f"{method} {path}: {status if status is not None else kind}: {message}")
 
@@ -94,7 +104,11 @@ class MAASTooLarge(MAASError):
 
 
 class MAASAuthError(MAASError):
-    """401 (bad API key) or 403 (not an administrator): retrying cannot help."""
+    """The API key cannot be used: 401, or 403 on version/ or users/?op=whoami. Stops the service."""
+
+
+class MAASForbidden(MAASError):
+    """403 on one request (not an administrator, or MAAS RBAC on one pool): that request fails."""
 
 
 class MAASVersionError(Exception):
@@ -107,30 +121,93 @@ def _one_line(text: str, limit: int = MAX_MESSAGE) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def readable_message(body: bytes, content_type: str = "") -> str:
-    """MAAS's error body as one readable line: ``{"hostname": ["taken"]}`` -> ``hostname: taken``."""
+WITHHELD = "<withheld>"
+
+
+def withhold(text: str, secrets: Iterable[str]) -> str:
+    """text with each secret of 4 or more characters replaced, as sent and as a body may echo
+    it (HTML-, JSON- or URL-escaped); shorter ones would blank common words."""
+    for secret in secrets:
+        if secret and len(secret) >= 4:
+            for form in {secret, html.escape(secret), json.dumps(secret)[1:-1],
+                         json.dumps(secret, ensure_ascii=False)[1:-1], quote_plus(secret),
+                         quote(secret, safe="")}:
+                text = text.replace(form, WITHHELD)
+    return text
+
+
+def readable_message(body: bytes, content_type: str = "", hide: Iterable[str] = ()) -> str:
+    """MAAS's error body as one readable line: ``{"hostname": ["taken"]}`` -> ``hostname: taken``.
+
+    The secrets in ``hide`` are withheld before the line is cut, so no part of one survives.
+    """
+    hide = tuple(hide)
     text = body.decode("utf-8", "replace").strip()
     if not text:
         return "(no message)"
     try:
         data = json.loads(text)
-    except ValueError:
+        if json_nested_deeper(body, MAX_JSON_DEPTH):
+            data = None  # shown as text: joining its values would recurse as deep
+    except (ValueError, RecursionError):
         data = None
+
+    def line(found: str) -> str:
+        return _one_line(withhold(found, hide)) or "(no message)"
+
     if isinstance(data, dict):
         parts = []
         for key, value in data.items():
             if isinstance(value, list):
                 value = " ".join(str(v) for v in value)
             parts.append(str(value) if key == "__all__" else f"{key}: {value}")
-        return _one_line("; ".join(parts)) or "(no message)"
+        return line("; ".join(parts))
     if isinstance(data, list):
-        return _one_line(" ".join(str(v) for v in data)) or "(no message)"
+        return line(" ".join(str(v) for v in data))
     if isinstance(data, str):
-        return _one_line(data)
+        return _one_line(withhold(data, hide))
     if "html" in content_type.lower() or text.startswith("<"):
+        text = withhold(text, hide)
         title = re.search(r"<title>(.*?)</title>", text, re.IGNORECASE | re.DOTALL)
         text = title.group(1) if title else re.sub(r"<[^>]+>", " ", text)
-    return _one_line(text) or "(no message)"
+    return line(text)
+
+
+# MAAS's objects nest a few levels (a machine's interfaces' links' subnets' VLANs ...). Deeper
+# JSON is not MAAS's: refused before anything walks it (json itself recurses, and fails with
+# RecursionError, at about a thousand).
+MAX_JSON_DEPTH = 64
+_ESCAPED_BACKSLASH = b"\\\\"
+_ESCAPED_QUOTE = b'\\"'
+_NOT_STRUCTURE = bytes(byte for byte in range(256) if byte not in b'"[]{}')
+_STRING = re.compile(rb'"[^"]*"')
+_INNERMOST = re.compile(rb"\[\]|\{\}")
+
+
+def json_nested_deeper(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True when the JSON text ``body`` nests arrays and objects more than ``limit`` deep
+    (brackets inside strings do not count; text that does not balance counts as deeper).
+
+    Built from passes of C code (replace, translate, regex) over the text, never a loop per
+    character: a machine list can be hundreds of MB. Each pass of ``_INNERMOST`` removes the
+    innermost level, so what is left after ``limit`` passes lies deeper.
+    """
+    encoding = json.detect_encoding(body)
+    if encoding not in ("utf-8", "utf-8-sig"):
+        body = body.decode(encoding, "surrogatepass").encode("utf-8", "surrogatepass")
+    # In JSON a backslash escapes exactly the next character, left to right: dropping the
+    # escaped backslashes first, then the escaped quotes, leaves only the quotes of strings.
+    structure = body.replace(_ESCAPED_BACKSLASH, b"").replace(_ESCAPED_QUOTE, b"")
+    structure = structure.translate(None, _NOT_STRUCTURE)
+    # Quotes now alternate open, close. Dropping two adjacent ones drops an empty string or
+    # joins two strings into one, so it keeps that order; it leaves only the few strings that
+    # hold brackets for the (slower) regex.
+    structure = _STRING.sub(b"", structure.replace(b'""', b""))
+    for _ in range(limit):
+        if not structure:
+            return False
+        structure = _INNERMOST.sub(b"", structure)
+    return bool(structure)
 
 
 # --- API key --------------------------------------------------------------------------------
@@ -280,11 +357,15 @@ class Response:
 
 
 class TransportError(Exception):
-    """No response: ``kind`` is "connection" or "timeout"; the message names no secret."""
+    """No response: ``kind`` is "connection" or "timeout"; the message names no secret.
 
-    def __init__(self, kind: str, message: str):
+    ``sent`` is False only when the request certainly never left (no connection was made).
+    """
+
+    def __init__(self, kind: str, message: str, sent: bool = True):
         super().__init__(message)
         self.kind = kind
+        self.sent = sent
 
 
 class Transport:
@@ -325,10 +406,12 @@ class Transport:
                 stream=True,
             ) as reply:
                 body = self._read(reply)
+        except requests.ConnectTimeout:
+            raise TransportError("timeout", "no connection in time", sent=False) from None
         except requests.Timeout:
             raise TransportError("timeout", "no answer in time") from None
         except requests.ConnectionError as error:
-            raise TransportError("connection", _connection_reason(error)) from None
+            raise TransportError("connection", _connection_reason(error), sent=not _never_sent(error)) from None
         except requests.RequestException as error:
             raise TransportError("connection", type(error).__name__) from None
         return Response(reply.status_code, reply.headers, body)
@@ -359,26 +442,44 @@ def _too_large(limit: int, size: int | None = None) -> str:
             "raise maas.max_response_mib if this MAAS really has that much to say")
 
 
-def _connection_reason(error: BaseException) -> str:
-    """A short reason without URLs or headers (the exception text can be long)."""
+def _causes(error: BaseException | None) -> Iterable[BaseException]:
+    """error and its causes, outermost first, each once: urllib3 and requests link them by
+    args, raise-from, implicit context or ``.reason``, differently from one version to the next."""
     seen = set()
-    while error is not None and id(error) not in seen:
+    while isinstance(error, BaseException) and id(error) not in seen:
         seen.add(id(error))
-        name = type(error).__name__
-        if name in ("ConnectionRefusedError", "ConnectionResetError", "RemoteDisconnected",
-                    "BrokenPipeError", "ConnectionAbortedError", "SSLError", "NameResolutionError",
-                    "gaierror", "IncompleteRead", "ProtocolError"):
-            if name == "ConnectionRefusedError":
-                return "connection refused"
-            if name in ("ConnectionResetError", "RemoteDisconnected", "ConnectionAbortedError",
-                        "IncompleteRead", "ProtocolError", "BrokenPipeError"):
-                return "connection closed by the server"
-            if name == "SSLError":
-                return "TLS error"
-            return "cannot resolve the MAAS host name"
+        yield error
         nested = error.args[0] if error.args and isinstance(error.args[0], BaseException) else None
         error = nested or error.__cause__ or error.__context__ or getattr(error, "reason", None)
+
+
+def _connection_reason(error: BaseException) -> str:
+    """A short reason without URLs or headers (the exception text can be long)."""
+    for cause in _causes(error):
+        name = type(cause).__name__
+        if name == "ConnectionRefusedError":
+            return "connection refused"
+        if name in ("ConnectionResetError", "RemoteDisconnected", "ConnectionAbortedError",
+                    "IncompleteRead", "ProtocolError", "BrokenPipeError"):
+            return "connection closed by the server"
+        if name == "SSLError":
+            return "TLS error"
+        if name in ("NameResolutionError", "gaierror"):
+            return "cannot resolve the MAAS host name"
     return "connection failed"
+
+
+# Failures that happen before a connection exists, so before any byte of the request left:
+# urllib3 raises NewConnectionError (NameResolutionError is one) and ConnectTimeoutError only
+# from making the connection, and a certificate is refused during the TLS handshake.
+_BEFORE_SENDING = {"ConnectionRefusedError", "gaierror", "NewConnectionError", "ConnectTimeoutError",
+                   "ConnectTimeout", "SSLCertVerificationError", "CertificateError"}
+
+
+def _never_sent(error: BaseException) -> bool:
+    """True when the failure certainly came before the request was sent; anything else (a
+    reset, a closed connection, another TLS error) may have come after MAAS read it."""
+    return any(kind.__name__ in _BEFORE_SENDING for cause in _causes(error) for kind in type(cause).__mro__)
 
 
 @dataclass
@@ -428,6 +529,35 @@ def check_version(text: str) -> list[str]:
                 "3.6.0-3.6.4 and 3.7.0-3.7.2): enlistment of KubeVirt VMs fails; upgrade MAAS"
             ]
     return []
+
+
+# MAAS makes a system_id of lower-case letters and digits, at most 41 characters
+# (src/maasserver/models/node.py: generate_node_system_id, from znums; Node.system_id
+# max_length=41). Anything else in a machine record is not MAAS's: it never goes into a URL.
+_SYSTEM_ID = re.compile(r"[a-z0-9]{1,41}")
+
+
+def valid_system_id(value: object) -> bool:
+    """True when value is a system_id as MAAS makes them (1-41 lower-case letters and digits)."""
+    return isinstance(value, str) and _SYSTEM_ID.fullmatch(value) is not None
+
+
+def segment(text: str) -> str:
+    """One URL path segment with every reserved character quoted, so it stays one segment.
+
+    "." and ".." are quoted too: HTTP clients resolve them as dot segments (urllib3's
+    parse_url does), which would move the request to another resource.
+    """
+    quoted = quote(text, safe="")
+    return quoted.replace(".", "%2E") if quoted in (".", "..") else quoted
+
+
+# Requests that only read; any other method may change MAAS and is not repeated blindly.
+READS = ("GET", "HEAD")
+# Where a 403 means the key itself is refused: MAAS answers version/ to anyone and whoami to
+# any user (src/maasserver/api/users.py, UsersHandler.whoami), so a 403 there is not about
+# one object. Elsewhere a 403 is about that request (admin_method, RBAC on a pool).
+KEY_CHECKS = ("version/", "users/?op=whoami")
 
 
 class MAASClient:
@@ -550,6 +680,7 @@ class MAASClient:
         if fields or files:
             multipart = {key: (None, str(value)) for key, value in (fields or {}).items()}
             multipart.update(files or {})
+        reads = method.upper() in READS
         attempt = 0
         while True:
             attempt += 1
@@ -559,39 +690,50 @@ class MAASClient:
                 reply = self._send(method, shown, url, multipart)
             except TransportError as error:
                 if error.kind == "too-large":
-                    raise MAASTooLarge(method, shown, None, str(error), error.kind) from None
+                    # The answer was not read: a change may have been made.
+                    raise MAASTooLarge(method, shown, None, str(error), error.kind,
+                                       in_flight=not reads) from None
+                if not reads and error.sent:
+                    # MAAS may have read it and carried it out: sending it again could repeat
+                    # the change (a second commission, a second pool).
+                    raise MAASError(method, shown, None, f"{error} after the request was sent: MAAS "
+                                    "may have carried it out; not sent again", error.kind,
+                                    in_flight=True) from None
                 failure = MAASError(method, shown, None, str(error), error.kind)
             else:
                 if reply.status in ok_statuses:
                     if not json_reply:
                         return reply.body
-                    try:
-                        return json.loads(reply.body) if reply.body.strip() else None
-                    except ValueError:
-                        failure = MAASError(
-                            method, shown, reply.status,
-                            f"malformed JSON in the response ({len(reply.body)} bytes)", "malformed",
-                        )
-                        # A malformed body is not retried here: the next cycle asks again.
-                        raise failure from None
+                    # A malformed body is not retried here: the next cycle asks again.
+                    return _json(method, shown, reply)
                 content_type = reply.headers.get("Content-Type", "")
                 message = (
                     "response body withheld (it may hold credentials)"
-                    if withhold_body else readable_message(reply.body, content_type)
+                    if withhold_body else readable_message(reply.body, content_type, self._secrets(hide))
                 )
-                message = self._scrub(message, hide)
-                if reply.status in (401, 403):
+                if reply.status == 401 or (reply.status == 403 and shown in KEY_CHECKS):
                     hint = (f"the API key was refused: check {self.signer.source}" if reply.status == 401
                             else "the API key's user is not a MAAS administrator")
                     raise MAASAuthError(method, shown, reply.status, f"{message} ({hint})")
+                if reply.status == 403:
+                    raise MAASForbidden(method, shown, 403, f"{message} (the API key's user lacks permission "
+                                        "for this request: a MAAS administrator's key has it)")
                 failure = MAASError(method, shown, reply.status, message)
                 after = _retry_after(reply.headers.get("Retry-After"))
-                # 503: no rack controller answered (src/maasserver/middleware.py, Retry-After
-                # 10). 409 with Retry-After: the region ran out of database retries on a
-                # serialisation conflict and asks the client to repeat (MAAS 3.4 and later,
-                # src/maasserver/utils/views.py, HttpResponseConflict). A 409 without it is a
-                # state conflict: the caller decides (a race).
-                if reply.status != 503 and not (reply.status == 409 and after is not None):
+                # MAAS adds Retry-After only when it did nothing and wants the request again.
+                # Views run in a savepoint that an exception rolls back (src/maasserver/utils/
+                # views.py, WebApplicationHandler.make_view_atomic; ATOMIC_REQUESTS is forced on in
+                # src/maasserver/djangosettings/__init__.py). Then:
+                # - 503 with Retry-After 10: no rack controller to talk to, or an external
+                #   process failed (src/maasserver/middleware.py, APIRPCErrorsMiddleware and
+                #   ExceptionMiddleware);
+                # - 409 with Retry-After 5: the region ran out of retries on a serialisation
+                #   conflict (src/maasserver/utils/views.py, HttpResponseConflict, MAAS 3.4+).
+                # A 503 without it (src/maasserver/exceptions.py: PowerProblem and the like) may
+                # come after MAAS acted: a read is asked again, a change is not. A 409 without
+                # it is a state conflict: the caller decides (a race).
+                asked_again = after is not None and reply.status in (503, 409)
+                if not (asked_again or (reply.status == 503 and reads)):
                     raise failure
                 if after is not None:
                     delay = min(after, self.retry.max_retry_after)
@@ -608,11 +750,17 @@ class MAASClient:
                 raise MAASError(method, shown, None, "stopped by a signal while waiting to retry",
                                 "interrupted")
 
-    def _scrub(self, text: str, hide: tuple[str, ...] = ()) -> str:
-        for secret in (*self.signer.secrets(), *hide):
-            if secret and len(secret) >= 4:
-                text = text.replace(secret, "<withheld>")
-        return text
+    def _secrets(self, hide: tuple[str, ...] = ()) -> tuple[str, ...]:
+        """The API key's parts and the caller's secrets: none reaches a message."""
+        return (*self.signer.secrets(), *hide)
+
+    def _machine(self, method: str, system_id: str, op: str = "") -> str:
+        """The path ``machines/{id}/``; a system_id MAAS would not make is refused, nothing sent."""
+        if not valid_system_id(system_id):
+            raise MAASError(method, "machines/" + (f"?op={op}" if op else ""), None,
+                            f"refused system_id {_one_line(repr(system_id), 80)}: MAAS makes them of "
+                            "lower-case letters and digits (at most 41); no request sent", "malformed")
+        return f"machines/{segment(system_id)}/"
 
     # the API ------------------------------------------------------------------------------
     def version(self) -> str:
@@ -650,8 +798,10 @@ class MAASClient:
                     taken[node["hostname"]] = str(node.get("system_id"))
         return taken
 
-    def power_parameters(self, system_ids: Iterable[str], reduce: Callable[[Mapping[str, Any]], T]) -> dict[str, T]:
-        """reduce(parameters) per system_id, fetched in bulk (``GET machines/?op=power_parameters&id=...``).
+    def power_parameters(self, system_ids: Iterable[str], reduce: Callable[..., T],
+                         hints: Mapping[str, Any] | None = None) -> dict[str, T]:
+        """reduce(parameters) per system_id, fetched in bulk (``GET machines/?op=power_parameters&id=...``);
+        with hints, reduce(parameters, hints.get(system_id)).
 
         Each machine's parameters (power_pass among them) go to reduce as soon as they are
         parsed and are dropped after: only what reduce returns is kept.
@@ -666,7 +816,9 @@ class MAASClient:
                 raise MAASError("GET", "machines/?op=power_parameters", 200,
                                 "expected a mapping of system_id to parameters", "malformed")
             for sid, parameters in data.items():
-                found[str(sid)] = reduce(parameters if isinstance(parameters, dict) else {})
+                parameters = parameters if isinstance(parameters, dict) else {}
+                found[str(sid)] = (reduce(parameters) if hints is None
+                                   else reduce(parameters, hints.get(str(sid))))
             del data
         return found
 
@@ -699,7 +851,8 @@ class MAASClient:
 
     def power_address(self, system_id: str) -> str | None:
         """One machine's power_address (GET machines/{id}/?op=power_parameters)."""
-        data = self.call("GET", f"machines/{system_id}/", [("op", "power_parameters")], withhold_body=True)
+        data = self.call("GET", self._machine("GET", system_id, "power_parameters"), [("op", "power_parameters")],
+                         withhold_body=True)
         address = data.get("power_address") if isinstance(data, dict) else None
         return address if isinstance(address, str) else None
 
@@ -712,30 +865,34 @@ class MAASClient:
     def create_pool(self, name: str, description: str = "") -> dict:
         return self.call("POST", "resourcepools/", fields={"name": name, "description": description})
 
-    def update_machine(self, system_id: str, **fields: str) -> dict:
-        return self.call("PUT", f"machines/{system_id}/", fields=fields)
+    def update_machine(self, system_id: str, *, hide: tuple[str, ...] = (), **fields: str) -> dict:
+        """One ``PUT machines/{id}/`` with every field given; no value in ``hide`` (nor any
+        ``*power_pass`` field) reaches a message.
+
+        MAAS merges the machine's current power parameters into the form for every key the
+        request leaves out (src/maasserver/forms/__init__.py, WithPowerTypeMixin
+        ._get_power_parameters; a field left unset takes its initial value in
+        src/maasserver/config_forms.py, DictCharField.clean_sub_fields), and the form is all
+        or nothing: one refused field (a taken hostname) changes none.
+        """
+        passwords = tuple(value for key, value in fields.items() if key.endswith("power_pass"))
+        return self.call("PUT", self._machine("PUT", system_id), fields=fields, hide=(*hide, *passwords))
 
     def set_power_pass(self, system_id: str, password: str) -> None:
-        """Set one power parameter, power_pass; MAAS keeps the others as they are.
-
-        MAAS merges the machine's current parameters into the form for every key the request
-        leaves out (src/maasserver/forms/__init__.py, WithPowerTypeMixin._get_power_parameters;
-        a field left unset takes its initial value in src/maasserver/config_forms.py,
-        DictCharField.clean_sub_fields). The password never reaches a message.
-        """
-        self.call("PUT", f"machines/{system_id}/", fields={"power_parameters_power_pass": password},
-                  hide=(password,))
+        """Set one power parameter, power_pass; MAAS keeps the others as they are."""
+        self.update_machine(system_id, hide=(password,), power_parameters_power_pass=password)
 
     def commission(self, system_id: str, skip_bmc_config: bool = True) -> dict:
         """Commission; skip_bmc_config=1 keeps scripts tagged bmc-config (ours among them) from
         writing the power parameters again (src/maasserver/forms/ephemeral.py, CommissionForm)."""
         fields = {"skip_bmc_config": "1"} if skip_bmc_config else {}
-        return self.call("POST", f"machines/{system_id}/", [("op", "commission")], fields=fields)
+        return self.call("POST", self._machine("POST", system_id, "commission"), [("op", "commission")],
+                         fields=fields)
 
     def script(self, name: str) -> dict | None:
         """The script's metadata (tags, timeout, history ...), or None when MAAS has none by that name."""
         try:
-            data = self.call("GET", f"scripts/{name}")
+            data = self.call("GET", f"scripts/{segment(name)}")
         except MAASError as error:
             if error.status == 404:
                 return None
@@ -758,13 +915,24 @@ class MAASClient:
             raise MAASError("GET", "users/?op=whoami", 200, "expected a user with is_superuser", "malformed")
         return data
 
+    def require_administrator(self) -> dict:
+        """whoami, or MAASAuthError when the key's user is not a MAAS administrator: the power
+        parameters and every change the reconciler makes are for administrators only."""
+        user = self.whoami()
+        if user["is_superuser"] is not True:
+            name = _one_line(repr(user.get("username")), 80)
+            raise MAASAuthError("GET", "users/?op=whoami", None, f"the API key's user {name} is not a MAAS "
+                                "administrator: use an administrator's key (`maas apikey --username ADMIN`)",
+                                "not-admin")
+        return user
+
     def config(self, name: str) -> Any:
         """One MAAS configuration value (src/maasserver/api/maas.py, ``get_config``: the value as JSON)."""
         return self.call("GET", "maas/", [("op", "get_config"), ("name", name)])
 
     def script_text(self, name: str) -> bytes:
         """The stored text of the script's current revision (GET scripts/{name}?op=download)."""
-        return self.call("GET", f"scripts/{name}", [("op", "download")], json_reply=False)
+        return self.call("GET", f"scripts/{segment(name)}", [("op", "download")], json_reply=False)
 
     def create_script(self, name: str, content: bytes, comment: str = "",
                       **fields: str) -> dict:
@@ -774,7 +942,7 @@ class MAASClient:
     def update_script(self, name: str, content: bytes, comment: str = "", **fields: str) -> dict:
         """PUT scripts/{name}. MAAS applies the tags and timeout embedded in a script only when it
         creates it (src/maasserver/forms/script.py, ScriptForm._clean_script): pass them here."""
-        return self.call("PUT", f"scripts/{name}", fields={"comment": comment, **fields},
+        return self.call("PUT", f"scripts/{segment(name)}", fields={"comment": comment, **fields},
                          files={"script": (name, content)})
 
     def close(self) -> None:
@@ -798,6 +966,25 @@ def client_from_values(values: Mapping[str, Any], warn: Callable[[str], None],
         warn(plaintext)
     return MAASClient(maas["url"], Signer(consumer, token, secret, source), timeout=maas["timeout"],
                       retry=RETRY, stop=stop, max_body=maas["max_response_mib"] * 2**20)
+
+
+def _json(method: str, shown: str, reply: Response) -> Any:
+    """The reply's JSON (None for an empty body); malformed or too deep is kind "malformed"."""
+    if not reply.body.strip():
+        return None
+    try:
+        data = json.loads(reply.body)
+    except RecursionError:
+        too_deep = True
+    except ValueError:
+        raise MAASError(method, shown, reply.status,
+                        f"malformed JSON in the response ({len(reply.body)} bytes)", "malformed") from None
+    else:
+        too_deep = json_nested_deeper(reply.body)
+    if too_deep:
+        raise MAASError(method, shown, reply.status, f"JSON nested deeper than {MAX_JSON_DEPTH} levels "
+                        f"in the response ({len(reply.body)} bytes)", "malformed")
+    return data
 
 
 def power_address_of(parameters: Mapping[str, Any]) -> str | None:
