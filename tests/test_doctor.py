@@ -5,6 +5,7 @@ A healthy site first (every MAAS and network check ok), then each failure inject
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -27,7 +28,7 @@ from maas_kubevirt.render import render_commissioning  # noqa: E402
 from maas_kubevirt.values import load_values  # noqa: E402
 
 DOMAIN = "bmc.example.com"
-SEED = "5eed" * 16          # 32 random bytes' worth of hex, as the seed rules require
+SEED = hashlib.sha256(b"test_doctor seed").hexdigest()   # 32 bytes of hex, with no pattern the seed rules refuse
 VMS = [("web1", "vms"), ("web2", "vms"), ("db1", "tenant")]
 
 
@@ -36,6 +37,7 @@ class Site:
 
     def __init__(self, tmp_path: Path, double: MaasDouble, responder: RedfishResponder):
         self.tmp_path, self.double, self.responder = tmp_path, double, responder
+        self.redfish_port = responder.port          # kept: a test stops the responder
         self.key = double.api_key
         self.url = double.url
         self.seed_file = tmp_path / "seed"
@@ -64,9 +66,9 @@ class Site:
     def add_vm(self, vm: str, namespace: str, password: str | None = None, **kw: object) -> str:
         right = identity.bmc_password(SEED, identity.format_serial(vm, namespace))
         self.responder.accounts[self.host(vm, namespace)] = ("maas", right)
+        # The one address MAAS stores for a Redfish BMC: the bare host (its driver adds https://).
         return self.double.add_machine(
-            power_type="redfish", power_address=f"http://{self.host(vm, namespace)}:{self.responder.port}",
-            power_pass=password or right, **kw)
+            power_type="redfish", power_address=self.host(vm, namespace), power_pass=password or right, **kw)
 
     def resolve(self, host: str) -> list[str]:
         if host.endswith("." + DOMAIN):
@@ -78,7 +80,7 @@ class Site:
                           retry=RetryPolicy(attempts=1))
 
     def run(self, **options: object) -> dict[str, doctor.Check]:
-        settings = dict(resolve=self.resolve, redfish_deadline=2.0)
+        settings = dict(resolve=self.resolve, redfish_deadline=2.0, redfish_https_port=self.redfish_port)
         settings.update(options)
         checks = doctor.run(self.values, self.client(), None, doctor.Options(**settings))
         names = [c.name for c in checks]
@@ -89,9 +91,19 @@ class Site:
         return [SEED, self.double.api_key_text, *self.double.api_key, *self.double.passwords()]
 
 
+def self_signed(directory: Path) -> tuple[str, str]:
+    """A certificate and key for the responder: MAAS's driver speaks https and checks no certificate."""
+    openssl = require_tool("openssl", "openssl makes the self-signed certificate of the HTTPS responder")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-days", "1", "-subj", "/CN=bmc", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    return str(cert), str(key)
+
+
 @pytest.fixture
 def site(tmp_path: Path):
-    with MaasDouble() as double, RedfishResponder() as responder:
+    with MaasDouble() as double, RedfishResponder(tls=self_signed(tmp_path)) as responder:
         yield Site(tmp_path, double, responder)
 
 
@@ -288,17 +300,13 @@ def test_redfish_nobody_listening(site):
 
 
 def test_redfish_over_https_sends_the_host_name_as_sni(tmp_path):
-    openssl = require_tool("openssl", "openssl makes the self-signed certificate of the HTTPS test")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                    "-nodes", "-days", "1", "-subj",
-                    "/CN=bmc", "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
     host = identity.redfish_host("web1", "vms", DOMAIN)
-    with RedfishResponder({host: ("maas", "pw")}, tls=(str(cert), str(key))) as responder:
-        credentials = doctor.Credentials("abc123", f"https://{host}:{responder.port}", "maas", "pw")
-        status, _, problem = doctor.redfish_probe(credentials, lambda h: ["127.0.0.1"], 3.0)
+    with RedfishResponder({host: ("maas", "pw")}, tls=self_signed(tmp_path)) as responder:
+        credentials = doctor.Credentials("abc123", host, "maas", "pw")
+        status, _, problem = doctor.redfish_probe(credentials, lambda h: ["127.0.0.1"], 3.0, responder.port)
         assert (status, problem) == (200, "")
         assert responder.server_names == [host]
+        assert responder.requests[-1]["host"] == host      # the bare host, as MAAS's driver sends it
 
 
 def test_redfish_url_follows_maas():
@@ -320,6 +328,7 @@ def table_statuses(out: str) -> dict[str, str]:
 
 def test_doctor_command_table_and_json(site, monkeypatch, capsys):
     monkeypatch.setattr(doctor, "system_resolve", site.resolve)
+    monkeypatch.setattr(doctor, "HTTPS_PORT", site.redfish_port)
     code = cli.main(["--values", str(site.values_file), "doctor"])
     out, err = capsys.readouterr()
     assert code == 0, out + err
@@ -342,6 +351,7 @@ def test_doctor_command_table_and_json(site, monkeypatch, capsys):
 
 def test_doctor_command_exits_1_on_a_failure_and_prints_no_secret(site, monkeypatch, capsys):
     monkeypatch.setattr(doctor, "system_resolve", site.resolve)
+    monkeypatch.setattr(doctor, "HTTPS_PORT", site.redfish_port)
     site.add_vm("web3", "vms", password="wrong-S3CRET-pass")
     site.responder.accounts[site.host("web1", "vms")] = ("maas", "other-S3CRET")
     code = cli.main(["--values", str(site.values_file), "doctor"])

@@ -69,7 +69,7 @@ def _skipped(names: Iterable[str], reason: str) -> list[Check]:
 
 # The families import the helpers above from this module, so they are imported after them.
 from maas_kubevirt.doctor.network import (  # noqa: E402
-    REDFISH_DEADLINE, Credentials, dns_check, redfish_check, redfish_probe, redfish_url, system_resolve,
+    HTTPS_PORT, REDFISH_DEADLINE, Credentials, dns_check, redfish_check, redfish_probe, redfish_url, system_resolve,
 )
 from maas_kubevirt.doctor.maas import (  # noqa: E402
     FIXED_DNS_VERSIONS, MAAS_CHECKS, admin_check, claims, claims_check, enlist_commissioning_check,
@@ -87,7 +87,7 @@ from maas_kubevirt.doctor.cluster import (  # noqa: E402
 __all__ = [
     "OK", "WARN", "FAIL", "SKIP", "STATUSES", "Check", "Options", "Reach", "run", "summary",
     "render_table", "render_json", "main",
-    "REDFISH_DEADLINE", "Credentials", "dns_check", "redfish_check", "redfish_probe", "redfish_url",
+    "HTTPS_PORT", "REDFISH_DEADLINE", "Credentials", "dns_check", "redfish_check", "redfish_probe", "redfish_url",
     "system_resolve",
     "FIXED_DNS_VERSIONS", "MAAS_CHECKS", "admin_check", "claims", "claims_check", "enlist_commissioning_check",
     "maas_checks", "password_check", "script_check", "seed_file_check", "version_check",
@@ -109,6 +109,7 @@ class Options:
     command: str = PROG                      # how the operator runs us, for the fixes
     resolve: Resolver | None = None         # None: the system resolver
     redfish_deadline: float = REDFISH_DEADLINE
+    redfish_https_port: int | None = None     # None: HTTPS_PORT, where MAAS's driver reaches a BMC
 
 
 @dataclass
@@ -144,7 +145,8 @@ def run(values: Mapping[str, Any], client: MAASClient, cluster: Any | None, opti
         checks.extend(cluster_checks(values, cluster, seed, fixes, reach))
     resolve = options.resolve or system_resolve
     checks.append(dns_check(reach.hosts, resolve, values["redfish"]["domain"]))
-    checks.append(redfish_check(reach.credentials, resolve, options.redfish_deadline))
+    checks.append(redfish_check(reach.credentials, resolve, options.redfish_deadline,
+                                options.redfish_https_port or HTTPS_PORT))
     reach.credentials.clear()
     return checks
 

@@ -15,6 +15,8 @@ from urllib.parse import urlsplit
 from maas_kubevirt.doctor import FAIL, OK, SKIP, Check, Resolver, _some
 
 REDFISH_DEADLINE = 5.0
+# MAAS's Redfish driver reaches a bare-host power address over https on the default port.
+HTTPS_PORT = 443
 
 
 def system_resolve(host: str) -> list[str]:
@@ -79,11 +81,15 @@ class _HTTPSConnection(http.client.HTTPSConnection):
         self.sock = self._ssl_context.wrap_socket(sock, server_hostname=self._server_name)
 
 
-def redfish_probe(credentials: Credentials, resolve: Resolver, deadline: float = REDFISH_DEADLINE) -> tuple[int | None, float, str]:
-    """GET the Redfish system with MAAS's credentials: (status, seconds, problem)."""
+def redfish_probe(credentials: Credentials, resolve: Resolver, deadline: float = REDFISH_DEADLINE,
+                  https_port: int = HTTPS_PORT) -> tuple[int | None, float, str]:
+    """GET the Redfish system with MAAS's credentials: (status, seconds, problem).
+
+    https_port: where an address without a port is reached over https (tests point it at a responder).
+    """
     url = urlsplit(redfish_url(credentials.address, credentials.node_id))
     host = url.hostname or ""
-    port = url.port or (443 if url.scheme == "https" else 80)
+    port = url.port or (https_port if url.scheme == "https" else 80)
     start = time.monotonic()
     try:
         address = resolve(host)[0]
@@ -116,13 +122,13 @@ def redfish_probe(credentials: Credentials, resolve: Resolver, deadline: float =
 
 
 def redfish_check(targets: Mapping[str, Credentials], resolve: Resolver,
-                  deadline: float = REDFISH_DEADLINE) -> Check:
+                  deadline: float = REDFISH_DEADLINE, https_port: int = HTTPS_PORT) -> Check:
     """For one machine per namespace: GET /redfish/v1/Systems/1 with MAAS's credentials is 200 in time."""
     if not targets:
         return Check("network.redfish", SKIP, "no MAAS machine of a KubeVirt VM yet")
     failed, passed = [], []
     for namespace, credentials in sorted(targets.items()):
-        status, elapsed, problem = redfish_probe(credentials, resolve, deadline)
+        status, elapsed, problem = redfish_probe(credentials, resolve, deadline, https_port)
         where = f"{credentials.system_id} {urlsplit(redfish_url(credentials.address, credentials.node_id)).hostname}"
         if problem or status != 200:
             why = problem or (f"HTTP {status}" + (" (MAAS's credentials refused)" if status == 401 else ""))
