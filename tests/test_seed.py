@@ -7,13 +7,18 @@ import os
 import secrets
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import assume, example, given, strategies as st
 
 from conftest import require
 from maas_kubevirt import seed
 from maas_kubevirt.values import ValuesError
 
-GOOD = "c0ffee" * 11  # 66 hex digits: 33 bytes
+GOOD = "9d41c07be35a8f26d1e04b7c93fa2856e0c7d3b19a4f62e85b07c1d9364ae2f0c5"  # 66 hex digits: 33 bytes
+
+
+def period(data: bytes) -> int:
+    """The shortest p with data[i] == data[i - p] for every i >= p, checked byte by byte."""
+    return next(p for p in range(1, len(data) + 1) if all(data[i] == data[i - p] for i in range(p, len(data))))
 
 
 def write(path, text, mode=0o600):
@@ -34,8 +39,21 @@ def test_generated_seeds_are_64_hex_digits_and_accepted():
         assert seed.check(text + "\n", "x") == text
 
 
-@given(st.binary(min_size=32, max_size=96), st.sampled_from(["hex", "HEX", "b64", "b64url", "b64nopad"]))
+ENCODINGS = ["hex", "HEX", "b64", "b64url", "b64nopad"]
+
+
+def encode(raw: bytes, encoding: str) -> str:
+    return {
+        "hex": raw.hex(), "HEX": raw.hex().upper(),
+        "b64": base64.b64encode(raw).decode(),
+        "b64url": base64.urlsafe_b64encode(raw).decode(),
+        "b64nopad": base64.b64encode(raw).decode().rstrip("="),
+    }[encoding]
+
+
+@given(st.binary(min_size=32, max_size=96), st.sampled_from(ENCODINGS))
 def test_every_documented_encoding_of_32_bytes_or_more_is_accepted(raw, encoding):
+    assume(period(raw) > seed.LONGEST_PATTERN)
     text = {
         "hex": raw.hex(), "HEX": raw.hex().upper(),
         "b64": base64.b64encode(raw).decode(),
@@ -174,3 +192,79 @@ def test_for_render_generates_but_does_not_write(tmp_path):
     assert not (tmp_path / "out").exists()
     write(tmp_path / "seed", GOOD)
     assert seed.for_render(values(""), tmp_path) == (GOOD, None)
+
+
+# --- seeds that are not random (issue 18) ------------------------------------------------------
+
+
+@given(st.binary(min_size=1, max_size=seed.LONGEST_PATTERN), st.integers(32, 200), st.sampled_from(ENCODINGS))
+@example(b"\x00", 32, "hex")          # 64 zeros
+@example(b"\x5e\xed", 32, "hex")      # "5eed" * 16
+@example(bytes(range(8)), 32, "b64")
+def test_bytes_repeating_a_short_pattern_are_refused_with_the_reason(pattern, size, encoding):
+    raw = (pattern * size)[:size]
+    text = encode(raw, encoding)
+    with pytest.raises(ValuesError) as raised:
+        seed.check(text + "\n", "seed.file")
+    shortest = period(raw)
+    reason = "every byte the same value" if shortest == 1 else f"a pattern of {shortest} bytes repeated"
+    assert str(raised.value) == (f"seed.file: expected {seed.ACCEPTED}, found {size} bytes that are not random: "
+                                 f"{reason}")
+    assert text not in str(raised.value)
+
+
+@given(st.binary(min_size=32, max_size=200))
+def test_repeated_pattern_is_the_shortest_period_up_to_eight(raw):
+    shortest = period(raw)
+    assert seed.repeated_pattern(raw) == (shortest if shortest <= seed.LONGEST_PATTERN else None)
+
+
+def test_a_pattern_of_nine_bytes_is_not_short():
+    raw = (bytes(range(9)) * 4)[:36]
+    assert seed.repeated_pattern(raw) is None and seed.check(raw.hex(), "seed.file") == raw.hex()
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("0" * 64, "every byte the same value"),
+    ("f" * 128, "every byte the same value"),
+    ("/" * 44, "every byte the same value"),                      # base64 of 33 bytes 0xff
+    ("5eed" * 16, "a pattern of 2 bytes repeated"),
+    ("c0ffee" * 11, "a pattern of 3 bytes repeated"),
+    ("0123456789abcdef" * 4, "a pattern of 8 bytes repeated"),
+])
+def test_degenerate_seeds_name_their_reason(text, reason):
+    with pytest.raises(ValuesError, match=f"not random: {reason}$"):
+        seed.check(text, "seed.file")
+
+
+def test_a_degenerate_seed_file_is_refused_by_every_reader(tmp_path, monkeypatch):
+    """render, reconcile, status and doctor all read the seed through seed.read."""
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    path = write(tmp_path / "seed", "00" * 32 + "\n")
+    for read in (lambda: seed.read(path, "seed.file"), lambda: seed.load(values(path)),
+                 lambda: seed.for_render(values(path), tmp_path / "out"),
+                 lambda: seed.for_render(values(""), tmp_path)):
+        with pytest.raises(ValuesError, match="not random: every byte the same value"):
+            read()
+
+
+# --- rules pinned by their own test (issue 18 item 7) ------------------------------------------
+
+
+def test_the_owner_is_judged_by_uid_not_by_group_root(tmp_path):
+    require(os.geteuid() == 0, "only root can give a file to another user")
+    path = write(tmp_path / "seed", GOOD)
+    os.chown(path, 4243, 0)  # another user, in group root
+    with pytest.raises(ValuesError, match="owned by uid 4243, not by root or by this user"):
+        seed.read(path, "seed.file")
+    os.chown(path, 0, 4243)  # root, in another group
+    assert seed.read(path, "seed.file") == GOOD
+
+
+def test_base64_of_exactly_31_bytes_is_refused_and_32_accepted():
+    raw = bytes.fromhex(GOOD)
+    short, enough = base64.b64encode(raw[:31]).decode(), base64.b64encode(raw[:32]).decode()
+    with pytest.raises(ValuesError, match="found 44 characters that are only 31 bytes$"):
+        seed.check(short, "seed.file")
+    assert seed.check(enough, "seed.file") == enough
+    assert seed.check(enough.rstrip("="), "seed.file") == enough.rstrip("=")

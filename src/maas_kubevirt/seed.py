@@ -2,8 +2,9 @@
 
 One loader for ``render`` and ``reconcile``. A seed is at least 32 random bytes written as
 64 or more hexadecimal digits (what ``render`` generates: ``openssl rand -hex 32`` makes the
-same) or as base64 of 32 or more bytes (``openssl rand -base64 32``). The text itself, without
-its final newline, is the key: Kyverno and the reconciler hash exactly that text.
+same) or as base64 of 32 or more bytes (``openssl rand -base64 32``). Bytes that are all one
+value, or that repeat a pattern of up to 8 bytes, are not random and are refused. The text
+itself, without its final newline, is the key: Kyverno and the reconciler hash exactly that text.
 
 A seed file must be a regular file owned by root or by the user reading it, with no permission
 for group or others (0600 or 0400). Under systemd the service gets it as the credential
@@ -28,6 +29,9 @@ from maas_kubevirt.values import ValuesError
 SEED_FILE = "seed"            # <output>/seed when render generates it
 CREDENTIAL = "seed"           # the systemd credential's name
 MIN_BYTES = 32
+# A seed whose bytes repeat a pattern this long or shorter is refused: "00" * 32, "5eed" * 16,
+# "0123456789abcdef" * 4 look long enough but hold at most 8 bytes of anything.
+LONGEST_PATTERN = 8
 MAX_FILE_BYTES = 4096
 ACCEPTED = (f"{2 * MIN_BYTES} or more hexadecimal digits, or base64 of {MIN_BYTES} or more bytes "
             f"(make one with `openssl rand -hex {MIN_BYTES}`)")
@@ -41,17 +45,31 @@ def generate() -> str:
     return secrets.token_hex(MIN_BYTES)
 
 
-def random_bytes(text: str) -> int:
-    """How many bytes the seed text encodes (0 when it is neither hex nor base64)."""
+def decoded(text: str) -> bytes:
+    """The bytes the seed text encodes (hexadecimal, else base64); empty when it is neither."""
     if _HEX.match(text):
-        return len(text) // 2
+        return bytes.fromhex(text[: len(text) - len(text) % 2])
     if _BASE64.match(text):
         padded = text + "=" * (-len(text) % 4)
         try:
-            return len(base64.b64decode(padded.replace("-", "+").replace("_", "/"), validate=True))
+            return base64.b64decode(padded.replace("-", "+").replace("_", "/"), validate=True)
         except (binascii.Error, ValueError):
-            return 0
-    return 0
+            return b""
+    return b""
+
+
+def random_bytes(text: str) -> int:
+    """How many bytes the seed text encodes (0 when it is neither hex nor base64)."""
+    return len(decoded(text))
+
+
+def repeated_pattern(data: bytes, longest: int = LONGEST_PATTERN) -> int | None:
+    """The length of the shortest pattern (at most ``longest`` bytes) that data repeats from
+    start to end, or None; 1 means every byte is the same value."""
+    for period in range(1, min(longest, len(data) - 1) + 1):
+        if data[period:] == data[:-period]:
+            return period
+    return None
 
 
 def check(text: str, source: str) -> str:
@@ -63,6 +81,12 @@ def check(text: str, source: str) -> str:
     if random_bytes(seed) < MIN_BYTES:
         raise ValuesError([f"{source}: expected {ACCEPTED}, found {len(seed)} characters "
                            f"that are {_shape(seed)}"])
+    period = repeated_pattern(decoded(seed))
+    if period is not None:
+        found = ("every byte the same value" if period == 1
+                 else f"a pattern of {period} bytes repeated")
+        raise ValuesError([f"{source}: expected {ACCEPTED}, found {random_bytes(seed)} bytes that are "
+                           f"not random: {found}"])
     return seed
 
 
