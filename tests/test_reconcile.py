@@ -763,7 +763,7 @@ def test_seed_rotation_resets_every_machine(tmp_path, double, capsys):
     code, out, err = run(capsys, loop.main, values, Args(once=True))
     assert code == 0 and converged(double, vms)
     old = {sid: double.power[sid]["power_pass"] for sid in vms}
-    rotated = "7e" * 32
+    rotated = "e41a7c09d3b58f62a0c7e9d41b3f5a86c2d07e9b14f3a5c68e0d2b7f91c4a36d"
     write_seed(tmp_path, rotated)          # the operator replaces the seed file and restarts
     code, out, err = run(capsys, loop.main, values, Args(once=True))
     assert code == 0
