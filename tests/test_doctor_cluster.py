@@ -155,7 +155,8 @@ def test_the_bmcs_closed_to_the_cluster(restored):
     checks = restored.settle(lambda c: NAMESPACE not in c["cluster.network_policies"].subjects,
                              "the NetworkPolicy generated")
     assert checks["cluster.cni"].status == "warn" and "heuristic" in checks["cluster.cni"].found
-    assert checks["cluster.catch_all"].status == "ok"
+    # Other tests on this control plane may leave a catch-all behind in a namespace being deleted.
+    assert not any(s.startswith(f"{NAMESPACE}/") for s in checks["cluster.catch_all"].subjects)
     restored.plane.kubectl("delete", "networkpolicy", "maas-kubevirt-bmc", "-n", NAMESPACE, "--wait=true")
     # Kyverno puts it back within seconds; doctor sees it either missing or back, never changed.
     check = restored.checks()["cluster.network_policies"]
