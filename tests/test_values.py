@@ -376,7 +376,8 @@ NGINX_NAMES = ["nginx.ingress.kubernetes.io/allowlist-source-range", "nginx.ingr
                  st.sampled_from(NGINX_NAMES).map(lambda n: n.replace("-", "_")),   # typos of the right name
                  st.sampled_from(NGINX_NAMES).map(lambda n: n.replace("-source", "-Source")),
                  st.sampled_from(NGINX_NAMES).map(lambda n: n + "s"),
-                 st.from_regex(r"[a-z]([a-z0-9.-]{0,20}[a-z0-9])?/[a-z]([a-z0-9-]{0,20}[a-z0-9])?", fullmatch=True)))
+                 st.from_regex(r"[a-z]([a-z0-9-]{0,10}[a-z0-9])?(\.[a-z]([a-z0-9-]{0,10}[a-z0-9])?){0,2}"
+                               r"/[a-z]([a-z0-9-]{0,20}[a-z0-9])?", fullmatch=True)))
 @example("nginx.ingress.kubernetes.io/allow-list-source-range")
 @example("haproxy.org/allow-list")
 def test_class_nginx_takes_only_ingress_nginx_allowlist_names(name):
