@@ -228,3 +228,38 @@ def test_engine_refuses_exactly_the_claims_the_identity_module_sees(kyverno, tmp
     (suite / "kyverno-test.yaml").write_text(json_stream([test]))
     output = run_tests(kyverno, suite)
     assert int(re.findall(r"Test Summary: (\d+) tests? passed", output)[-1]) >= len(results), output
+
+
+# --- the catch-all rule decides what doctor decides ---------------------------------------------
+
+_rule_host = st.one_of(st.none(), st.sampled_from(["www.example.org", f"web1.tenant-a.{fx.DOMAIN}"]))
+
+
+@settings(max_examples=25 if os.environ.get("HYPOTHESIS_PROFILE") == "ci" else 3, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(shapes=st.lists(st.tuples(st.lists(_rule_host, max_size=3), st.booleans(),
+                                 st.sampled_from(["nginx", "traefik", None]), st.sampled_from(["nginx", "traefik", None])),
+                       min_size=1, max_size=8))
+def test_engine_refuses_exactly_the_catch_alls_doctor_sees(kyverno, tmp_path_factory, shapes):
+    """Random Ingress shapes through `kyverno test`: the Enforce rule and doctor's catch_all agree."""
+    from maas_kubevirt import doctor
+
+    suite = tmp_path_factory.mktemp("catch-all")
+    objects, results = [], []
+    for index, (hosts, default_backend, class_name, legacy) in enumerate(shapes):
+        if not hosts and not default_backend:
+            default_backend = True          # an Ingress needs a rule or a default backend
+        ingress = fx.catch_all_ingress(f"ing{index}", "tenant-a", class_name=class_name, legacy_class=legacy,
+                                       hosts=hosts, default_backend=default_backend)
+        objects.append(ingress)
+        ours = "nginx" in doctor.ingress_classes(ingress)
+        outcome = ("fail" if doctor.catch_all(ingress) else "pass") if ours else "skip"
+        results.append({"policy": policies.POLICY_NAMES["isolation"], "rule": "ingress-no-catch-all",
+                        "resources": [f"tenant-a/ing{index}"], "kind": "Ingress", "result": outcome})
+    test = {"apiVersion": "cli.kyverno.io/v1alpha1", "kind": "Test", "metadata": {"name": "catch-all"},
+            "policies": [str(fx.REFERENCE_DIR / "policy-bmc-isolation.yaml")],
+            "resources": ["resources.yaml"], "results": results}
+    (suite / "resources.yaml").write_text(json_stream(objects))
+    (suite / "kyverno-test.yaml").write_text(json_stream([test]))
+    output = run_tests(kyverno, suite)
+    assert int(re.findall(r"Test Summary: (\d+) tests? passed", output)[-1]) >= len(results), output

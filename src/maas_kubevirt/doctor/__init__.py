@@ -78,7 +78,7 @@ from maas_kubevirt.doctor.maas import (  # noqa: E402
 from maas_kubevirt.doctor.cluster import (  # noqa: E402
     CLUSTER_CHECKS, CRDS, KUBEMACPOOL_VALUE, KYVERNO_CONTROLLERS, KYVERNO_MIN, KYVERNO_POLICY_CRD,
     NETWORK_POLICY_CNIS, Generated, Inventory, _cidrs, _selects, allowlist_check, catch_all, catch_all_check,
-    cluster_checks, cni_check, crds_check, image_version, ingress_class, kyverno_rbac_checks,
+    cluster_checks, cni_check, crds_check, image_version, ingress_classes, kyverno_rbac_checks,
     kyverno_version_check, missing_rules, namespaces_check, network_policies_check, policies_check,
     seed_secret_check, vm_problems, vms_check,
 )
@@ -95,7 +95,7 @@ __all__ = [
     "Generated", "Inventory", "_cidrs", "_selects", "allowlist_check", "cluster_checks", "crds_check",
     "image_version", "kyverno_rbac_checks", "kyverno_version_check", "missing_rules", "namespaces_check",
     "policies_check", "seed_secret_check", "vm_problems", "vms_check", "NETWORK_POLICY_CNIS", "catch_all",
-    "catch_all_check", "cni_check", "ingress_class", "network_policies_check",
+    "catch_all_check", "cni_check", "ingress_classes", "network_policies_check",
 ]
 
 

@@ -413,11 +413,13 @@ def cni_check(daemonsets: Iterable[Mapping[str, Any]] | None) -> Check:
                  + ", ".join(NETWORK_POLICY_CNIS) + "); a heuristic: yours may be named otherwise", fix)
 
 
-def ingress_class(ingress: Mapping[str, Any]) -> str:
-    """spec.ingressClassName, else the older kubernetes.io/ingress.class annotation ('' for neither)."""
+def ingress_classes(ingress: Mapping[str, Any]) -> set[str]:
+    """The classes an Ingress names: spec.ingressClassName and the older kubernetes.io/ingress.class
+    annotation. The policy refuses a catch-all when either names the BMC class, and so does doctor."""
     spec = ingress.get("spec") or {}
     annotations = (ingress.get("metadata") or {}).get("annotations") or {}
-    return str(spec.get("ingressClassName") or annotations.get(policies.LEGACY_INGRESS_CLASS_ANNOTATION) or "")
+    return {str(name) for name in (spec.get("ingressClassName"), annotations.get(policies.LEGACY_INGRESS_CLASS_ANNOTATION))
+            if name}
 
 
 def catch_all(ingress: Mapping[str, Any]) -> str | None:
@@ -437,7 +439,7 @@ def catch_all_check(ingresses: Iterable[Mapping[str, Any]] | None, class_name: s
         return Check(name, WARN, "cannot list the Ingresses of every namespace",
                      "run doctor with a kubeconfig that may list Ingresses cluster-wide")
     found = sorted(f"{(i.get('metadata') or {}).get('namespace')}/{(i.get('metadata') or {}).get('name')} ({why})"
-                   for i in ingresses if ingress_class(i) == class_name and (why := catch_all(i)))
+                   for i in ingresses if class_name in ingress_classes(i) and (why := catch_all(i)))
     if not found:
         return Check(name, OK, f"no Ingress of class {class_name} catches hosts it does not name")
     what = (f"{len(found)} Ingress(es) of class {class_name} catch every request for a BMC host without "
