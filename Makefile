@@ -26,12 +26,15 @@ deps:
 	@tools/install-deps
 
 # The Kyverno CLI, then the control plane's binaries (which reuse its compiled packages), from
-# Go module sources: cold, about 40 min on 2 cores; cached under ~/.cache/maas-kubevirt/.
+# Go module sources: cold, about 40 min on 2 cores; then MAAS's region from its source
+# (MAAS_SOURCE, default the upstream repository) with its template database. All cached under
+# ~/.cache/maas-kubevirt/. Without MAAS's source and nothing cached, the real-MAAS tier skips.
 test: deps venv
 	@kyverno=$$(tools/build-kyverno) || { echo "Kyverno CLI not built: its tests will skip (or fail under CI=true)" >&2; kyverno=""; }; \
 	controlplane=$$(tools/build-controlplane) || { echo "control plane not built: its tier will skip (or fail under CI=true)" >&2; controlplane=""; }; \
+	maas=$$(MAAS_SOURCE="$(MAAS_SOURCE)" tools/build-maas) || { echo "MAAS region not built: the real-MAAS tier will skip (or fail under CI=true unless MAAS's source is what is missing)" >&2; maas=""; }; \
 	profile=$${HYPOTHESIS_PROFILE:-$$( [ "$$CI" = true ] && echo ci || echo default )}; \
-	KYVERNO="$$kyverno" CONTROLPLANE_BIN="$$controlplane" HYPOTHESIS_PROFILE="$$profile" $(BIN)/pytest $(PYTEST_ARGS)
+	KYVERNO="$$kyverno" CONTROLPLANE_BIN="$$controlplane" REAL_MAAS="$$maas" HYPOTHESIS_PROFILE="$$profile" $(BIN)/pytest $(PYTEST_ARGS)
 
 bench: venv
 	$(BIN)/python tools/bench.py

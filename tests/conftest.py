@@ -44,6 +44,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 # Offered here, not imported by each test file: a fixture imported into two modules is two
-# fixtures, and each would start a control plane of its own. (Imported last: controlplane
-# imports `require` from this module.)
+# fixtures, and each would start a control plane (or MAAS region) of its own. (Imported last:
+# controlplane and realmaas import `require` from this module.)
 from controlplane import control_plane  # noqa: E402,F401
+from realmaas import real_maas  # noqa: E402,F401

@@ -1,0 +1,358 @@
+"""MAAS's own region on 127.0.0.1 for the real-MAAS tier: the `real_maas` fixture.
+
+MAAS 3.6.5's region web application (the release in upstream.lock.yaml), built from its source
+by `tools/build-maas` and cached under ~/.cache/maas-kubevirt/: its Django URL conf, piston
+handlers, forms, models, signals, OAuth and metadata API, on a private PostgreSQL cluster
+copied from the cached template, served by MAAS's own request path (Twisted's WSGI resource in
+MAAS's WebApplicationService) on a free port of 127.0.0.1. `tools/maas-region/region.py` is
+the runner; it starts the region as regiond does, cut to the web application.
+
+THE ONE STUB: `Node._power_control_node`, the point where MAAS, after a request commits, hands a
+power action (power on to commission, a power query...) to a rack controller and its Temporal
+workflow. No rack controller can exist here: no BMC answers on loopback, and MAAS's rack is a
+separate daemon with DHCP, TFTP and a Temporal worker. The stub is switched at run time with
+`set_stub(on)` (a flag file the runner reads at every power action):
+
+- OFF (the default): MAAS's own code runs and finds no rack, as a region with no rack
+  controller: `POST op=commission` answers 503 and MAAS reverts the machine to New.
+- ON: the power action counts as handed off; commissioning proceeds (the machine stays in
+  Commissioning, as while a real machine boots).
+
+Nothing else is stubbed. Import-only stand-ins exist for four libraries MAAS imports but never
+calls here (simplestreams, curtin, tftp, seamicroclient) and for apt_pkg, which reports the
+installed MAAS version (see tools/maas-region/standins.py). The region's record and a synced
+ubuntu/noble amd64/generic boot resource (from MAAS's test factory) are made once in the
+template, so MAAS accepts a new machine's architecture.
+
+The build: REAL_MAAS names the cache directory (the Makefile's `test` target sets it from
+`tools/build-maas`); without REAL_MAAS the fixture runs `tools/build-maas` itself (instant once
+cached). Where MAAS's source cannot be had (MAAS_SOURCE, by default the upstream repository)
+and nothing is cached, the tier skips with that reason, even under CI=true: the one tier that
+does. Any other missing prerequisite skips, and fails under CI=true, as elsewhere.
+
+The object the fixture yields (`RealMaas`) offers:
+
+- `url` (http://127.0.0.1:PORT/MAAS/), `api_key` (an administrator's consumer:token:secret);
+- `enlist(power_parameters, mac, architecture)`: what maas_run_remote_scripts.py's enlist()
+  does, then the machine's own metadata steps (op=get_preseed for its OAuth token, then
+  `signal` OK, which ends enlistment's commissioning: Commissioning -> New);
+- `admin_add_machine(mac, ...)`: an administrator's POST machines/ with commission=false;
+- `set_stub(on)`; `api(method, path, params)` (as the administrator); `machine(system_id)`;
+  `power_parameters(system_id)`; `events(system_id)`; `log_tail()`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+import yaml
+
+from conftest import IN_CI, require
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "tools" / "build-maas"
+RUNNER = ROOT / "tools" / "maas-region" / "region.py"
+ENV = "REAL_MAAS"
+STARTUP_TIMEOUT = 180
+NO_SOURCE = 3  # tools/build-maas: MAAS's source could not be had
+
+
+def maas_version() -> str:
+    for line in (ROOT / "upstream.lock.yaml").read_text(encoding="utf-8").splitlines():
+        if line.startswith("maas:"):
+            return line.split(":", 1)[1].split("#")[0].strip()
+    raise AssertionError("no maas: in upstream.lock.yaml")
+
+
+def _failed_file() -> Path:
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "maas-kubevirt" / f"maas-{maas_version()}.failed"
+
+
+def unavailable(status: int, reason: str) -> None:
+    """Skip; fail under CI=true, unless what is missing is MAAS's source (nothing cached)."""
+    if status == NO_SOURCE:
+        pytest.skip(f"real-MAAS tier: {reason}")
+    require(False, f"real-MAAS tier: {reason}")
+
+
+def cache_dir() -> Path:
+    """The built region from REAL_MAAS, or from running tools/build-maas; or skip with why."""
+    given = os.environ.get(ENV)
+    if given is None:
+        done = subprocess.run([str(BUILD)], capture_output=True, text=True, check=False)
+        if done.returncode == 0:
+            return Path(done.stdout.strip())
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        unavailable(done.returncode, lines[-1] if lines else f"tools/build-maas exited {done.returncode}")
+    if not given:
+        failed = _failed_file()
+        if failed.exists():
+            status, _, reason = failed.read_text(encoding="utf-8").strip().partition("\t")
+            unavailable(int(status) if status.isdigit() else 1, reason)
+        unavailable(1, "tools/build-maas did not build MAAS's region (REAL_MAAS is empty)")
+    path = Path(given)
+    require((path / ".built").exists(), f"{ENV}={given} is not a built MAAS region (run tools/build-maas)")
+    return path
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def oauth_header(key: str) -> str:
+    """OAuth 1.0 PLAINTEXT, as MAAS's clients sign (the consumer secret is empty)."""
+    consumer, token, secret = key.split(":")
+    fields = {
+        "oauth_version": "1.0",
+        "oauth_signature_method": "PLAINTEXT",
+        "oauth_consumer_key": consumer,
+        "oauth_token": token,
+        "oauth_signature": "&" + urllib.parse.quote(secret, safe=""),
+        "oauth_nonce": secrets.token_hex(8),
+        "oauth_timestamp": str(int(time.time())),
+    }
+    return "OAuth realm=\"\", " + ", ".join(f'{name}="{value}"' for name, value in fields.items())
+
+
+@dataclass
+class Enlisted:
+    """One enlistment: the anonymous POST's answer, and the machine it made (on 200)."""
+
+    status: int
+    body: str
+    system_id: str | None = None
+    preseed_status: int | None = None
+    signal_status: int | None = None
+    machine: dict = field(default_factory=dict)
+
+
+@dataclass
+class RealMaas:
+    cache: Path
+    work: Path
+    port: int = 0
+    api_key: str = ""
+    region: subprocess.Popen | None = None
+    pg_started: bool = False
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/MAAS/"
+
+    @property
+    def api_url(self) -> str:
+        return self.url + "api/2.0/"
+
+    @property
+    def log(self) -> Path:
+        return self.work / "region.log"
+
+    @property
+    def stub_flag(self) -> Path:
+        return self.work / "power-stub-on"
+
+    # --- life -----------------------------------------------------------------------------
+
+    def _as_pg(self, *args: str) -> list[str]:
+        return ["runuser", "-u", "postgres", "--", *args] if os.geteuid() == 0 else list(args)
+
+    def start(self) -> None:
+        pgbin = Path((self.cache / "pgbin").read_text().strip())
+        template = self.cache / "template"
+        sock = self.work / "sock"
+        sock.mkdir()
+        subprocess.run(["cp", "-a", str(template / "pgdata"), str(self.work / "pgdata")], check=True)
+        subprocess.run(["cp", "-a", str(template / "root"), str(self.work / "root")], check=True)
+        if os.geteuid() == 0:
+            shutil.chown(sock, "postgres")
+            os.chmod(self.work, 0o755)
+        started = subprocess.run(
+            self._as_pg(str(pgbin / "pg_ctl"), "-D", str(self.work / "pgdata"), "-l", str(self.work / "postgres.log"),
+                        "-w", "-o", f"-c listen_addresses='' -k {sock} -c fsync=off -c full_page_writes=off", "start"),
+            capture_output=True, text=True, check=False)
+        if started.returncode != 0:
+            raise RuntimeError(f"PostgreSQL did not start: {started.stderr.strip()} {self._tail('postgres.log')}")
+        self.pg_started = True
+        self.port = free_port()
+        (self.work / "regiond.conf").write_text(yaml.safe_dump({
+            "maas_url": self.url.rstrip("/"), "database_host": str(sock), "database_name": "maasdb",
+            "database_user": "maas", "database_pass": ""}))
+        root = self.work / "root"
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.work), "LANG": "C.UTF-8",
+            "MAAS_REGION_CONFIG": str(self.work / "regiond.conf"),
+            "MAAS_CLUSTER_CONFIG": str(self.work / "rackd.conf"),
+            "MAAS_ROOT": str(root), "MAAS_DATA": str(root / "data"), "MAAS_CACHE": str(root / "cache"),
+            "DJANGO_SETTINGS_MODULE": "maasserver.djangosettings.settings",
+            "MAAS_KUBEVIRT_POWER_STUB": str(self.stub_flag),
+        }
+        ready = root / "data" / "ready"
+        with open(self.log, "wb") as log:
+            self.region = subprocess.Popen(
+                [str(self.cache / "venv" / "bin" / "python"), str(RUNNER), "serve", "--port", str(self.port)],
+                cwd=self.work, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.region.poll() is not None:
+                raise RuntimeError(f"MAAS's region exited {self.region.returncode}:\n{self.log_tail()}")
+            if ready.exists():
+                try:
+                    answer = requests.get(self.api_url + "version/", timeout=10)
+                    if answer.status_code == 200:
+                        break
+                except requests.RequestException:
+                    pass
+            time.sleep(0.5)
+        else:
+            raise RuntimeError(f"MAAS's region did not answer within {STARTUP_TIMEOUT} s:\n{self.log_tail()}")
+        self.api_key = (root / "data" / "admin.key").read_text().strip()
+
+    def stop(self) -> None:
+        if self.region is not None and self.region.poll() is None:
+            os.killpg(self.region.pid, signal.SIGTERM)
+            try:
+                self.region.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.region.pid, signal.SIGKILL)
+                self.region.wait()
+        if self.pg_started:
+            pgbin = Path((self.cache / "pgbin").read_text().strip())
+            subprocess.run(self._as_pg(str(pgbin / "pg_ctl"), "-D", str(self.work / "pgdata"), "-m", "immediate",
+                                       "-w", "stop"), capture_output=True, check=False)
+            self.pg_started = False
+
+    def _tail(self, name: str, lines: int = 40) -> str:
+        path = self.work / name
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def log_tail(self, lines: int = 60) -> str:
+        return self._tail("region.log", lines)
+
+    # --- the one stub ---------------------------------------------------------------------
+
+    def set_stub(self, on: bool) -> None:
+        """ON: a power action counts as handed off to a rack. OFF: MAAS finds no rack."""
+        if on:
+            self.stub_flag.write_text("on\n")
+        else:
+            self.stub_flag.unlink(missing_ok=True)
+
+    # --- requests -------------------------------------------------------------------------
+
+    def api(self, method: str, path: str, params: Any = None, *, key: str | None = None,
+            anonymous: bool = False) -> requests.Response:
+        """One request to api/2.0/<path>, as the administrator (or with key, or anonymously).
+        GET params go in the query string, others in a form body."""
+        headers = {} if anonymous else {"Authorization": oauth_header(key or self.api_key)}
+        url = self.api_url + path
+        if method == "GET":
+            return requests.get(url, params=params, headers=headers, timeout=60)
+        return requests.request(method, url, data=params, headers=headers, timeout=60)
+
+    def machine(self, system_id: str) -> dict:
+        answer = self.api("GET", f"machines/{system_id}/")
+        assert answer.status_code == 200, (answer.status_code, answer.text)
+        return answer.json()
+
+    def machines(self) -> list[dict]:
+        answer = self.api("GET", "machines/")
+        assert answer.status_code == 200, (answer.status_code, answer.text)
+        return answer.json()
+
+    def power_parameters(self, system_id: str) -> dict:
+        answer = self.api("GET", f"machines/{system_id}/", {"op": "power_parameters"})
+        assert answer.status_code == 200, (answer.status_code, answer.text)
+        return answer.json()
+
+    def events(self, system_id: str | None = None, level: str = "DEBUG", limit: int = 1000) -> list[dict]:
+        params: dict[str, Any] = {"op": "query", "level": level, "limit": limit}
+        if system_id:
+            params["id"] = system_id
+        answer = self.api("GET", "events/", params)
+        assert answer.status_code == 200, (answer.status_code, answer.text)
+        return answer.json()["events"]
+
+    def enlist(self, power_parameters: dict | None, mac: str, architecture: str = "amd64/generic",
+               power_type: str = "redfish") -> Enlisted:
+        """What maas_run_remote_scripts.py enlist() sends: an anonymous POST machines/ with
+        architecture, mac_addresses, commission=True, power_type and JSON power_parameters
+        (urlencoded), then, when MAAS made the machine, its preseed (op=get_preseed: the OAuth
+        token) and its metadata `signal` OK, the end of enlistment's commissioning."""
+        post = {"architecture": architecture, "mac_addresses": mac, "commission": True}
+        if power_type:
+            post["power_type"] = power_type
+        if power_parameters:
+            post["power_parameters"] = json.dumps(power_parameters)
+        answer = requests.post(self.api_url + "machines/", data=urllib.parse.urlencode(post),
+                               headers={"Content-Type": "application/x-www-form-urlencoded"}, timeout=60)
+        result = Enlisted(answer.status_code, answer.text)
+        if answer.status_code != 200:
+            return result
+        result.system_id = answer.json()["system_id"]
+        preseed = requests.get(f"{self.url}metadata/latest/by-id/{result.system_id}/",
+                               params={"op": "get_preseed"}, timeout=60)
+        result.preseed_status = preseed.status_code
+        assert preseed.status_code == 200, (preseed.status_code, preseed.text)
+        config = yaml.safe_load(preseed.text)
+        if "datasource" in config:
+            config = config["datasource"]["MAAS"]
+        key = f"{config['consumer_key']}:{config['token_key']}:{config['token_secret']}"
+        signalled = requests.post(f"{self.url}metadata/2012-03-01/",
+                                  files={"op": (None, "signal"), "status": (None, "OK")},
+                                  headers={"Authorization": oauth_header(key)}, timeout=60)
+        result.signal_status = signalled.status_code
+        assert signalled.status_code == 200, (signalled.status_code, signalled.text)
+        result.machine = self.machine(result.system_id)
+        return result
+
+    def admin_add_machine(self, mac: str, power_type: str = "manual", power_parameters: dict | None = None,
+                          architecture: str = "amd64/generic", hostname: str | None = None) -> dict:
+        """An administrator's POST machines/ with commission=false."""
+        params: dict[str, Any] = {"architecture": architecture, "mac_addresses": mac, "commission": "false",
+                                  "power_type": power_type}
+        if hostname:
+            params["hostname"] = hostname
+        for name, value in (power_parameters or {}).items():
+            params[f"power_parameters_{name}"] = value
+        answer = self.api("POST", "machines/", params)
+        assert answer.status_code == 200, (answer.status_code, answer.text)
+        return answer.json()
+
+
+@pytest.fixture(scope="session")
+def real_maas():
+    cache = cache_dir()
+    work = Path(tempfile.mkdtemp(prefix="maas-kubevirt-realmaas-"))
+    maas = RealMaas(cache, work)
+    try:
+        try:
+            maas.start()
+        except Exception as failure:  # noqa: BLE001 (shown whole)
+            maas.stop()
+            if IN_CI:
+                raise
+            pytest.fail(str(failure), pytrace=False)
+        yield maas
+    finally:
+        maas.stop()
+        shutil.rmtree(work, ignore_errors=True)

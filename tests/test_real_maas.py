@@ -1,0 +1,335 @@
+"""The bundle against MAAS's own region (the real-MAAS tier; see realmaas.py for what runs and the
+one stub). Machines enter as enlistment makes them: the rendered commissioning script runs with
+a fake dmidecode, and exactly what it writes to BMC_CONFIG_PATH is enlisted as
+maas_run_remote_scripts.py does, then the machine's own metadata signal.
+
+Each test uses its own namespace (and so its own machines): the tests share one region.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fake_dmidecode import install_dmidecode, make_sysfs
+
+from maas_kubevirt import identity
+from maas_kubevirt.audit import Audit
+from maas_kubevirt.maas import client_from_values
+from maas_kubevirt.reconcile import Passwords, Reconciler, Settings
+from maas_kubevirt.values import load_values
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = Path(sys.executable).parent / "maas-kubevirt"
+DOMAIN = "bmc.example.com"
+SCRIPT_NAME = "31-kubevirt-bmc-config"
+DMI_ENV = "MAAS_KUBEVIRT_TEST_DMI_DIR"
+SEED = "3c9e51a07f2d84b6e0a15c93d7f4286b1e0c5a9d37b2f8e46a1d09c5b7e3f210"
+COMMISSION_EVENT = "User starting node commissioning"
+
+_macs = itertools.count(1)
+
+
+def new_mac() -> str:
+    n = next(_macs) + (os.getpid() % 200) * 1000
+    return "52:54:00:%02x:%02x:%02x" % ((n >> 16) & 0xFF, (n >> 8) & 0xFF, n & 0xFF)
+
+
+class RecordingAudit(Audit):
+    """Every audit record, as written, kept in memory (and printed, as the reconciler does)."""
+
+    def __init__(self) -> None:
+        super().__init__("")
+        self.records: list[dict] = []
+
+    def write(self, *args, **kwargs):
+        record = super().write(*args, **kwargs)
+        self.records.append(record)
+        return record
+
+
+# --- the site: values, seed, the rendered script ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def site(real_maas, tmp_path_factory):
+    """A values file for this MAAS (key in MAAS_API_KEY), its seed, and the rendered script."""
+    directory = tmp_path_factory.mktemp("site")
+    seed = directory / "seed"
+    seed.write_text(SEED + "\n")
+    seed.chmod(0o600)
+    values = directory / "values.yaml"
+    values.write_text(yaml.safe_dump({
+        "redfish": {"domain": DOMAIN},
+        "seed": {"file": str(seed)},
+        "maas": {"url": real_maas.url, "api_key_file": "", "interval": 60, "timeout": 60},
+    }))
+    output = directory / "build"
+    rendered = run_cli(real_maas, values, "render", "--output", str(output))
+    assert rendered.returncode == 0, rendered.stderr
+    script = output / "commissioning" / SCRIPT_NAME
+    assert script.exists()
+    return {"values": values, "seed": SEED, "script": script, "dir": directory}
+
+
+def run_cli(real_maas, values: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MAAS_API_KEY": real_maas.api_key}
+    return subprocess.run([str(CLI), "--values", str(values), *args], capture_output=True, text=True,
+                          env=env, timeout=timeout, check=False)
+
+
+def run_script(script: Path, serial: str, root: Path) -> dict:
+    """The rendered script run as MAAS runs a commissioning script, on a KubeVirt VM whose SMBIOS
+    serial is `serial`; what it wrote to BMC_CONFIG_PATH."""
+    root.mkdir(parents=True, exist_ok=True)
+    bin_dir, sysfs, out = root / "bin", root / "dmi", root / "out"
+    for path in (bin_dir, out):
+        path.mkdir(exist_ok=True)
+    install_dmidecode(bin_dir, "KubeVirt", serial)
+    make_sysfs(sysfs, "KubeVirt", serial)
+    config = root / "bmc-config.yaml"
+    env = {"PATH": f"{bin_dir}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}/usr/bin:/bin",
+           DMI_ENV: str(sysfs), "LC_ALL": "C.UTF-8", "BMC_CONFIG_PATH": str(config),
+           "RESULT_PATH": str(out / f"{SCRIPT_NAME}.yaml")}
+    done = subprocess.run([str(script)], env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return yaml.safe_load(config.read_text(encoding="utf-8"))
+
+
+def enlist_script_output(real_maas, site, vm: str, namespace: str, root: Path):
+    """As maas_run_remote_scripts.py's bmc_config() then enlist(): power_type popped from what
+    the script wrote, the rest sent as the power parameters."""
+    written = run_script(site["script"], f"{vm}.{namespace}", root)
+    power_type = written.pop("power_type")
+    return written, real_maas.enlist(written, new_mac(), power_type=power_type)
+
+
+def commissions(real_maas, system_id: str) -> int:
+    """How many commissions MAAS started for a machine, from its event log."""
+    return sum(1 for event in real_maas.events(system_id) if event["type"] == COMMISSION_EVENT)
+
+
+def reconciler(real_maas, site, audit: Audit | None = None, **maas: object) -> Reconciler:
+    values = load_values(site["values"])
+    values["maas"].update(maas)
+    os.environ["MAAS_API_KEY"] = real_maas.api_key
+    try:
+        client = client_from_values(values, lambda message: None)
+    finally:
+        del os.environ["MAAS_API_KEY"]
+    return Reconciler(client, Settings.from_values(values), audit or RecordingAudit(),
+                      threading.Event(), passwords=Passwords(site["seed"]))
+
+
+# --- (a) the script's own output, enlisted -----------------------------------------------------
+
+
+def test_script_output_enlists_with_its_redfish_bmc(real_maas, site, tmp_path):
+    written, enlisted = enlist_script_output(real_maas, site, "web1", "enlist-a", tmp_path)
+    assert enlisted.status == 200, (
+        f"MAAS refused what the script wrote ({written['power_address']!r}): "
+        f"{enlisted.status} {enlisted.body[:200]}")
+    assert enlisted.signal_status == 200
+    machine = real_maas.machine(enlisted.system_id)
+    assert machine["power_type"] == "redfish"
+    assert machine["status_name"] == "New"  # the OK signal ends enlistment's commissioning
+    stored = real_maas.power_parameters(enlisted.system_id)
+    assert stored["power_address"] == f"web1.enlist-a.{DOMAIN}" == written["power_address"]
+    assert stored["power_user"] == written["power_user"]
+    assert stored["power_pass"] == identity.PLACEHOLDER_PASSWORD
+
+
+# --- (b) MAAS's own behaviour with addresses, both ways ----------------------------------------
+
+
+def test_a_bare_host_is_stored(real_maas):
+    address = f"web2.enlist-b.{DOMAIN}"
+    enlisted = real_maas.enlist({"power_address": address, "power_user": "maas",
+                                 "power_pass": identity.PLACEHOLDER_PASSWORD, "node_id": "1"}, new_mac())
+    assert enlisted.status == 200, enlisted.body
+    assert real_maas.machine(enlisted.system_id)["power_type"] == "redfish"
+    assert real_maas.power_parameters(enlisted.system_id)["power_address"] == address
+
+
+def test_a_url_address_gets_500_and_enlistment_retries_without_power(real_maas):
+    """MAAS 3.6.5's own behaviour, recorded: Redfish's IP extractor hands the whole URL to
+    netaddr.IPAddress, which raises a ValueError MAAS does not catch. maas_run_remote_scripts
+    then enlists again without the BMC config: the machine has no power type."""
+    mac = new_mac()
+    enlisted = real_maas.enlist({"power_address": f"https://web3.enlist-b.{DOMAIN}", "power_user": "maas",
+                                 "power_pass": identity.PLACEHOLDER_PASSWORD, "node_id": "1"}, mac)
+    assert enlisted.status == 500
+    assert "IPAddress() does not support netmasks or subnet prefixes" in enlisted.body
+    again = real_maas.enlist(None, mac, power_type="")
+    assert again.status == 200, again.body
+    assert real_maas.machine(again.system_id)["power_type"] == ""
+
+
+@pytest.mark.parametrize("address", [f"k7.vms.{DOMAIN}:31234", f"\u212a7.vms.{DOMAIN}"],
+                         ids=["port", "kelvin-sign"])
+def test_look_alike_addresses_are_stored(real_maas, address):
+    enlisted = real_maas.enlist({"power_address": address, "power_user": "maas",
+                                 "power_pass": identity.PLACEHOLDER_PASSWORD, "node_id": "1"}, new_mac())
+    assert enlisted.status == 200, enlisted.body
+    assert real_maas.power_parameters(enlisted.system_id)["power_address"] == address
+
+
+# --- (c) upload-script, (d) doctor -----------------------------------------------------------
+
+
+def test_upload_script_reads_back_identical(real_maas, site):
+    uploaded = run_cli(real_maas, site["values"], "upload-script", "--script", str(site["script"]))
+    assert uploaded.returncode == 0, uploaded.stdout + uploaded.stderr
+    stored = real_maas.api("GET", f"scripts/{SCRIPT_NAME}", {"op": "download"})
+    assert stored.status_code == 200, stored.text
+    assert stored.content == site["script"].read_bytes()
+    tags = real_maas.api("GET", f"scripts/{SCRIPT_NAME}").json()["tags"]
+    assert {"bmc-config", "enlisting"} <= set(tags)
+    # A second upload of the same text is an update, and still verified.
+    again = run_cli(real_maas, site["values"], "upload-script", "--script", str(site["script"]))
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_doctor_maas_checks_pass_on_real_maas(real_maas, site):
+    uploaded = run_cli(real_maas, site["values"], "upload-script", "--script", str(site["script"]))
+    assert uploaded.returncode == 0, uploaded.stdout + uploaded.stderr
+    done = run_cli(real_maas, site["values"], "doctor", "--json")
+    checks = json.loads(done.stdout)
+    checks = checks["checks"] if isinstance(checks, dict) else checks
+    maas_checks = [check for check in checks if "maas" in json.dumps(check).lower()
+                   and str(check.get("section", check.get("group", "maas"))).lower().startswith("maas")]
+    assert maas_checks, done.stdout
+    failing = [check for check in maas_checks if check.get("status", check.get("result")) == "fail"]
+    assert not failing, json.dumps(failing, indent=1)
+
+
+# --- the reconciler --------------------------------------------------------------------------
+
+
+def test_reconcile_once_converges_a_vm_enlisted_with_the_scripts_output(real_maas, site, tmp_path):
+    real_maas.set_stub(True)
+    _, enlisted = enlist_script_output(real_maas, site, "web1", "tenant-a", tmp_path)
+    assert enlisted.status == 200, f"enlistment of the script's output failed: {enlisted.status} {enlisted.body[:200]}"
+    done = run_cli(real_maas, site["values"], "reconcile", "--once")
+    assert done.returncode == 0, done.stdout + done.stderr
+    machine = real_maas.machine(enlisted.system_id)
+    assert machine["hostname"] == "web1-tenant-a"
+    assert machine["pool"]["name"] == "tenant-a"
+    assert real_maas.power_parameters(enlisted.system_id)["power_pass"] == identity.bmc_password(SEED, "web1.tenant-a")
+    assert machine["status_name"] == "Commissioning"
+    assert commissions(real_maas, enlisted.system_id) == 1
+    records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert {record["action"] for record in records if record["system_id"] == enlisted.system_id} >= {
+        "set-password", "rename", "commission"}
+
+
+def test_status_lists_the_vm(real_maas, site, tmp_path):
+    real_maas.set_stub(True)
+    enlisted = real_maas.enlist({"power_address": f"db1.tenant-s.{DOMAIN}", "power_user": "maas",
+                                 "power_pass": identity.PLACEHOLDER_PASSWORD, "node_id": "1"}, new_mac())
+    assert enlisted.status == 200, enlisted.body
+    assert run_cli(real_maas, site["values"], "reconcile", "--once").returncode == 0
+    done = run_cli(real_maas, site["values"], "status")
+    assert done.returncode == 0, done.stderr
+    row = [line for line in done.stdout.splitlines() if enlisted.system_id in line]
+    assert len(row) == 1, done.stdout
+    for text in ("db1", "tenant-s", "db1-tenant-s", "Commissioning"):
+        assert text in row[0], row[0]
+
+
+def test_machines_an_administrator_adds_are_left_alone(real_maas, site):
+    manual = real_maas.admin_add_machine(new_mac(), power_type="manual", hostname="rack-box-1")
+    ipmi = real_maas.admin_add_machine(new_mac(), power_type="ipmi", hostname="rack-box-2", power_parameters={
+        "power_address": "10.0.0.5", "power_user": "admin", "power_pass": "secret-ipmi", "power_driver": "LAN_2_0"})
+    before = {sid: (real_maas.machine(sid), real_maas.power_parameters(sid))
+              for sid in (manual["system_id"], ipmi["system_id"])}
+    done = run_cli(real_maas, site["values"], "reconcile", "--once")
+    assert done.returncode == 0, done.stdout + done.stderr
+    for sid, (machine, power) in before.items():
+        now = real_maas.machine(sid)
+        assert (now["hostname"], now["pool"]["name"], now["status_name"]) == (
+            machine["hostname"], machine["pool"]["name"], machine["status_name"])
+        assert real_maas.power_parameters(sid) == power
+        assert commissions(real_maas, sid) == 0
+        assert sid not in done.stdout
+
+
+def test_idle_cycles_cost_at_most_two_requests_and_a_late_machine_is_seen_within_one(real_maas, site):
+    real_maas.set_stub(True)
+    first = real_maas.enlist({"power_address": f"idle1.tenant-i.{DOMAIN}", "power_user": "maas",
+                              "power_pass": identity.PLACEHOLDER_PASSWORD, "node_id": "1"}, new_mac())
+    assert first.status == 200, first.body
+    loop = reconciler(real_maas, site)
+    for _ in range(4):  # converge, then let the events of its own changes go by
+        loop.cycle()
+    assert real_maas.machine(first.system_id)["hostname"] == "idle1-tenant-i"
+    costs = []
+    for _ in range(3):
+        before = loop.client.requests
+        result = loop.cycle()
+        costs.append(loop.client.requests - before)
+        assert not [action for action in result.actions if action.changes]
+    assert max(costs) <= 2, costs
+
+    late = real_maas.enlist({"power_address": f"late1.tenant-i.{DOMAIN}", "power_user": "maas",
+                             "power_pass": identity.PLACEHOLDER_PASSWORD, "node_id": "1"}, new_mac())
+    assert late.status == 200, late.body
+    loop.cycle()
+    machine = real_maas.machine(late.system_id)
+    assert machine["hostname"] == "late1-tenant-i"
+    assert machine["pool"]["name"] == "tenant-i"
+
+
+def test_a_refused_commission_is_sent_once_per_backoff_step(real_maas, site):
+    """With no rack (stub OFF) MAAS answers POST op=commission with 503 and no Retry-After,
+    after starting commissioning and reverting the machine to New. The reconciler must send it
+    once, record why and when it tries again, and wait: one interval, then twice as long."""
+    real_maas.set_stub(False)
+    enlisted = real_maas.enlist({"power_address": f"busy1.tenant-r.{DOMAIN}", "power_user": "maas",
+                                 "power_pass": identity.PLACEHOLDER_PASSWORD, "node_id": "1"}, new_mac())
+    assert enlisted.status == 200, enlisted.body
+    sid = enlisted.system_id
+    now = [1_000_000_000.0]
+    audit = RecordingAudit()
+    values = load_values(site["values"])
+    os.environ["MAAS_API_KEY"] = real_maas.api_key
+    try:
+        client = client_from_values(values, lambda message: None)
+    finally:
+        del os.environ["MAAS_API_KEY"]
+    loop = Reconciler(client, Settings.from_values(values), audit, threading.Event(),
+                      passwords=Passwords(site["seed"]), wall=lambda: now[0])
+    interval = Settings.from_values(values).interval
+
+    loop.cycle()
+    assert commissions(real_maas, sid) == 1
+    assert real_maas.machine(sid)["status_name"] == "New"  # MAAS reverted it
+    failed = [r for r in audit.records if r["system_id"] == sid and r["action"] == "commission"]
+    assert len(failed) == 1 and failed[0]["outcome"] == "failed", failed
+    assert failed[0].get("retry_at"), failed[0]
+
+    for _ in range(3):  # the status events of MAAS's own revert must not bring it back
+        loop.cycle()
+    assert commissions(real_maas, sid) == 1
+
+    now[0] += interval  # first step over: one more
+    loop.cycle()
+    loop.cycle()
+    assert commissions(real_maas, sid) == 2
+    now[0] += interval  # the second step is two intervals
+    loop.cycle()
+    assert commissions(real_maas, sid) == 2
+    now[0] += interval
+    loop.cycle()
+    assert commissions(real_maas, sid) == 3
+    records = [r for r in audit.records if r["system_id"] == sid and r["action"] == "commission"]
+    assert [r["outcome"] for r in records] == ["failed"] * 3, records
+    assert all(r.get("retry_at") for r in records)
