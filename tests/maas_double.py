@@ -180,7 +180,7 @@ class _Machine(dict):
 
 
 class MaasDouble(LoopbackServer):
-    def __init__(self, api_key: tuple[str, str, str] = DEFAULT_KEY, version: str = "3.5.4",
+    def __init__(self, api_key: tuple[str, str, str] = DEFAULT_KEY, version: str = "3.6.5",
                  admin: bool = True, auto_advance: bool = False, seed: int = 0,
                  realistic: bool = True):
         self.api_key = api_key
@@ -323,7 +323,7 @@ class MaasDouble(LoopbackServer):
             return system_id
 
     def add_vm(self, vm: str, namespace: str, domain: str = "bmc.example.com", *,
-               scheme: str = "https", password: str | None = None, **kw: Any) -> str:
+               scheme: str | None = None, password: str | None = None, **kw: Any) -> str:
         address = f"{scheme}://{vm}.{namespace}.{domain}/redfish/v1/Systems/1" if scheme else \
             f"{vm}.{namespace}.{domain}"
         system_id = self.add_machine(kw.pop("hostname", None), power_type="redfish", power_address=address,

@@ -35,7 +35,7 @@ class RecordingAudit(Audit):
         super().__init__("")
         self.records: list[tuple] = []
 
-    def write(self, action, system_id, hostname, before, after, outcome, reason="", note=""):
+    def write(self, action, system_id, hostname, before, after, outcome, reason="", note="", **extra):
         self.records.append((action, system_id, outcome, reason))
         return {}
 

@@ -421,11 +421,11 @@ def test_a_duplicate_claim_resolved_then_made_again_is_reported_again_full_list(
     reconciler.cycle()
     assert capsys.readouterr().err.count("web.vms is claimed by 2 machines") == 1
     for sid, vm in ((first, "one"), (second, "two")):   # re-read: their status changes too
-        double.set_power_address(sid, f"https://{vm}.vms.{DOMAIN}/redfish/v1/Systems/1")
+        double.set_power_address(sid, f"{vm}.vms.{DOMAIN}")
         double.set_status(sid, "Broken")
     assert "duplicate-claim" not in [a.kind for a in reconciler.cycle().actions]
     for sid in (first, second):
-        double.set_power_address(sid, f"https://web.vms.{DOMAIN}/redfish/v1/Systems/1")
+        double.set_power_address(sid, f"web.vms.{DOMAIN}")
         double.set_status(sid, "Deployed")
     assert "duplicate-claim" in [a.kind for a in reconciler.cycle().actions]
     assert capsys.readouterr().err.count("web.vms is claimed by 2 machines") == 1
@@ -436,7 +436,8 @@ def test_the_full_list_strategy_is_still_there(double):
     reconciler = reconciler_for(double, settings=Settings(domain=DOMAIN, resync_interval=None))
     settle(reconciler, double=double)
     requests, _ = idle_cost(double, reconciler)
-    assert requests == 1 and ("GET", "machines/") in double.counts
+    assert requests == 2 and ("GET", "machines/") in double.counts
+    assert ("GET", "machines/?op=power_parameters") in double.counts
 
 
 def test_bench_meets_the_idle_cycle_goal_at_100_machines():
@@ -449,6 +450,8 @@ def test_bench_meets_the_idle_cycle_goal_at_100_machines():
     assert "met at every size" in done.stdout
     rows = [line.split() for line in done.stdout.splitlines() if line.strip().startswith("100 ")]
     assert [row[1] for row in rows] == ["events", "full", "per"]
+    # A new VM converges in two changes: one PUT (password with its address, name, pool), one commission.
+    assert rows[0][12] == "2.00"
 
 
 @pytest.mark.parametrize("body", [
@@ -526,7 +529,9 @@ def test_a_second_claimant_read_alone_is_refused_event_driven(double):
     result = reconciler.cycle()
     (duplicate,) = [a for a in result.actions if a.kind == "duplicate-claim"]
     assert set(duplicate.after.split(",")) == {first, second}
-    assert not any(a.changes for a in result.actions)
+    # Fail closed: the one that came first loses its password too; nothing else changes.
+    assert [(a.kind, a.system_id) for a in result.actions if a.changes] == [("reset-password", first)]
+    assert double.power[first]["power_pass"] == PLACEHOLDER
     assert double.power[second]["power_pass"] == PLACEHOLDER
 
 
@@ -540,13 +545,13 @@ def test_an_event_driven_read_takes_fresh_power_and_keeps_what_it_did_not_read(d
     reconciler = reconciler_for(double)
     settle(reconciler)
     assert set(reconciler.known) == {web, db}
-    double.set_power_address(web, f"https://app.vms.{DOMAIN}/redfish/v1/Systems/1")
+    double.set_power_address(web, f"app.vms.{DOMAIN}")
     double.move_to_pool(web, "vms", via="ui")     # an audited event, status unchanged
     result = reconciler.cycle()
     assert reconciler.partial
     assert {(a.kind, a.after) for a in result.actions if a.changes} >= {("rename", "app-vms")}
     assert set(reconciler.known) == {web, db}
-    assert reconciler.known[web][1].address == f"https://app.vms.{DOMAIN}/redfish/v1/Systems/1"
+    assert reconciler.known[web][1].address == f"app.vms.{DOMAIN}"
 
 
 def test_a_claimant_known_from_before_is_read_fresh_beside_the_machine_an_event_names(double):
@@ -558,7 +563,7 @@ def test_a_claimant_known_from_before_is_read_fresh_beside_the_machine_an_event_
                           password=derived("db", "vms"))
     reconciler = reconciler_for(double)
     settle(reconciler)
-    double.set_power_address(first, f"https://app.vms.{DOMAIN}/redfish/v1/Systems/1")  # no event
+    double.set_power_address(first, f"app.vms.{DOMAIN}")  # no event
     second = double.add_vm("web", "vms", status="Deployed")
     double.record(second, "NODE", "Set the resource pool to 'default'.", username="admin")
     result = reconciler.cycle()
@@ -601,11 +606,11 @@ def test_a_duplicate_claim_is_remembered_while_unread_and_forgotten_once_resolve
     double.record(first, "NODE", "Set the resource pool to 'default'.", username="admin")
     assert [a.kind for a in reconciler.cycle().actions] == ["duplicate-claim"]
     assert "claimed" not in capsys.readouterr().err, "the same set, already reported"
-    double.set_power_address(second, f"https://other.vms.{DOMAIN}/redfish/v1/Systems/1")
+    double.set_power_address(second, f"other.vms.{DOMAIN}")
     double.record(first, "NODE", "Set the resource pool to 'default'.", username="admin")
     assert "duplicate-claim" not in [a.kind for a in reconciler.cycle().actions]
     settle(reconciler)
-    double.set_power_address(second, f"https://web.vms.{DOMAIN}/redfish/v1/Systems/1")
+    double.set_power_address(second, f"web.vms.{DOMAIN}")
     double.record(second, "NODE", "Set the resource pool to 'default'.", username="admin")
     assert "duplicate-claim" in [a.kind for a in reconciler.cycle().actions]
     assert capsys.readouterr().err.count("web.vms is claimed by 2 machines") == 1

@@ -114,6 +114,9 @@ class EventsMatchFullList(RuleBasedStateMachine):
         self.clock = Clock()
         self.reconciler = Reconciler(client_for(self.events_world), SETTINGS, RecordingAudit(), clock=self.clock,
                                      passwords=PASSWORDS)
+        # Long-lived too: what a reconciler did remembers (a password it set, an address it saw).
+        self.full_reconciler = Reconciler(client_for(self.full_world), FULL_LIST, RecordingAudit(),
+                                          passwords=PASSWORDS)
         self.resyncs = 0
         self.unevented: list[str] = []     # changes since the last resync that MAAS does not record
 
@@ -166,7 +169,7 @@ class EventsMatchFullList(RuleBasedStateMachine):
                           else st.none())
         system_id = data.draw(st.sampled_from(self.redfish()))
         old = self.claim_of(system_id)
-        address = (f"https://{claim[0]}.{claim[1]}.{DOMAIN}/redfish/v1/Systems/1" if claim
+        address = (f"{claim[0]}.{claim[1]}.{DOMAIN}" if claim
                    else "https://bmc.elsewhere.example.org/redfish/v1/Systems/1")
         self.both("set_power_address", system_id, address)
         self.claimed.discard(old)
@@ -200,7 +203,7 @@ class EventsMatchFullList(RuleBasedStateMachine):
     def claim_of(self, system_id: str):
         address = self.events_world.power[system_id].get("power_address", "")
         for identity in IDENTITIES:
-            if address.startswith(f"https://{identity[0]}.{identity[1]}.{DOMAIN}/"):
+            if address == f"{identity[0]}.{identity[1]}.{DOMAIN}":
                 return identity
         return None
 
@@ -208,7 +211,7 @@ class EventsMatchFullList(RuleBasedStateMachine):
     @invariant()
     def event_driven_matches_full_list(self):
         settle(self.reconciler)
-        settle(Reconciler(client_for(self.full_world), FULL_LIST, RecordingAudit(), passwords=PASSWORDS))
+        settle(self.full_reconciler)
         if self.reconciler.resyncs != self.resyncs:
             self.unevented.clear()
         if state(self.events_world) != state(self.full_world):

@@ -134,7 +134,7 @@ def vm_machine(index: int, vm: str, hostname: str) -> tuple[dict, str]:
     sid = f"m{index:04d}"
     return ({"system_id": sid, "hostname": hostname, "power_type": "redfish", "status_name": "Ready",
              "status": 4, "pool": {"name": "vms", "id": 3}, "tag_names": []},
-            f"https://{vm}.vms.{DOMAIN}/redfish/v1/Systems/1")
+            f"{vm}.vms.{DOMAIN}")
 
 
 @given(st.lists(st.sampled_from(VMS), min_size=1, max_size=4, unique=True),

@@ -40,6 +40,9 @@ from maas_kubevirt.reconcile import (  # noqa: E402
     MOVE_POOL,
     RENAME,
     DUPLICATE,
+    PLACEHOLDER,
+    RESET_PASSWORD,
+    SUSPECT,
     RIGHT,
     SET_PASSWORD,
     SKIP,
@@ -81,7 +84,7 @@ def machine(sid, hostname, *, power_type="redfish", status="New", pool="default"
 
 def addr(vm, ns, domain=DOMAIN, password=RIGHT):
     """A machine's power facts: its address and (by default) the right password."""
-    return Power(f"https://{vm}.{ns}.{domain}/redfish/v1/Systems/1", password)
+    return Power(f"{vm}.{ns}.{domain}", password)
 
 
 def kinds(actions, sid=None):
@@ -127,20 +130,33 @@ def test_plan_ignores_everything_not_ours():
         "virsh": addr("web1", "vms"),
         "badname": "https://Web_1.vms.bmc.example.com",
     }
-    assert plan(machines, power, ["default"], SETTINGS) == []
+    # Only the look-alike that still names web1.vms is worth a word (a suspect); nothing changes.
+    assert [(a.kind, a.system_id, a.vm, a.namespace) for a in plan(machines, power, ["default"], SETTINGS)] == [
+        (SUSPECT, "look", "web1", "vms")]
 
 
 def test_address_forms_that_match():
-    for address in ("web1.vms.bmc.example.com", "http://WEB1.vms.BMC.example.com:8443/redfish/v1/Systems/1",
-                    "https://web1.vms.bmc.example.com."):
+    for address in ("web1.vms.bmc.example.com", "WEB1.vms.BMC.example.com"):
         power = {"aaa": Power(address, RIGHT)}
         actions = plan([machine("aaa", "web1-vms", pool="vms", status="Ready")], power, [], SETTINGS)
         assert actions == []  # already converged, and matched (no error)
         actions = plan([machine("aaa", "x")], power, ["vms"], SETTINGS)
         assert kinds(actions) == [RENAME, MOVE_POOL, COMMISSION], address
-        # A bare address says nothing of the password: it is set first.
+        # A bare address says nothing of the password: it is set first, with the canonical address.
         actions = plan([machine("aaa", "x")], {"aaa": address}, ["vms"], SETTINGS)
         assert kinds(actions) == [SET_PASSWORD, RENAME, MOVE_POOL, COMMISSION], address
+        assert actions[0].address == "web1.vms.bmc.example.com"
+
+
+@pytest.mark.parametrize("address", ["http://WEB1.vms.BMC.example.com:8443/redfish/v1/Systems/1",
+                                     "https://web1.vms.bmc.example.com.", "web1.vms.bmc.example.com:31234"])
+def test_look_alike_addresses_get_nothing_and_lose_a_derived_password(address):
+    """A suspect is reported; holding the derived password, it gets the placeholder back; nothing else."""
+    actions = plan([machine("aaa", "x")], {"aaa": Power(address, PLACEHOLDER)}, ["vms"], SETTINGS)
+    assert kinds(actions) == [SUSPECT]
+    actions = plan([machine("aaa", "x")], {"aaa": Power(address, RIGHT)}, ["vms"], SETTINGS)
+    assert kinds(actions) == [SUSPECT, RESET_PASSWORD]
+    assert (actions[1].before, actions[1].after) == (reconcile.DERIVED, PLACEHOLDER)
 
 
 def test_converged_machine_needs_nothing():
@@ -283,7 +299,11 @@ def test_once_converges_and_audits(tmp_path, double, capsys):
     values = values_for(tmp_path, double)
     code, out, err = run(capsys, loop.main, values, Args(once=True))
     assert code == 0, err
-    records = audit_records(out)
+    records = every = audit_records(out)
+    # The look-alike evil1 (web1.vms.<domain>.evil.io) is named once, and left as it is.
+    (suspect,) = [r for r in records if r["action"] == SUSPECT]
+    assert (suspect["system_id"], suspect["outcome"]) == (noise[2], "refused")
+    records = [r for r in records if r is not suspect]
     assert {r["action"] for r in records} == {CREATE_POOL, SET_PASSWORD, RENAME, MOVE_POOL, COMMISSION}
     for record in records:
         assert list(record)[:7] == ["time", "system_id", "hostname", "action", "before", "after", "outcome"]
@@ -293,7 +313,7 @@ def test_once_converges_and_audits(tmp_path, double, capsys):
     passwords = [r for r in records if r["action"] == SET_PASSWORD]
     assert [(r["before"], r["after"]) for r in passwords] == [("placeholder", "derived")] * 3
     assert sorted(double.commissions) == sorted((sid, True) for sid in vms)  # skip_bmc_config=1
-    assert audit_records((tmp_path / "audit.log").read_text()) == records
+    assert audit_records((tmp_path / "audit.log").read_text()) == every
     assert converged(double, vms)
     assert {w[1] for w in double.writes if w[0] != "POST" or w[1] != "resourcepools/"} <= set(vms)
     assert all(double.machines[sid]["hostname"].startswith(("phys", "evil", "short", "virsh")) for sid in noise)
@@ -367,8 +387,10 @@ def test_loop_stops_between_actions(double):
             return super().write(*args, **kw)
 
     result = Reconciler(client, SETTINGS, StopAfterFirst(""), stop, passwords=PASSWORDS).cycle()
-    assert result.outcome.ok == 1 and result.outcome.interrupted
-    assert sum(double.machines[sid]["hostname"].endswith("-vms") for sid in ids) == 0
+    # The first machine's password and rename were one request; nothing after it was sent.
+    assert result.outcome.ok == 2 and result.outcome.interrupted
+    assert double.counts[("PUT", "machines/{id}/")] == 1
+    assert sum(double.machines[sid]["hostname"].endswith("-vms") for sid in ids) == 1
     assert sum(double.power[sid]["power_pass"] == derived(f"web{i}", "vms") for i, sid in enumerate(ids)) == 1
 
 
@@ -380,10 +402,10 @@ def test_failed_action_does_not_stop_the_rest(tmp_path, double, capsys):
     code, out, err = run(capsys, loop.main, values, Args(once=True))
     assert code == 1
     records = audit_records(out)
-    first = next(r for r in records if r["system_id"] == a)
-    assert (first["action"], first["outcome"]) == (SET_PASSWORD, "failed")
-    assert first["reason"] == f"PUT machines/{a}/: 500: Internal Server Error"
-    assert [r["outcome"] for r in records if r["system_id"] == a][1:] == ["ok"]  # the rename
+    # The password and the rename went in one PUT, which failed: both are failed, nothing half-done.
+    assert [(r["action"], r["outcome"], r["reason"]) for r in records if r["system_id"] == a] == [
+        (SET_PASSWORD, "failed", f"PUT machines/{a}/: 500: Internal Server Error"),
+        (RENAME, "failed", f"PUT machines/{a}/: 500: Internal Server Error")]
     assert {r["outcome"] for r in records if r["system_id"] == b} == {"ok"}
     code, out, err = run(capsys, loop.main, values, Args(once=True))
     assert code == 0 and converged(double, [a, b])
@@ -435,9 +457,17 @@ def test_status_table(tmp_path, double, capsys):
     code, out, err = run(capsys, status.main, values_for(tmp_path, double), Args())
     assert code == 0
     lines = out.splitlines()
-    assert lines[0].split() == ["VM", "NAMESPACE", "HOSTNAME", "SYSTEM_ID", "STATUS", "POOL", "POWER", "PASSWORD"]
-    assert lines[1].split() == ["web1", "vms", "web1-vms", sid, "Deployed", "vms", "on", "placeholder"]
-    assert lines[2] == "1 MAAS machine(s) with a Redfish power address under bmc.example.com"
+    assert lines[0].split() == ["VM", "NAMESPACE", "HOSTNAME", "SYSTEM_ID", "STATUS", "POOL", "POWER", "PASSWORD",
+                                "ADDRESS", "WAITING"]
+    rows = {line.split()[3]: line for line in lines[1:3]}
+    assert rows[sid].split() == ["web1", "vms", "web1-vms", sid, "Deployed", "vms", "on", "placeholder",
+                                 "web1.vms.bmc.example.com", "-"]
+    # The look-alike evil1 is shown with its address, marked.
+    evil = next(s for s, m in double.machines.items() if m["hostname"] == "evil1")
+    assert rows[evil].split()[:4] == ["web1", "vms", "evil1", evil]
+    assert "https://web1.vms.bmc.example.com.evil.io/redfish/v1/Systems/1 (suspect: not the bare host)" in rows[evil]
+    assert lines[3] == ("1 MAAS machine(s) with a Redfish power address under bmc.example.com, "
+                        "and 1 suspect(s) that only imitate one")
     assert_no_secrets(double, out, err)
 
 
@@ -622,7 +652,8 @@ def test_the_placeholder_is_replaced_then_left_alone(double, capsys):
     assert reconciler.known[sid][1] == Power(double.power[sid]["power_address"], RIGHT)
     double.reset_counts()
     assert reconciler.cycle().actions == []
-    assert double.request_count == 1 and power_parameter_reads(double) == 0
+    # Without the event log, every cycle lists the machines and reads every redfish machine's power.
+    assert double.request_count == 2 and power_parameter_reads(double) == 1
 
 
 def test_commission_only_with_the_password_in_place(tmp_path, double, capsys):
@@ -669,7 +700,7 @@ def test_a_commission_started_by_hand_is_repaired_within_one_cycle(double):
     reconciler.cycle()          # Ready now: the status changed, so it is read once more
     double.reset_counts()
     reconciler.cycle()
-    assert double.request_count == 1
+    assert double.request_count == 2 and power_parameter_reads(double) == 1
     assert double.power[other]["power_pass"] == derived("web2", "vms")
 
 
@@ -680,10 +711,10 @@ def test_a_machine_whose_address_changed_before_acting_is_left_alone(double, cap
     real = reconciler.client.power_parameters
     calls = []
 
-    def readdress_after_first_read(ids, reduce):
-        found = real(ids, reduce)
+    def readdress_after_first_read(ids, reduce, hints=None):
+        found = real(ids, reduce, hints)
         if not calls:  # between the plan and the re-read, someone points sid at another BMC
-            double.power[sid]["power_address"] = "https://web9.team-b.bmc.example.com/redfish/v1/Systems/1"
+            double.power[sid]["power_address"] = "web9.team-b.bmc.example.com"
         calls.append(list(ids))
         return found
 
@@ -709,8 +740,8 @@ def test_a_password_set_meanwhile_is_not_set_again(double):
     reconciler = reconciler_for(double)
     real = reconciler.client.power_parameters
 
-    def fixed_meanwhile(ids, reduce):
-        found = real(ids, reduce)
+    def fixed_meanwhile(ids, reduce, hints=None):
+        found = real(ids, reduce, hints)
         double.power[sid]["power_pass"] = derived("web1", "vms")
         return found
 
@@ -896,24 +927,25 @@ class RefusingClient:
     def create_pool(self, name, description):
         self._refuse("POST", "resourcepools/")
 
-    def update_machine(self, system_id, **fields):
+    def update_machine(self, system_id, hide=(), **fields):
         self._refuse("PUT", f"machines/{system_id}/")
 
     def commission(self, system_id, **options):
         self._refuse("POST", f"machines/{system_id}/?op=commission")
 
 
-@pytest.mark.parametrize("status, machines, expected", [
-    (404, [machine("aaa", "lucky-cat")], [CREATE_POOL, RENAME, MOVE_POOL, COMMISSION]),
-    (409, [machine("aaa", "lucky-cat", pool="vms", pool_id=3)], [RENAME, COMMISSION]),
+@pytest.mark.parametrize("status, machines, expected, requests", [
+    # The rename and the pool move go in one PUT.
+    (404, [machine("aaa", "lucky-cat")], [CREATE_POOL, RENAME, MOVE_POOL, COMMISSION], 3),
+    (409, [machine("aaa", "lucky-cat", pool="vms", pool_id=3)], [RENAME, COMMISSION], 2),
 ])
-def test_gone_or_conflict_between_plan_and_apply_is_a_skip(capsys, status, machines, expected):
+def test_gone_or_conflict_between_plan_and_apply_is_a_skip(capsys, status, machines, expected, requests):
     actions = plan(machines, {"aaa": addr("web1", "vms")}, [], SETTINGS)
     assert kinds(actions) == expected
     client = RefusingClient(status)
     outcome = reconcile.apply(client, actions, Audit(""))
     assert (outcome.ok, outcome.skipped, outcome.failed) == (0, len(expected), 0)
-    assert len(client.calls) == len(expected)
+    assert len(client.calls) == requests
     records = audit_records(capsys.readouterr().out)
     assert [(r["action"], r["outcome"]) for r in records] == [(kind, "skipped") for kind in expected]
 
@@ -923,7 +955,7 @@ def test_id_left_out_of_a_bulk_power_parameters_reply_is_asked_for_again():
         def __init__(self):
             self.asked: list[list[str]] = []
 
-        def power_parameters(self, system_ids, reduce):
+        def power_parameters(self, system_ids, reduce, hints=None):
             self.asked.append(sorted(system_ids))
             return {sid: addr("web1", "vms") for sid in system_ids if sid != "bbb" or len(self.asked) > 2}
 
@@ -1060,7 +1092,7 @@ def test_an_action_that_changes_nothing_is_never_sent(double):
     client = MAASClient(double.url, Signer(*double.api_key), timeout=5)
     for kind in (SKIP, DUPLICATE):
         with pytest.raises(ValueError) as raised:
-            reconcile._perform(client, Action(kind, "abc", "web-vms", "web", "vms"), PASSWORDS)
+            reconcile._perform(client, [Action(kind, "abc", "web-vms", "web", "vms")], PASSWORDS)
         assert str(raised.value) == f"unknown action {kind}"
     assert double.request_count == 0
 
@@ -1075,14 +1107,13 @@ class ScriptedClient:
         self.calls.append(("create_pool", name))
         raise MAASError("POST", "resourcepools/", 400, "Name is not valid.")
 
-    def set_power_pass(self, system_id, password):
-        self.calls.append(("set_power_pass", system_id))
-        raise MAASError("PUT", f"machines/{system_id}/", 503, "Service Unavailable")
-
     def commission(self, system_id, skip_bmc_config=True):
         self.calls.append(("commission", system_id))
 
-    def update_machine(self, system_id, **fields):
+    def update_machine(self, system_id, hide=(), **fields):
+        if "power_parameters_power_pass" in fields:
+            self.calls.append(("set_power_pass", system_id))
+            raise MAASError("PUT", f"machines/{system_id}/", 503, "Service Unavailable")
         self.calls.append(("update_machine", system_id))
         if system_id == "gone":
             raise MAASError("PUT", "machines/gone/", 404, "Not Found")
@@ -1093,7 +1124,7 @@ def test_a_refused_pool_or_password_holds_back_only_what_depends_on_it():
         Action(CREATE_POOL, None, None, namespace="vms", after="vms"),
         Action(MOVE_POOL, "a", "a-vms", "a", "vms", "default", "vms"),
         Action(MOVE_POOL, "b", "b-vms", "b", "vms", "default", "vms"),
-        Action(SET_PASSWORD, "c", "c-vms", "c", "vms"),
+        Action(SET_PASSWORD, "c", "c-vms", "c", "vms", address="c.vms.bmc.example.com"),
         Action(RENAME, "gone", "old", "g", "vms", "old", "g-vms"),
         Action(COMMISSION, "c", "c-vms", "c", "vms"),
         Action(COMMISSION, "d", "d-vms", "d", "vms"),
@@ -1121,7 +1152,7 @@ def test_a_refused_pool_or_password_holds_back_only_what_depends_on_it():
 @pytest.mark.parametrize("in_flight, result", [(False, "failed"), (True, "unknown")])
 def test_a_cycle_out_of_time_stops_at_once_and_says_whether_the_change_may_have_happened(kind, in_flight, result):
     class OutOfTime(ScriptedClient):
-        def update_machine(self, system_id, **fields):
+        def update_machine(self, system_id, hide=(), **fields):
             self.calls.append(("update_machine", system_id))
             raise MAASError("PUT", f"machines/{system_id}/", None, "stopped", kind, in_flight=in_flight)
 
@@ -1173,11 +1204,11 @@ class ChangingMAAS(MAASClient):
         super().__init__(double.url, Signer(*double.api_key), timeout=5)
         self.change, self.reads = change, 0
 
-    def power_parameters(self, system_ids, reduce):
+    def power_parameters(self, system_ids, reduce, hints=None):
         self.reads += 1
         if self.reads == 2:   # the first cycle's re-read before acting
             self.change()
-        return super().power_parameters(system_ids, reduce)
+        return super().power_parameters(system_ids, reduce, hints)
 
 
 def test_machines_changed_before_the_re_read_are_left_alone_then_planned_afresh(double):
@@ -1185,7 +1216,7 @@ def test_machines_changed_before_the_re_read_are_left_alone_then_planned_afresh(
     db = double.add_vm("db", "vms", hostname="db-vms", pool="vms", status="Deployed")
 
     def change():
-        double.set_power_address(web, f"https://app.vms.{DOMAIN}/redfish/v1/Systems/1")
+        double.set_power_address(web, f"app.vms.{DOMAIN}")
         double.delete_machine(db)
 
     client = ChangingMAAS(double, change)
@@ -1226,7 +1257,7 @@ def test_a_plan_made_again_after_the_re_read_keeps_what_it_says_of_the_other_mac
 
 # --- what is kept of a machine's power parameters ------------------------------------------------
 
-OURS = f"https://web.vms.{DOMAIN}/redfish/v1/Systems/1"
+OURS = f"web.vms.{DOMAIN}"
 
 
 @pytest.mark.parametrize("parameters, power", [
@@ -1257,8 +1288,12 @@ def test_a_note_on_a_machine_left_alone_is_printed_once_until_it_changes(double,
 def test_only_a_password_set_is_remembered_as_right(double):
     """The rename went through, the password did not: the next cycle must still see it wrong."""
     class NoPassword(MAASClient):
-        def set_power_pass(self, system_id, password):
-            raise MAASError("PUT", f"machines/{system_id}/", 503, "Unable to connect to any rack controller")
+        def update_machine(self, system_id, hide=(), **fields):
+            if "power_parameters_power_pass" in fields and "hostname" in fields:  # the PUT of both: refused
+                raise MAASError("PUT", f"machines/{system_id}/", 400, "hostname: refused with the password")
+            if "power_parameters_power_pass" in fields:
+                raise MAASError("PUT", f"machines/{system_id}/", 503, "Unable to connect to any rack controller")
+            return super().update_machine(system_id, hide=hide, **fields)
 
     sid = double.add_vm("web", "vms", hostname="w1", pool="vms", status="Deployed")
     client = NoPassword(double.url, Signer(*double.api_key), timeout=5)

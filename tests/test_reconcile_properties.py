@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from branches import branch, branches_taken  # noqa: E402
 from maas_double import MaasDouble  # noqa: E402
-from reconcile_helpers import GOOD_RECORD, SEED, Args, assert_no_secrets, write_values  # noqa: E402
+from reconcile_helpers import GOOD_RECORD, SEED, Args, assert_no_secrets, derived, write_values  # noqa: E402
 
 from maas_kubevirt import cli, identity, maas  # noqa: E402
 from maas_kubevirt.maas import RetryPolicy  # noqa: E402
@@ -37,7 +37,9 @@ from maas_kubevirt.reconcile import (  # noqa: E402
     RENAME,
     RIGHT,
     SET_PASSWORD,
+    RESET_PASSWORD,
     SKIP,
+    SUSPECT,
     Action,
     Match,
     Power,
@@ -61,16 +63,25 @@ IDENTITIES = [(vm, ns) for vm in VMS for ns in NAMESPACES]
 
 
 def ours(vm: str, ns: str):
+    """The canonical address: the bare host, in any ASCII case."""
+    host = f"{vm}.{ns}.{DOMAIN}"
+    return st.sampled_from([host, host.upper()])
+
+
+def suspects(vm: str, ns: str):
+    """The bare host dressed up as an attacker would: each still names the VM, none is canonical."""
     return st.builds(
-        lambda scheme, upper, port, path: (
-            f"{scheme}{(vm + '.' + ns + '.' + DOMAIN).upper() if upper else vm + '.' + ns + '.' + DOMAIN}"
-            f"{port}{path}"
+        lambda scheme, user, upper, dot, port, path: (
+            f"{scheme}{user}{(vm + '.' + ns + '.' + DOMAIN).upper() if upper else vm + '.' + ns + '.' + DOMAIN}"
+            f"{dot}{port}{path}"
         ),
         st.sampled_from(["https://", "http://", ""]),
+        st.sampled_from(["", "maas@"]),
         st.booleans(),
-        st.sampled_from(["", ":443", ":8000"]),
-        st.sampled_from(["", "/redfish/v1/Systems/1", "/"]),
-    )
+        st.sampled_from(["", "."]),
+        st.sampled_from(["", ":443", ":31234"]),
+        st.sampled_from(["", "/redfish/v1/Systems/1", "/", "?x", "#"]),
+    ).filter(lambda address: address.lower() != f"{vm}.{ns}.{DOMAIN}")
 
 
 def lookalikes(vm: str, ns: str):
@@ -91,11 +102,13 @@ def lookalikes(vm: str, ns: str):
 @st.composite
 def machine_specs(draw):
     vm, ns = draw(st.sampled_from(IDENTITIES))
-    kind = draw(st.sampled_from(["vm", "vm", "vm", "ipmi", "lookalike", "other-type", "no-params"]))
-    power_type = {"vm": "redfish", "lookalike": "redfish", "no-params": "redfish", "ipmi": "ipmi",
-                  "other-type": draw(st.sampled_from(["virsh", "manual", "lxd", ""]))}[kind]
+    kind = draw(st.sampled_from(["vm", "vm", "vm", "ipmi", "lookalike", "suspect", "other-type", "no-params"]))
+    power_type = {"vm": "redfish", "lookalike": "redfish", "suspect": "redfish", "no-params": "redfish",
+                  "ipmi": "ipmi", "other-type": draw(st.sampled_from(["virsh", "manual", "lxd", ""]))}[kind]
     if kind in ("vm", "other-type", "ipmi") and draw(st.booleans()):
         address = draw(ours(vm, ns))
+    elif kind == "suspect":
+        address = draw(suspects(vm, ns))
     elif kind in ("lookalike", "ipmi"):
         address = draw(lookalikes(vm, ns))
     else:
@@ -142,25 +155,42 @@ def inventories(draw):
     return machines, power, pools, settings
 
 
-# The oracle for "ours" does not call identity.parse_redfish_address, which the plan uses: an
-# optional http(s) scheme, exactly one of the generated <vm>.<ns>.<domain> hosts in any case
-# (a trailing dot allowed), then an optional port and path.
+# The oracles do not call identity.py, which the plan uses. Canonical: exactly one of the generated
+# <vm>.<ns>.<domain> hosts, ASCII, in any case. Suspect: one of them inside other text, between
+# what may stand around a host (a scheme or userinfo before; a dot, port, path, query or
+# fragment after).
 OUR_HOSTS = {f"{vm}.{ns}.{DOMAIN}": (vm, ns) for vm, ns in IDENTITIES}
-OUR_ADDRESS = re.compile(r"(?:https?://)?(?P<host>[^/:]*?)\.?(?::[0-9]+)?(?:/.*)?")
 
 
 def claim_of(address):
-    """(vm, namespace) when the address names one of the generated VMs, else None."""
-    found = OUR_ADDRESS.fullmatch(address.lower()) if isinstance(address, str) else None
-    return OUR_HOSTS.get(found["host"]) if found else None
+    """(vm, namespace) when the address is canonically one of the generated VMs, else None."""
+    return OUR_HOSTS.get(address.lower()) if isinstance(address, str) and address.isascii() else None
+
+
+def suspect_of(address):
+    """(vm, namespace) a non-canonical address names, else None."""
+    if not isinstance(address, str) or claim_of(address) is not None:
+        return None
+    for host, claimed in OUR_HOSTS.items():
+        if re.search(rf"(^|[/@\s]){re.escape(host)}($|[.:/?#\s])", address.lower()):
+            return claimed
+    return None
 
 
 def matching_ids(machines, power):
-    """Independent of the plan: redfish and an address naming one of the generated VMs."""
+    """Independent of the plan: redfish and a canonical address naming one of the generated VMs."""
     return {
         m["system_id"] for m in machines
         if m["power_type"] == "redfish" and m["system_id"] in power
         and claim_of(power[m["system_id"]].address) is not None
+    }
+
+
+def suspect_ids(machines, power):
+    return {
+        m["system_id"] for m in machines
+        if m["power_type"] == "redfish" and m["system_id"] in power
+        and suspect_of(power[m["system_id"]].address) is not None
     }
 
 
@@ -180,7 +210,9 @@ def simulate(machines, power, pools, actions):
     pools = {p for p in pools} | {m["pool"]["name"] for m in machines}
     for action in actions:
         if action.kind == SET_PASSWORD:
-            power[action.system_id] = Power(power[action.system_id].address, RIGHT)
+            power[action.system_id] = Power(action.address, RIGHT)
+        elif action.kind == RESET_PASSWORD:
+            power[action.system_id] = Power(power[action.system_id].address, PLACEHOLDER)
         elif action.kind == CREATE_POOL:
             pools.add(action.after)
         elif action.kind == RENAME:
@@ -203,11 +235,16 @@ def simulate(machines, power, pools, actions):
 def test_no_action_names_a_machine_that_is_not_ours(inventory):
     machines, power, pools, settings = inventory
     allowed = matching_ids(machines, power)
+    dressed = suspect_ids(machines, power)
     branch("ours", allowed)
     branch("not_ours", len(allowed) < len(machines))
     for action in plan(machines, power, pools, settings):
         if action.kind in (CREATE_POOL, DUPLICATE):
             assert action.system_id is None
+        elif action.kind == SUSPECT:
+            assert action.system_id in dressed
+        elif action.kind == RESET_PASSWORD:
+            assert action.system_id in allowed | dressed and power[action.system_id].password == RIGHT
         else:
             assert action.system_id in allowed
 
@@ -290,11 +327,26 @@ def test_no_password_or_other_change_for_a_machine_not_ours_or_claimed_twice(inv
     machines, power, pools, settings = inventory
     ours, twice = matching_ids(machines, power), duplicate_ids(machines, power)
     for action in plan(machines, power, pools, settings):
-        if action.changes and action.kind != CREATE_POOL:
+        if action.changes and action.kind not in (CREATE_POOL, RESET_PASSWORD):
             assert action.system_id in ours and action.system_id not in twice
         if action.kind == SET_PASSWORD:
             assert power[action.system_id].password != RIGHT
             assert (action.before, action.after) == (power[action.system_id].password, "derived")
+
+
+@given(inventories())
+def test_fail_closed_every_derived_password_off_a_trusted_machine_is_reset(inventory):
+    """A suspect or any claimant of a duplicate that holds its derived password gets the placeholder."""
+    machines, power, pools, settings = inventory
+    exposed = (duplicate_ids(machines, power) | suspect_ids(machines, power))
+    actions = plan(machines, power, pools, settings)
+    reset = sorted(a.system_id for a in actions if a.kind == RESET_PASSWORD)
+    assert reset == sorted(sid for sid in exposed if power[sid].password == RIGHT)
+    for action in actions:
+        if action.kind == RESET_PASSWORD:
+            assert (action.before, action.after) == ("derived", PLACEHOLDER)
+    suspected = sorted(a.system_id for a in actions if a.kind == SUSPECT)
+    assert suspected == sorted(suspect_ids(machines, power))
 
 
 @given(inventories())
@@ -313,9 +365,15 @@ def test_every_duplicate_claim_is_reported_with_all_its_machines(inventory):
 def test_every_wrong_password_is_set_and_commission_follows_it(inventory):
     machines, power, pools, settings = inventory
     single = matching_ids(machines, power) - duplicate_ids(machines, power)
+    tags = {m["system_id"]: m["tag_names"] for m in machines}
     actions = plan(machines, power, pools, settings)
     set_for = [a.system_id for a in actions if a.kind == SET_PASSWORD]
-    assert sorted(set_for) == sorted(sid for sid in single if power[sid].password != RIGHT)
+    # Under maas.commission: approved, only once approved.
+    assert sorted(set_for) == sorted(sid for sid in single if power[sid].password != RIGHT and (
+        settings.commission != "approved" or settings.approval_tag in tags[sid]))
+    for action in actions:
+        if action.kind == SET_PASSWORD:
+            assert action.address == identity.redfish_host(action.vm, action.namespace, DOMAIN)
     for index, action in enumerate(actions):
         if action.kind == COMMISSION and power[action.system_id].password != RIGHT:
             assert any(a.kind == SET_PASSWORD and a.system_id == action.system_id for a in actions[:index])
@@ -445,8 +503,8 @@ def plan_machine(system_id: str, pool: str = "default", status: str = "Deployed"
 
 def test_a_pool_a_machine_is_in_exists_without_the_pool_list():
     machines = [plan_machine("m1", pool="vms"), plan_machine("m2")]
-    power = {"m1": f"https://web1.vms.{DOMAIN}/redfish/v1/Systems/1",
-             "m2": f"https://web2.vms.{DOMAIN}/redfish/v1/Systems/1"}
+    power = {"m1": f"web1.vms.{DOMAIN}",
+             "m2": f"web2.vms.{DOMAIN}"}
     kinds = [a.kind for a in plan(machines, power, [], Settings(domain=DOMAIN))]
     assert MOVE_POOL in kinds and CREATE_POOL not in kinds
 
@@ -456,7 +514,7 @@ def test_duplicate_claims_are_reported_by_namespace_then_vm():
     machines, power = [], {}
     for index, (vm, namespace) in enumerate(claims * 2):
         machines.append(plan_machine(f"m{index}"))
-        power[f"m{index}"] = f"https://{vm}.{namespace}.{DOMAIN}/redfish/v1/Systems/1"
+        power[f"m{index}"] = f"{vm}.{namespace}.{DOMAIN}"
     reported = [(a.namespace, a.vm) for a in plan(machines, power, [], Settings(domain=DOMAIN))
                 if a.kind == DUPLICATE]
     assert reported == [("alpha", "b"), ("alpha", "z"), ("beta", "a")]
@@ -467,8 +525,8 @@ def test_what_is_left_alone_is_said_with_the_value_it_keeps(commission):
     """Skips keep before == after (the rename, the operator's pool, the wait to commission)."""
     held = dict(plan_machine("m1", pool="ops", status="New"), hostname="random", tag_names=["kubevirt-approved"])
     untagged = dict(plan_machine("m2", pool="vms", status="New"), hostname="web2-vms")
-    power = {"m1": Power(f"https://web1.vms.{DOMAIN}/redfish/v1/Systems/1", RIGHT),
-             "m2": Power(f"https://web2.vms.{DOMAIN}/redfish/v1/Systems/1", RIGHT)}
+    power = {"m1": Power(f"web1.vms.{DOMAIN}", RIGHT),
+             "m2": Power(f"web2.vms.{DOMAIN}", RIGHT)}
     settings = Settings(domain=DOMAIN, commission=commission, on_hostname_taken="skip")
     first = dict(system_id="m1", hostname="random", vm="web1", namespace="vms")
     second = dict(system_id="m2", hostname="web2-vms", vm="web2", namespace="vms")
@@ -491,7 +549,7 @@ def test_what_is_left_alone_is_said_with_the_value_it_keeps(commission):
 
 def test_a_machine_new_by_its_status_code_alone_is_commissioned_from_new():
     machine = {k: v for k, v in plan_machine("m1", status="New").items() if k != "status_name"}
-    power = {"m1": Power(f"https://web1.vms.{DOMAIN}/redfish/v1/Systems/1", RIGHT)}
+    power = {"m1": Power(f"web1.vms.{DOMAIN}", RIGHT)}
     (commission,) = [a for a in plan([machine], power, [], Settings(domain=DOMAIN)) if a.kind == COMMISSION]
     assert (commission.before, commission.after) == ("New", "Commissioning")
 
@@ -505,7 +563,8 @@ def populate_double(double, machines, power):
     for machine in machines:
         sid, params = machine["system_id"], power.get(machine["system_id"])
         address = params.address if params else None
-        parsed = identity.parse_redfish_address(address, DOMAIN) if params else None
+        parsed = (identity.parse_redfish_address(address, DOMAIN)
+                  or identity.suspect_identity(address, DOMAIN)) if params else None
         stored = {RIGHT: identity.bmc_password(SEED, identity.format_serial(*parsed)) if parsed else "pw-S3CRET-x",
                   PLACEHOLDER: identity.PLACEHOLDER_PASSWORD, "unset": "",
                   "other": f"pw-{sid}-S3CRET"}[params.password] if params else "pw-S3CRET-none"
@@ -545,14 +604,17 @@ def run_cycles(tmp_path, inventory, echo):
                 double.add_pool(name)
         values = write_values(tmp_path, double, commission=settings.commission,
                               on_hostname_taken=settings.on_hostname_taken)
-        ours = {sid for sid, m in double.machines.items() if m["power_type"] == "redfish"
-                and identity.parse_redfish_address(double.power[sid].get("power_address"), DOMAIN)}
+        redfish = {sid for sid, m in double.machines.items() if m["power_type"] == "redfish"}
+        ours = {sid for sid in redfish if identity.parse_redfish_address(double.power[sid].get("power_address"), DOMAIN)}
+        dressed = {sid: claimed for sid in redfish
+                   if (claimed := identity.suspect_identity(double.power[sid].get("power_address"), DOMAIN))}
         claims = Counter(identity.parse_redfish_address(double.power[sid]["power_address"], DOMAIN)
                          for sid in ours)
-        untouchable = {sid for sid in double.machines if sid not in ours} | {
-            sid for sid in ours
-            if claims[identity.parse_redfish_address(double.power[sid]["power_address"], DOMAIN)] > 1}
-        before = copy.deepcopy({sid: double.power[sid] for sid in untouchable})
+        twice = {sid for sid in ours
+                 if claims[identity.parse_redfish_address(double.power[sid]["power_address"], DOMAIN)] > 1}
+        foreign = {sid for sid in double.machines if sid not in ours and sid not in dressed}
+        exposed = twice | set(dressed)
+        before = copy.deepcopy({sid: double.power[sid] for sid in foreign | exposed})
         if echo:  # a MAAS that repeats the request in its error: the password must not get out
             double.inject("echo", method="PUT", count=3)
         outputs = []
@@ -563,9 +625,20 @@ def run_cycles(tmp_path, inventory, echo):
                 cli.main(["--values", str(values), *command])
             outputs.append(capture.text)
         audit_log = (tmp_path / "audit.log").read_text() if (tmp_path / "audit.log").exists() else ""
-        assert {sid: double.power[sid] for sid in untouchable} == before
-        touched = {w[1] for w in double.writes if w[1] in double.machines}
-        assert not touched & untouchable
+        # Machines that name no VM are never touched.
+        assert {sid: double.power[sid] for sid in foreign} == {sid: before[sid] for sid in foreign}
+        assert not {w[1] for w in double.writes} & foreign
+        # A suspect or a duplicate claimant ends without its derived password, and is given nothing else.
+        for sid in exposed:
+            vm, namespace = dressed.get(sid) or identity.parse_redfish_address(before[sid]["power_address"], DOMAIN)
+            held = before[sid].get("power_pass") == derived(vm, namespace)
+            expected = {**before[sid], "power_pass": identity.PLACEHOLDER_PASSWORD} if held else before[sid]
+            if echo and held and double.power[sid] == before[sid]:
+                continue  # the reset PUTs were refused (echo): tried again next cycle
+            assert double.power[sid] == expected
+        for method, sid, fields in double.writes:
+            if sid in exposed:
+                assert (method, set(fields)) == ("PUT", {"power_parameters_power_pass"})
         assert_no_secrets(double, *outputs, audit_log)
 
 

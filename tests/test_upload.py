@@ -14,7 +14,7 @@ from maas_double import RESERVED_ADMIN, MaasDouble  # noqa: E402
 from reconcile_helpers import Args, audit_records, values_for  # noqa: E402
 
 from maas_kubevirt import maas, upload  # noqa: E402
-from maas_kubevirt.maas import MAASAuthError, MAASClient, MAASError, RetryPolicy, Signer  # noqa: E402
+from maas_kubevirt.maas import MAASClient, MAASError, RetryPolicy, Signer  # noqa: E402
 from maas_kubevirt.paths import SCRIPT_NAME, data_dir  # noqa: E402
 from maas_kubevirt.render import render  # noqa: E402
 from maas_kubevirt.values import ValuesError  # noqa: E402
@@ -163,7 +163,7 @@ def test_not_admin_gets_maas_message_and_exit_2(tmp_path, double, capsys):
     double.admin = False
     code, out, err = upload_cli(capsys, values, script)
     assert code == 2
-    assert f"POST scripts/: 403: {RESERVED_ADMIN} (the API key's user is not a MAAS administrator)" in err
+    assert f"POST scripts/: 403: {RESERVED_ADMIN} (the API key's user lacks permission" in err
 
 
 # --- what upload-script refuses before it asks MAAS anything ---------------------------------
@@ -269,7 +269,7 @@ def test_double_put_ignores_embedded_tags_and_timeout(double):
 
 def test_double_script_writes_are_admin_only(double):
     double.admin = False
-    with pytest.raises(MAASAuthError) as caught:
+    with pytest.raises(maas.MAASForbidden) as caught:
         client_of(double).create_script(SCRIPT_NAME, OTHER)
     assert caught.value.status == 403 and RESERVED_ADMIN in str(caught.value)
     assert client_of(double).script(SCRIPT_NAME) is None  # reading is not admin-only

@@ -32,7 +32,8 @@ class Audit:
         self.warned = False
 
     def write(self, action: str, system_id: str | None, hostname: str | None,
-              before: Any, after: Any, outcome: str, reason: str = "", note: str = "") -> dict:
+              before: Any, after: Any, outcome: str, reason: str = "", note: str = "",
+              **extra: Any) -> dict:
         record = {
             "time": _now(),
             "system_id": system_id,
@@ -46,6 +47,7 @@ class Audit:
             record["reason"] = reason
         if note:
             record["note"] = note
+        record.update(extra)
         line = json.dumps(record, sort_keys=False)
         print(line, file=sys.stdout, flush=True)
         if self.path:
@@ -57,10 +59,35 @@ class Audit:
                     self.warned = True
         return record
 
-    def record(self, action: Any, outcome: str, reason: str = "") -> dict:
-        """The audit record of one attempted reconciler action."""
+    def record(self, action: Any, outcome: str, reason: str = "", **extra: Any) -> dict:
+        """The audit record of one attempted reconciler action (extra: e.g. a backoff's retry_at)."""
         return self.write(action.kind, action.system_id, action.hostname, action.before, action.after,
-                          outcome, reason, action.note)
+                          outcome, reason, action.note, **extra)
+
+    def read(self) -> list[dict]:
+        """The records in maas.audit_log, oldest first ([] without one)."""
+        return self.read_file(self.path) if self.path else []
+
+    @staticmethod
+    def read_file(path: str, limit: int = 4 * 2**20) -> list[dict]:
+        """The JSON records in the last ``limit`` bytes of an audit log, oldest first; [] if unreadable."""
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(0, os.SEEK_END)
+                size = handle.tell()
+                handle.seek(max(0, size - limit))
+                lines = handle.read().splitlines()[1 if size > limit else 0:]
+        except OSError:
+            return []
+        records = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+        return records
 
     def _append(self, data: bytes) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)

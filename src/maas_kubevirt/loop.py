@@ -58,6 +58,9 @@ def main(values: dict, args: Any) -> int:
     audit = Audit("" if dry_run else values["maas"].get("audit_log", ""))
     client = client_from_values(values, warn, stop)
     reconciler = Reconciler(client, settings, audit, stop, passwords=passwords)
+    # What a restart would forget (commission backoffs, suspects reported), from maas.audit_log.
+    audit_log = values["maas"].get("audit_log", "")
+    reconciler.restore(Audit.read_file(audit_log) if audit_log else [])
     try:
         with _Signals(stop):
             while True:

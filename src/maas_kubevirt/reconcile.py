@@ -1,25 +1,33 @@
-"""The reconciler: MAAS machines whose Redfish power address is ``<vm>.<namespace>.<domain>``
-get their BMC password (derived from the seed), are renamed ``<vm>-<namespace>``, filed in the
-pool ``<namespace>`` and, in New and with the password in place, commissioned.
+"""The reconciler: MAAS machines whose Redfish power address is exactly the bare host
+``<vm>.<namespace>.<domain>`` get their BMC password (derived from the seed), are renamed
+``<vm>-<namespace>``, filed in the pool ``<namespace>`` and, in New and with the password in
+place, commissioned.
 
-- ``plan(machines, power, pools, settings, taken)`` is pure: it returns the actions. ``power``
-  holds per machine only its address and whether its password is right (``Power``), never a
-  password; ``taken``: hostnames other nodes hold, devices and controllers included.
-- ``apply(client, actions, audit, stop, passwords)`` carries them out one by one; each change
-  is one JSON audit record, a 400 because MAAS moved the machine on is a skip, and a machine
-  whose password could not be set is not commissioned.
+- ``plan(machines, power, pools, settings, taken, waiting)`` is pure: it returns the actions.
+  ``power`` holds per machine only its address and whether its password is right (``Power``),
+  never a password; ``taken``: hostnames other nodes hold, devices and controllers included;
+  ``waiting``: machines whose commission backs off.
+- Fail closed: the password goes only to the sole claimant of an identity whose address is
+  canonical, in the same PUT that writes that address. A look-alike address (a suspect), a
+  duplicate claim, or an address changed after the password was set: a derived password found
+  there is put back to the placeholder (``reset-password``).
+- ``apply(client, actions, audit, stop, passwords, backoff)`` carries them out; a machine's
+  password, rename and pool move are one ``PUT machines/{id}/`` (one at a time when MAAS refuses
+  the whole with a 400); each change is one JSON audit record; a commission MAAS refuses backs
+  that machine off (``Backoff``).
 - ``Reconciler`` runs cycles. A cycle asks MAAS's event log what happened since the last one
-  (``events.py``: two small requests when nothing did) and reads only the machines named there
-  and ours in Commissioning or Testing (``GET machines/?id=``), with their power parameters in
-  one bulk request; a full resync (one ``GET machines/``, every redfish machine's power
-  parameters) runs at start, every ``maas.resync_interval`` and when the log cannot be
-  trusted. The pools are read only when a machine may need moving, ``nodes/?hostname=`` only
-  when a rename may happen; then, only when something is to change, one bulk re-read of the
-  addresses of the machines about to change. An idle cycle costs 2 small requests. A
-  malformed machine record is skipped with one warning; the whole cycle runs within
-  ``maas.cycle_deadline``.
-- Two or more machines claiming one ``<vm>.<namespace>``: none of them is touched, and one
-  audit record names them all each time that set changes.
+  (``events.py``: two small requests when nothing did) and reads only the machines named there,
+  ours in Commissioning or Testing and those whose backoff ended (``GET machines/?id=``), with
+  their power parameters in one bulk request; a full resync (one ``GET machines/``, every redfish
+  machine's power parameters) runs at start, every ``maas.resync_interval`` and when the log
+  cannot be trusted, and every ``maas.power_check_interval`` one bulk read of our machines' power
+  parameters catches an address edited without an event. The pools are read only when a machine
+  may need moving, ``nodes/?hostname=`` only when a rename may happen; then, only when
+  something is to change, one bulk re-read of the addresses of the machines about to change. An
+  idle cycle costs 2 small requests. A malformed machine record is skipped with one warning; the
+  whole cycle runs within ``maas.cycle_deadline``.
+- Two or more machines claiming one ``<vm>.<namespace>``: none of them gets anything, and one
+  audit record names them all each time that set changes; a suspect likewise, once per address.
 
 The commands that run it live elsewhere: ``loop`` (reconcile), ``status``.
 """
@@ -27,8 +35,10 @@ The commands that run it live elsewhere: ``loop`` (reconcile), ``status``.
 from __future__ import annotations
 
 import hmac
+import math
 import threading
 import time
+from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -41,6 +51,7 @@ from maas_kubevirt.maas import (
     MAASError,
     MAASVersionError,
     check_version,
+    valid_system_id,
 )
 
 
@@ -48,11 +59,18 @@ DEFAULT_POOL = "default"
 DEFAULT_POOL_ID = 0
 NEW = "New"
 
-# The kinds of action that change MAAS; "skip" and "duplicate-claim" only explain.
-CREATE_POOL, SET_PASSWORD, RENAME, MOVE_POOL, COMMISSION = (
-    "create-pool", "set-password", "rename", "move-pool", "commission")
-SKIP, DUPLICATE = "skip", "duplicate-claim"
-CHANGES = (CREATE_POOL, SET_PASSWORD, RENAME, MOVE_POOL, COMMISSION)
+# The kinds of action that change MAAS; "skip", "duplicate-claim" and "suspect-address" only explain.
+CREATE_POOL, SET_PASSWORD, RESET_PASSWORD, RENAME, MOVE_POOL, COMMISSION = (
+    "create-pool", "set-password", "reset-password", "rename", "move-pool", "commission")
+SKIP, DUPLICATE, SUSPECT = "skip", "duplicate-claim", "suspect-address"
+CHANGES = (CREATE_POOL, SET_PASSWORD, RESET_PASSWORD, RENAME, MOVE_POOL, COMMISSION)
+# What one PUT machines/{id}/ carries together: MAAS's form is all or nothing
+# (src/maasserver/api/machines.py update, AdminMachineForm), so the password is never stored
+# beside an address the reconciler did not write.
+UPDATES = (SET_PASSWORD, RENAME, MOVE_POOL)
+
+# A commission MAAS refused waits one interval, then twice as long each time, at most this.
+MAX_BACKOFF = 3600.0
 
 # Statuses in which a commissioning script may write the power parameters again.
 REREAD_STATUSES = ("Commissioning", "Testing")
@@ -73,6 +91,10 @@ class Settings:
     cycle_deadline: float | None = None  # seconds a whole cycle may take (None: no limit)
     # seconds between full resyncs; None: list every machine in every cycle (no event log)
     resync_interval: float | None = events.DEFAULT_RESYNC_INTERVAL
+    interval: float = 60.0               # seconds between cycles: the first commission backoff
+    # seconds between bulk re-reads of our machines' power parameters, which catch an address
+    # edited by the API or the metadata API (MAAS records no event for either)
+    power_check_interval: float = 600.0
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any]) -> "Settings":
@@ -84,6 +106,8 @@ class Settings:
             on_hostname_taken=maas["on_hostname_taken"],
             cycle_deadline=maas["cycle_deadline"],
             resync_interval=maas["resync_interval"],
+            interval=maas["interval"],
+            power_check_interval=maas.get("power_check_interval", 600),
         )
 
 
@@ -97,6 +121,9 @@ class Action:
     before: str | None = None
     after: str | None = None
     note: str = ""
+    # set-password only: the canonical address written in the same PUT as the password (it
+    # follows from vm, namespace and the domain, so it takes no part in comparisons).
+    address: str | None = field(default=None, compare=False)
 
     @property
     def changes(self) -> bool:
@@ -105,9 +132,13 @@ class Action:
 
 @dataclass(frozen=True)
 class Match:
+    """A redfish machine whose power address names ``<vm>.<namespace>``: exactly (canonical),
+    or as a look-alike (a suspect, never trusted with a password)."""
+
     machine: Mapping[str, Any]
     vm: str
     namespace: str
+    canonical: bool = True
 
 
 @dataclass(frozen=True)
@@ -117,6 +148,17 @@ class Power:
 
     address: str | None
     password: str = UNKNOWN
+    # The identity whose derived password the machine still holds although its address no
+    # longer names it (the address changed after the password was set).
+    held: tuple[str, str] | None = None
+
+
+def claim_of(address: Any, domain: str) -> tuple[tuple[str, str] | None, bool]:
+    """(the identity an address names, whether it names it canonically)."""
+    canonical = identity.parse_redfish_address(address, domain)
+    if canonical is not None:
+        return canonical, True
+    return identity.suspect_identity(address, domain), False
 
 
 class Passwords:
@@ -131,24 +173,31 @@ class Passwords:
     def password(self, vm: str, namespace: str) -> str:
         return identity.bmc_password(self._seed, identity.format_serial(vm, namespace))
 
-    def judge(self, parameters: Mapping[str, Any], domain: str) -> Power:
+    def judge(self, parameters: Mapping[str, Any], domain: str,
+              previous: tuple[str, str] | None = None) -> Power:
         """Reduce one machine's power parameters to a Power at once.
 
-        The password is compared in constant time, and only for a machine that is ours.
+        The password is compared in constant time with the derived password of the identity
+        the address names (canonically or as a suspect), and of ``previous``, the identity it
+        named before, when it names no other now.
         """
         address = parameters.get("power_address")
         address = address if isinstance(address, str) else None
-        parsed = identity.parse_redfish_address(address, domain)
-        if parsed is None:
-            return Power(address)
+        claimed, _ = claim_of(address, domain)
         stored = parameters.get("power_pass")
         stored = stored if isinstance(stored, str) else ""
-        derived = self.password(*parsed)
-        if hmac.compare_digest(stored.encode("utf-8"), derived.encode("utf-8")):
+        if claimed is None:
+            if previous is not None and stored and self.matches(stored, *previous):
+                return Power(address, UNKNOWN, held=previous)
+            return Power(address)
+        if self.matches(stored, *claimed):
             return Power(address, RIGHT)
         if not stored:
             return Power(address, UNSET)
         return Power(address, PLACEHOLDER if stored == identity.PLACEHOLDER_PASSWORD else OTHER)
+
+    def matches(self, stored: str, vm: str, namespace: str) -> bool:
+        return hmac.compare_digest(stored.encode("utf-8"), self.password(vm, namespace).encode("utf-8"))
 
 
 def _address(parameters: Any) -> Any:
@@ -190,7 +239,8 @@ def machine_problem(machine: Any) -> str | None:
     if not isinstance(machine, Mapping):
         return "not an object"
     checks = (
-        ("system_id", lambda v: isinstance(v, str) and v != ""),
+        # As MAAS makes them: anything else would go into a URL path (x/../../machines/<other>).
+        ("system_id", valid_system_id),
         ("hostname", lambda v: isinstance(v, str)),
         ("power_type", lambda v: isinstance(v, str)),
         ("status_name", lambda v: isinstance(v, str)),
@@ -204,9 +254,9 @@ def machine_problem(machine: Any) -> str | None:
 
 
 def names_to_check(matches: Iterable[Match]) -> set[str]:
-    """The names a rename might take: each matching machine not yet on its primary or fallback."""
+    """The names a rename might take: each trusted machine not yet on its primary or fallback."""
     names: set[str] = set()
-    for match in matches:
+    for match in trusted(matches):
         hostname = match.machine.get("hostname")
         primary = identity.maas_hostname(match.vm, match.namespace)
         fallback = identity.fallback_hostname(match.vm, match.namespace)
@@ -218,7 +268,8 @@ def names_to_check(matches: Iterable[Match]) -> set[str]:
 def matching(
     machines: Iterable[Mapping[str, Any]], power_parameters: Mapping[str, Any], domain: str
 ) -> list[Match]:
-    """The machines that are ours: power_type redfish and power_address <vm>.<namespace>.<domain>."""
+    """The redfish machines whose power address names a ``<vm>.<namespace>``: the canonical
+    bare host ``<vm>.<namespace>.<domain>``, or a look-alike of it (a suspect)."""
     found = []
     for machine in machines:
         if machine.get("power_type") != "redfish":
@@ -226,17 +277,20 @@ def matching(
         system_id = machine.get("system_id")
         if not isinstance(system_id, str) or system_id not in power_parameters:
             continue
-        parsed = identity.parse_redfish_address(_address(power_parameters[system_id]), domain)
-        if parsed is not None:
-            found.append(Match(machine, *parsed))
+        claimed, canonical = claim_of(_address(power_parameters[system_id]), domain)
+        if claimed is not None:
+            found.append(Match(machine, *claimed, canonical=canonical))
     found.sort(key=lambda m: (m.namespace, m.vm, m.machine["system_id"]))
     return found
 
 
 def claims(matches: Iterable[Match]) -> tuple[list[Match], dict[tuple[str, str], list[Match]]]:
-    """(sole claimants, (vm, namespace) -> the machines claiming it when two or more do)."""
+    """(sole claimants, (vm, namespace) -> the machines claiming it when two or more do), among
+    the canonical addresses: a suspect never gets a password anyway, so it blocks no one."""
     by_identity: dict[tuple[str, str], list[Match]] = {}
     for match in matches:
+        if not match.canonical:
+            continue
         by_identity.setdefault((match.vm, match.namespace), []).append(match)
     sole = [group[0] for group in by_identity.values() if len(group) == 1]
     return sole, {key: group for key, group in by_identity.items() if len(group) > 1}
@@ -248,11 +302,22 @@ def duplicate_note(vm: str, namespace: str, group: Sequence[Match]) -> str:
             "password, rename, pool or commission until only one claims it")
 
 
+def suspect_note(match: Match, address: Any, domain: str) -> str:
+    canonical = identity.redfish_host(match.vm, match.namespace, domain)
+    return (f"power address {address!a} is not the bare host {canonical}: no password, rename, pool or "
+            "commission (MAAS would send the password where it points)")
+
+
+def trusted(matches: Iterable[Match]) -> list[Match]:
+    """The canonical sole claimants: the only machines that get a password, name, pool or commission."""
+    return claims(matches)[0]
+
+
 def needs_pools(matches: Iterable[Match]) -> bool:
-    """Whether any matching machine may be moved (so the pool list is worth a request)."""
+    """Whether any trusted machine may be moved (so the pool list is worth a request)."""
     return any(
         pool_of(m.machine)[0] != identity.pool_name(m.namespace) and in_default_pool(m.machine)
-        for m in matches
+        for m in trusted(matches)
     )
 
 
@@ -342,6 +407,7 @@ def plan(
     pools: Iterable[Any],
     settings: Settings,
     taken: Mapping[str, str] | None = None,
+    waiting: Mapping[str, str] | None = None,
 ) -> list[Action]:
     """The actions that bring the matching machines to their password, name, pool and commissioning.
 
@@ -349,13 +415,20 @@ def plan(
     tag_names). power_parameters: system_id -> Power (or a bare address, or a mapping holding
     it: the password is then unknown, so it is set); machines without an entry are not ours.
     pools: pool names or objects with a name. taken: hostname -> system_id of other nodes
-    holding names (``GET nodes/?hostname=``). Order: duplicate claims, pool creations, then
-    each machine's actions (password first, commission last), machines in the order their
-    renames must happen (one that frees a name before the one that takes it).
+    holding names (``GET nodes/?hostname=``). waiting: system_id -> why its commission waits
+    (a backoff after MAAS refused one). Order: duplicate claims and suspects, password resets,
+    pool creations, then each trusted machine's actions (password first, commission last),
+    machines in the order their renames must happen (one that frees a name before the one that
+    takes it).
+
+    Fail closed: a password goes only to the sole claimant of an identity whose address is the
+    canonical bare host; every other machine found holding a derived password gets the
+    placeholder back.
     """
     existing = {p.get("name") if isinstance(p, Mapping) else p for p in pools}
     existing |= {pool_of(m)[0] for m in machines}
-    matches, duplicates = claims(matching(machines, power_parameters, settings.domain))
+    claimants = matching(machines, power_parameters, settings.domain)
+    matches, duplicates = claims(claimants)
     order, renames, rename_skips = assign_hostnames(machines, matches, settings.on_hostname_taken, taken)
     rank = {system_id: index for index, system_id in enumerate(order)}
     matches = sorted(matches, key=lambda m: rank.get(str(m.machine["system_id"]), len(rank)))
@@ -365,19 +438,56 @@ def plan(
                note=duplicate_note(vm, namespace, group))
         for (vm, namespace), group in duplicates.items()  # in matching's order: namespace, then vm
     ]
+    resets: list[Action] = []
+
+    def reset(machine: Mapping[str, Any], vm: str, namespace: str, reason: str) -> None:
+        resets.append(Action(RESET_PASSWORD, str(machine["system_id"]), machine.get("hostname"), vm, namespace,
+                             before=DERIVED, after=PLACEHOLDER, note=reason))
+
+    for (vm, namespace), group in duplicates.items():
+        for match in group:
+            if _password(power_parameters[match.machine["system_id"]]) == RIGHT:
+                reset(match.machine, vm, namespace, f"duplicate claim: {vm}.{namespace} is claimed by "
+                      f"{len(group)} machines")
+    for match in claimants:
+        if match.canonical:
+            continue
+        system_id = str(match.machine["system_id"])
+        address = _address(power_parameters[system_id])
+        reported.append(Action(SUSPECT, system_id, match.machine.get("hostname"), match.vm, match.namespace,
+                               before=address, note=suspect_note(match, address, settings.domain)))
+        if _password(power_parameters[system_id]) == RIGHT:
+            reset(match.machine, match.vm, match.namespace,
+                  f"suspect address {address!a} imitates {match.vm}.{match.namespace}")
+    claimed = {m.machine["system_id"] for m in claimants}
+    for machine in machines:
+        power = power_parameters.get(machine.get("system_id"))
+        held = power.held if isinstance(power, Power) else None
+        if held is not None and machine["system_id"] not in claimed and machine.get("power_type") == "redfish":
+            reset(machine, *held, f"power address changed to {power.address!a}, which no longer names "
+                  f"{held[0]}.{held[1]}")
+
     created: list[Action] = []
     actions: list[Action] = []
-
     for match in matches:
         machine, vm, namespace = match.machine, match.vm, match.namespace
         system_id = str(machine["system_id"])
         hostname = machine.get("hostname")
         common = dict(system_id=system_id, hostname=hostname, vm=vm, namespace=namespace)
+        tags = machine.get("tag_names")
+        approved = isinstance(tags, list) and settings.approval_tag in tags
 
-        # Password: the derived one, whatever the status (a seed rotation resets them all).
+        # Password: the derived one, whatever the status (a seed rotation resets them all), with
+        # the canonical address in the same PUT; under maas.commission: approved, once approved.
         password = _password(power_parameters[system_id])
         if password != RIGHT:
-            actions.append(Action(SET_PASSWORD, before=password, after=DERIVED, **common))
+            if settings.commission == "approved" and not approved:
+                actions.append(Action(SKIP, before=password, after=password, note=(
+                    f"password: waiting for the tag {settings.approval_tag} (maas.commission: approved)"),
+                    **common))
+            else:
+                actions.append(Action(SET_PASSWORD, before=password, after=DERIVED,
+                                      address=identity.redfish_host(vm, namespace, settings.domain), **common))
 
         # Hostname: the primary name, else (when held) the fallback or a skip; never fight.
         if system_id in renames:
@@ -402,24 +512,22 @@ def plan(
                     note=f"pool: in {current!r}, filed by an operator: left there", **common,
                 ))
 
-        # Commission: only in New, and only as maas.commission allows.
+        # Commission: only in New, as maas.commission allows, and not while backing off.
         if is_new(machine):
-            if settings.commission == "auto":
-                actions.append(Action(COMMISSION, before=NEW, after="Commissioning", **common))
-            elif settings.commission == "approved":
-                tags = machine.get("tag_names")
-                if isinstance(tags, list) and settings.approval_tag in tags:
-                    actions.append(Action(COMMISSION, before=NEW, after="Commissioning",
-                                          note=f"tagged {settings.approval_tag}", **common))
-                else:
-                    actions.append(Action(
-                        SKIP, before=NEW, after=NEW,
-                        note=f"commission: waiting for the tag {settings.approval_tag}", **common,
-                    ))
-            else:
+            if settings.commission == "never":
                 actions.append(Action(SKIP, before=NEW, after=NEW,
                                       note="commission: maas.commission is never", **common))
-    return reported + created + actions
+            elif settings.commission == "approved" and not approved:
+                actions.append(Action(
+                    SKIP, before=NEW, after=NEW,
+                    note=f"commission: waiting for the tag {settings.approval_tag}", **common,
+                ))
+            elif waiting and system_id in waiting:
+                actions.append(Action(SKIP, before=NEW, after=NEW, note=waiting[system_id], **common))
+            else:
+                note = f"tagged {settings.approval_tag}" if settings.commission == "approved" else ""
+                actions.append(Action(COMMISSION, before=NEW, after="Commissioning", note=note, **common))
+    return reported + resets + created + actions
 
 
 # --- apply ----------------------------------------------------------------------------------
@@ -435,8 +543,11 @@ class Outcome:
 
 
 def _classify(action: Action, failure: MAASError) -> str:
-    """"skipped" when MAAS moved on (the next cycle re-plans), else "failed"."""
-    if failure.status == 404 or (action.kind == SET_PASSWORD and failure.status == 409):
+    """"skipped" when MAAS moved on (the next cycle re-plans), "unknown" when the request may have
+    been carried out (the next cycle reads it back), else "failed"."""
+    if failure.in_flight:
+        return "unknown"
+    if failure.status == 404 or (action.kind in (SET_PASSWORD, RESET_PASSWORD) and failure.status == 409):
         return "skipped"
     if action.kind in (COMMISSION, RENAME) and failure.status in (400, 409):
         return "skipped"
@@ -445,71 +556,190 @@ def _classify(action: Action, failure: MAASError) -> str:
     return "failed"
 
 
-def _perform(client: MAASClient, action: Action, passwords: Passwords | None) -> None:
+def _fields(action: Action, passwords: Passwords | None) -> tuple[dict[str, str], tuple[str, ...]]:
+    """The PUT machines/{id}/ fields of one update, and the secret among them (never shown)."""
     if action.kind == SET_PASSWORD:
         if passwords is None:
             raise ValueError("set-password needs the seed: pass apply(..., passwords=Passwords(seed))")
-        client.set_power_pass(action.system_id, passwords.password(action.vm, action.namespace))
+        if not action.address:
+            raise ValueError("set-password needs the canonical address it is written with")
+        password = passwords.password(action.vm, action.namespace)
+        return {"power_parameters_power_address": action.address,
+                "power_parameters_power_pass": password}, (password,)
+    if action.kind == RENAME:
+        return {"hostname": action.after}, ()
+    return {"pool": action.after}, ()
+
+
+def _perform(client: MAASClient, actions: Sequence[Action], passwords: Passwords | None) -> None:
+    """One request: one of each kind, or the password, rename and pool move of one machine together."""
+    action = actions[0]
+    if action.kind in UPDATES:
+        fields: dict[str, str] = {}
+        secrets: tuple[str, ...] = ()
+        for each in actions:
+            more, hidden = _fields(each, passwords)
+            fields.update(more)
+            secrets += hidden
+        client.update_machine(action.system_id, hide=secrets, **fields)
+    elif action.kind == RESET_PASSWORD:
+        client.update_machine(action.system_id, power_parameters_power_pass=identity.PLACEHOLDER_PASSWORD)
     elif action.kind == CREATE_POOL:
         client.create_pool(action.after, f"KubeVirt VMs of namespace {action.namespace} (maas-kubevirt)")
-    elif action.kind == RENAME:
-        client.update_machine(action.system_id, hostname=action.after)
-    elif action.kind == MOVE_POOL:
-        client.update_machine(action.system_id, pool=action.after)
     elif action.kind == COMMISSION:
         client.commission(action.system_id, skip_bmc_config=True)
     else:  # pragma: no cover - plan makes no other kind that changes
         raise ValueError(f"unknown action {action.kind}")
 
 
-def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
-          stop: threading.Event | None = None, passwords: Passwords | None = None) -> Outcome:
-    """Carry out each changing action; one audit record per attempted change.
+@dataclass(frozen=True)
+class Wait:
+    """A commission MAAS refused: how many times in a row, the next attempt's time, and why."""
 
-    Each is independent, except that a move waits for its pool and a commission for its
-    machine's password: one whose password was not set this cycle is skipped.
+    failures: int
+    until: float        # time.time()
+    reason: str
+
+    def note(self) -> str:
+        return (f"commission: waiting until {_wall(self.until)} after {self.failures} refused "
+                f"attempt(s): {self.reason}")
+
+
+def _wall(seconds: float) -> str:
+    """A time in UTC to the second, rounded up: a wait read back from it is never shorter."""
+    return datetime.fromtimestamp(math.ceil(seconds), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Backoff:
+    """Per machine, commissions MAAS refused: the next waits one interval, then twice as long each
+    time, at most MAX_BACKOFF. MAAS reverts such a machine to New and records a status event, so
+    without this every cycle would commission it again."""
+
+    def __init__(self, interval: float, maximum: float = MAX_BACKOFF, clock: Callable[[], float] = time.time):
+        self.interval = float(interval)
+        self.maximum = float(maximum)
+        self.clock = clock
+        self.waits: dict[str, Wait] = {}
+
+    def failed(self, system_id: str, reason: str) -> Wait:
+        failures = self.waits[system_id].failures + 1 if system_id in self.waits else 1
+        delay = min(self.interval * 2 ** (failures - 1), self.maximum)
+        self.waits[system_id] = Wait(failures, self.clock() + delay, reason)
+        return self.waits[system_id]
+
+    def clear(self, system_id: str) -> None:
+        self.waits.pop(system_id, None)
+
+    def waiting(self) -> dict[str, str]:
+        """system_id -> why its commission waits, for the machines still inside their wait."""
+        now = self.clock()
+        return {sid: wait.note() for sid, wait in self.waits.items() if wait.until > now}
+
+    def due(self) -> set[str]:
+        """The machines whose wait is over: nothing MAAS records says so, so they are read again."""
+        now = self.clock()
+        return {sid for sid, wait in self.waits.items() if wait.until <= now}
+
+    def restore(self, records: Iterable[Mapping[str, Any]]) -> None:
+        """Take the waits back from earlier audit records (oldest first), so a restart keeps them."""
+        for record in records:
+            system_id = record.get("system_id")
+            if record.get("action") != COMMISSION or not isinstance(system_id, str):
+                continue
+            until, failures = record.get("retry_at"), record.get("failures")
+            if record.get("outcome") == "ok":
+                self.clear(system_id)
+            elif isinstance(until, str) and isinstance(failures, int) and failures > 0:
+                try:
+                    when = datetime.strptime(until, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+                except ValueError:
+                    continue
+                self.waits[system_id] = Wait(failures, when.timestamp(), str(record.get("reason", "")))
+
+
+def _batches(actions: Sequence[Action]) -> list[list[Action]]:
+    """The changing actions in order, a machine's consecutive password, rename and pool move as one."""
+    batches: list[list[Action]] = []
+    for action in actions:
+        if not action.changes:
+            continue
+        last = batches[-1] if batches else None
+        if (last and action.kind in UPDATES and last[-1].kind in UPDATES
+                and last[-1].system_id == action.system_id):
+            last.append(action)
+        else:
+            batches.append([action])
+    return batches
+
+
+def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
+          stop: threading.Event | None = None, passwords: Passwords | None = None,
+          backoff: Backoff | None = None) -> Outcome:
+    """Carry out the changing actions; one audit record per attempted change.
+
+    A machine's password, rename and pool move go in one PUT; when MAAS refuses it (400) each is
+    sent on its own, so that a taken name never holds back the password. A move waits for its
+    pool and a commission for its machine's password. A commission MAAS refuses starts or
+    lengthens that machine's backoff, named in its audit record.
     """
     outcome = Outcome()
     failed_pools: set[str] = set()
     no_password: set[str | None] = set()
-    for action in actions:
-        if not action.changes:
-            continue
-        if stop is not None and stop.is_set():
-            outcome.interrupted = True
-            break
-        if action.kind == MOVE_POOL and action.after in failed_pools:
-            audit.record(action, "failed", f"the pool {action.after} could not be created")
-            outcome.failed += 1
-            continue
-        if action.kind == COMMISSION and action.system_id in no_password:
-            audit.record(action, "skipped", "the BMC password is not in place: not commissioned")
+
+    def record(action: Action, result: str, reason: str = "") -> None:
+        if result == "ok":
+            outcome.ok += 1
+            outcome.done.append(action)
+        elif result == "skipped":
             outcome.skipped += 1
-            continue
+        else:
+            outcome.failed += 1
+        if action.kind == SET_PASSWORD and result != "ok":
+            no_password.add(action.system_id)
+        if action.kind == CREATE_POOL and result == "failed":
+            failed_pools.add(action.after)
+        if action.kind == COMMISSION and backoff is not None:
+            if result == "ok":
+                backoff.clear(action.system_id)
+            elif result in ("failed", "unknown"):
+                wait = backoff.failed(action.system_id, reason)
+                audit.record(action, result, reason, retry_at=_wall(wait.until), failures=wait.failures)
+                return
+        audit.record(action, result, reason)
+
+    def send(batch: list[Action]) -> bool:
+        """Carry out one batch; False when the cycle must stop (a signal, the deadline)."""
         try:
-            _perform(client, action, passwords)
+            _perform(client, batch, passwords)
         except MAASAuthError:
             raise
         except MAASError as failure:
+            if len(batch) > 1 and failure.status == 400:
+                return all(send([action]) for action in batch)
             stopped = failure.kind in ("interrupted", "deadline")  # every later request fails alike
-            # Abandoned after it was sent: MAAS may have made the change; the next cycle re-reads.
-            result = ("unknown" if failure.in_flight else "failed") if stopped else _classify(action, failure)
-            if action.kind == CREATE_POOL and result == "failed":
-                failed_pools.add(action.after)
-            if action.kind == SET_PASSWORD:
-                no_password.add(action.system_id)
-            audit.record(action, result, str(failure))
-            if result == "skipped":
-                outcome.skipped += 1
+            for action in batch:
+                record(action, ("unknown" if failure.in_flight else "failed") if stopped
+                       else _classify(action, failure), str(failure))
+            return not stopped
+        for action in batch:
+            record(action, "ok")
+        return True
+
+    for batch in _batches(list(actions)):
+        if stop is not None and stop.is_set():
+            outcome.interrupted = True
+            break
+        ready = []
+        for action in batch:
+            if action.kind == MOVE_POOL and action.after in failed_pools:
+                record(action, "failed", f"the pool {action.after} could not be created")
+            elif action.kind == COMMISSION and action.system_id in no_password:
+                record(action, "skipped", "the BMC password is not in place: not commissioned")
             else:
-                outcome.failed += 1
-            if stopped:
-                outcome.interrupted = True
-                break
-        else:
-            audit.record(action, "ok")
-            outcome.ok += 1
-            outcome.done.append(action)
+                ready.append(action)
+        if ready and not send(ready):
+            outcome.interrupted = True
+            break
     return outcome
 
 
@@ -535,12 +765,12 @@ class Reconciler:
     (``events.EventLog``) and reads only the machines named in new events, those it planned
     changes for in the last cycle and those it watches (``watched``); it lists every machine
     at start, every resync_interval seconds and whenever the log cannot be trusted. Without it
-    every cycle lists every machine.
+    every cycle lists every machine and reads every redfish machine's power parameters.
     """
 
     def __init__(self, client: MAASClient, settings: Settings, audit: Audit | None = None,
                  stop: threading.Event | None = None, *, passwords: Passwords,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time):
         self.client = client
         self.settings = settings
         self.passwords = passwords
@@ -558,21 +788,54 @@ class Reconciler:
         self.pending: set[str] = set()
         self.resyncs = 0
         self.partial = False   # whether the last plan saw only some machines (event-driven)
+        self.clock = clock
+        self.backoff = Backoff(settings.interval, clock=wall)
+        self._suspects: dict[str, Any] = {}
+        self.last_power_check: float | None = None
+        self.power_checks = 0
+
+    def restore(self, records: Iterable[Mapping[str, Any]]) -> None:
+        """Take back, from earlier audit records (oldest first), what a restart would forget: the
+        commission backoffs, and which suspect addresses were already reported."""
+        records = list(records)
+        self.backoff.restore(records)
+        for record in records:
+            if record.get("action") == SUSPECT and isinstance(record.get("system_id"), str):
+                self._suspects[record["system_id"]] = record.get("before")
 
     def check_version(self) -> None:
+        """MAAS's version, and that the key is an administrator's, once: either wrong stops the service."""
         if self.version is None:
             version = self.client.version()
             for message in check_version(version):
                 warn(message)
+            self.client.require_administrator()
             self.version = version
 
-    def _judge(self, parameters: Mapping[str, Any]) -> Power:
-        return self.passwords.judge(parameters, self.settings.domain)
+    def _judge(self, parameters: Mapping[str, Any], previous: tuple[str, str] | None = None) -> Power:
+        return self.passwords.judge(parameters, self.settings.domain, previous)
 
     def _ours(self, power: Power) -> bool:
-        return identity.parse_redfish_address(power.address, self.settings.domain) is not None
+        """Whether a machine concerns the reconciler: its address names an identity, or it holds a
+        derived password its address no longer names."""
+        return claim_of(power.address, self.settings.domain)[0] is not None or power.held is not None
 
-    def power_facts(self, machines: Sequence[Mapping[str, Any]], complete: bool = True) -> dict[str, Power]:
+    def read_power(self, system_ids: Iterable[str]) -> dict[str, Power]:
+        """Power of these machines in bulk, each judged against the identity it named before too
+        (so a derived password left behind an address that changed is recognised)."""
+        hints = {}
+        for system_id in system_ids:
+            entry = self.known.get(system_id)
+            if entry is not None:
+                power = entry[1]
+                claimed, canonical = claim_of(power.address, self.settings.domain)
+                before = claimed if canonical and power.password == RIGHT else power.held
+                if before is not None:
+                    hints[system_id] = before
+        return self.client.power_parameters(list(system_ids), self._judge, hints)
+
+    def power_facts(self, machines: Sequence[Mapping[str, Any]], complete: bool = True,
+                    everything: bool = False) -> dict[str, Power]:
         """Power of every redfish machine. One bulk request for those not seen before, whose
         status changed, or that are ours and in Commissioning or Testing.
 
@@ -588,14 +851,14 @@ class Reconciler:
                 continue
             system_id = machine["system_id"]  # a string: every caller passes well_formed records
             status = statuses[system_id] = machine.get("status_name")
-            entry = self.known.get(system_id) if complete else None
+            entry = self.known.get(system_id) if complete and not everything else None
             if entry is not None and entry[0] == status and not (
                     status in REREAD_STATUSES and self._ours(entry[1])):
                 current[system_id] = entry
             else:
                 wanted.append(system_id)
         if wanted:
-            fetched = self.client.power_parameters(wanted, self._judge)  # bulk: one op=power_parameters
+            fetched = self.read_power(wanted)  # bulk: one op=power_parameters
             for system_id in wanted:
                 if system_id in fetched:
                     current[system_id] = (statuses[system_id], fetched[system_id])
@@ -623,9 +886,10 @@ class Reconciler:
                 warn(f"machine {name}: skipped, MAAS sent a malformed record ({problem})")
         return usable
 
-    def observe(self) -> tuple[list[dict], dict[str, Power], list[Match]]:
+    def observe(self, everything: bool = False) -> tuple[list[dict], dict[str, Power], list[Match]]:
+        """Every machine; the power parameters of those new, changed or (everything) all redfish."""
         machines = self.well_formed(self.client.machines())
-        power = self.power_facts(machines)
+        power = self.power_facts(machines, everything=everything)
         return machines, power, matching(machines, power, self.settings.domain)
 
     def watched(self) -> set[str]:
@@ -637,16 +901,36 @@ class Reconciler:
         """
         statuses = set(REREAD_STATUSES) | ({NEW} if self.settings.commission == "approved" else set())
         return {system_id for system_id, (status, power) in self.known.items()
-                if status in statuses and self._ours(power)}
+                if status in statuses and self._ours(power)} | (self.backoff.due() & set(self.known))
+
+    def power_check_due(self) -> bool:
+        if self.last_power_check is None:
+            self.last_power_check = self.clock()
+            return False
+        return self.clock() - self.last_power_check >= self.settings.power_check_interval
+
+    def check_power(self) -> set[str]:
+        """The machines of ours whose power address changed since read: one bulk read of our
+        machines only, every maas.power_check_interval, because MAAS records no event for an API
+        or metadata-API edit of power parameters (src/maasserver/api/machines.py update,
+        src/metadataserver/api.py store_node_power_parameters)."""
+        self.last_power_check = self.clock()
+        self.power_checks += 1
+        ours = sorted(sid for sid, (_, power) in self.known.items() if self._ours(power))
+        if not ours:
+            return set()
+        fresh = self.read_power(ours)
+        return {sid for sid in ours if sid not in fresh or fresh[sid] != self.known[sid][1]}
 
     def make_plan(self) -> list[Action]:
         self.partial = False
-        if self.log is None:
-            return self.plan_for(*self.observe())
+        if self.log is None:  # no event log to follow, nor power checks: every cycle reads it all
+            return self.plan_for(*self.observe(everything=True))
         reason = self.log.resync_due()
         if not reason:
             try:
                 followed = self.log.follow(self.client.events)
+                changed = self.check_power() if self.power_check_due() else set()
             except (MAASAuthError, MAASVersionError):
                 raise
             except MAASError as failure:
@@ -658,7 +942,7 @@ class Reconciler:
                 reason = followed.resync
                 if not reason:
                     self.partial = True
-                    return self.plan_for(*self.observe_changed(followed.system_ids))
+                    return self.plan_for(*self.observe_changed(followed.system_ids | changed))
         return self.resync(reason)
 
     def resync(self, reason: str) -> list[Action]:
@@ -667,8 +951,8 @@ class Reconciler:
         if self.log.reason:  # beyond the schedule: worth a line in the journal
             note(f"full resync: {reason}")
         self.log.begin_resync(self.log.newest(self.client.events))  # before listing: no gap
-        self.known = {}
-        actions = self.plan_for(*self.observe())
+        actions = self.plan_for(*self.observe(everything=True))
+        self.last_power_check = self.clock()
         self.log.end_resync()
         self.resyncs += 1
         return actions
@@ -678,10 +962,10 @@ class Reconciler:
         machine known to claim the same ``<vm>.<namespace>`` (a duplicate claim must be seen)."""
         machines = self.read_by_id(changed | self.pending | self.watched())
         power = self.power_facts(machines, complete=False)
-        claimed = {identity.parse_redfish_address(p.address, self.settings.domain) for p in power.values()}
+        claimed = {claim_of(p.address, self.settings.domain)[0] for p in power.values()}
         read = {m["system_id"] for m in machines}
         others = {system_id for system_id, (_, p) in self.known.items() if system_id not in read
-                  and identity.parse_redfish_address(p.address, self.settings.domain) in claimed - {None}}
+                  and claim_of(p.address, self.settings.domain)[0] in claimed - {None}}
         if others:
             more = self.read_by_id(others)
             machines += more
@@ -700,7 +984,10 @@ class Reconciler:
         # Only when a rename is possible: an idle cycle asks nothing more.
         wanted = names_to_check(matches)
         taken = self.client.taken_hostnames(wanted) if wanted else {}
-        actions = plan(machines, power, pools, self.settings, taken)
+        for machine in machines:
+            if not is_new(machine):
+                self.backoff.clear(machine["system_id"])
+        actions = plan(machines, power, pools, self.settings, taken, self.backoff.waiting())
         # Read again next cycle, even when the re-read below makes the plan leave them alone.
         self.pending = {a.system_id for a in actions if a.changes and a.system_id}
         return self.refresh(machines, power, pools, taken, actions)
@@ -716,13 +1003,13 @@ class Reconciler:
         planned = {a.system_id: (a.vm, a.namespace) for a in actions if a.changes and a.system_id}
         if not planned:
             return actions
-        fresh = self.client.power_parameters(sorted(planned), self._judge)
+        fresh = self.read_power(sorted(planned))
         statuses = {m.get("system_id"): m.get("status_name") for m in machines}
         updated = dict(power)
         moved: list[Action] = []
         for system_id, claimed in planned.items():
             now = fresh.get(system_id)
-            parsed = None if now is None else identity.parse_redfish_address(now.address, self.settings.domain)
+            parsed = None if now is None else (claim_of(now.address, self.settings.domain)[0] or now.held)
             if parsed != claimed:
                 updated.pop(system_id, None)
                 self.known.pop(system_id, None)
@@ -734,20 +1021,28 @@ class Reconciler:
                 self.known[system_id] = (statuses.get(system_id), now)
         if not moved and all(updated[sid] == power.get(sid) for sid in planned):
             return actions
-        again = plan(machines, updated, pools, self.settings, taken)
+        again = plan(machines, updated, pools, self.settings, taken, self.backoff.waiting())
         return [a for a in again if not a.changes or a.system_id is None or a.system_id in planned] + moved
 
     def report_duplicates(self, actions: Sequence[Action]) -> None:
-        """One audit record and one warning per duplicate claim, again only when its set changes."""
+        """One audit record and one warning per duplicate claim and per suspect address, again
+        only when the claim's set of machines (or the suspect's address) changes."""
         current = {(a.vm, a.namespace): a.after for a in actions if a.kind == DUPLICATE}
+        suspects = {a.system_id: a.before for a in actions if a.kind == SUSPECT}
         for action in actions:
             if action.kind == DUPLICATE and self._duplicates.get((action.vm, action.namespace)) != action.after:
                 self.audit.record(action, "refused")
                 warn(action.note)
+            if action.kind == SUSPECT and self._suspects.get(action.system_id) != action.before:
+                self.audit.record(action, "refused")
+                warn(f"{action.system_id} {action.hostname}: {action.note}")
         if self.partial:  # the claims of machines not read this cycle stand as they were
             considered = {(a.vm, a.namespace) for a in actions if a.vm is not None}
             current = {**{k: v for k, v in self._duplicates.items() if k not in considered}, **current}
+            seen = {a.system_id for a in actions}
+            suspects = {**{k: v for k, v in self._suspects.items() if k not in seen}, **suspects}
         self._duplicates = current
+        self._suspects = suspects
 
     def cycle(self, dry_run: bool = False) -> Cycle:
         """One cycle, all of its requests within settings.cycle_deadline."""
@@ -773,9 +1068,13 @@ class Reconciler:
             if action.kind == SKIP and (action.system_id, action.note) not in self._reported:
                 self._reported.add((action.system_id, action.note))
                 note(f"{action.system_id} {action.hostname}: {action.note}")
-        result.outcome = apply(self.client, result.actions, self.audit, self.stop, self.passwords)
+        result.outcome = apply(self.client, result.actions, self.audit, self.stop, self.passwords,
+                               self.backoff)
         for action in result.outcome.done:
             if action.kind == SET_PASSWORD and action.system_id in self.known:
+                status, _ = self.known[action.system_id]
+                self.known[action.system_id] = (status, Power(action.address, RIGHT))
+            elif action.kind == RESET_PASSWORD and action.system_id in self.known:
                 status, power = self.known[action.system_id]
-                self.known[action.system_id] = (status, Power(power.address, RIGHT))
+                self.known[action.system_id] = (status, Power(power.address, PLACEHOLDER))
         return result

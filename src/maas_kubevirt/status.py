@@ -1,14 +1,18 @@
-"""``maas-kubevirt status``: one row per MAAS machine whose power address is a KubeVirt BMC,
-whether its password is the derived one, and one line per duplicate claim."""
+"""``maas-kubevirt status``: one row per MAAS machine whose power address names a KubeVirt VM's
+BMC (its address shown, a look-alike marked suspect), whether its password is the derived one,
+why its commission waits if it does, and one line per duplicate claim."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, seed
+from maas_kubevirt.audit import Audit
 from maas_kubevirt.console import error, escape_controls, table, warn
 from maas_kubevirt.maas import MAASAuthError, MAASError, client_from_values
 from maas_kubevirt.reconcile import Passwords, Reconciler, Settings, claims, duplicate_note, pool_of
+
+SUSPECT_MARK = " (suspect: not the bare host)"
 
 
 def main(values: dict, args: Any) -> int:
@@ -16,10 +20,14 @@ def main(values: dict, args: Any) -> int:
     settings = Settings.from_values(values)
     passwords = Passwords(seed.load(values))
     client = client_from_values(values, warn)
+    audit_log = values["maas"].get("audit_log", "")
     try:
         reconciler = Reconciler(client, settings, passwords=passwords)
+        # The running reconciler's commission backoffs, from its audit records.
+        reconciler.restore(Audit.read_file(audit_log) if audit_log else [])
         try:
             with client.within(settings.cycle_deadline):
+                reconciler.check_version()
                 _, power, matches = reconciler.observe()
         except MAASAuthError as failure:
             error(str(failure))
@@ -29,16 +37,25 @@ def main(values: dict, args: Any) -> int:
             return EXIT_FAILED
     finally:
         client.close()
-    rows = [
-        (m.vm, m.namespace, m.machine.get("hostname"), m.machine.get("system_id"),
-         m.machine.get("status_name"), pool_of(m.machine)[0], m.machine.get("power_state"),
-         power[m.machine["system_id"]].password)
-        for m in matches
-    ]
+    waiting = reconciler.backoff.waiting()
+    rows = []
+    for m in matches:
+        system_id = m.machine["system_id"]
+        address = power[system_id].address or ""
+        rows.append((
+            m.vm, m.namespace, m.machine.get("hostname"), system_id, m.machine.get("status_name"),
+            pool_of(m.machine)[0], m.machine.get("power_state"), power[system_id].password,
+            ascii(address)[1:-1] + ("" if m.canonical else SUSPECT_MARK),
+            waiting.get(system_id, "-").removeprefix("commission: "),
+        ))
     if rows:
-        print(table(("VM", "NAMESPACE", "HOSTNAME", "SYSTEM_ID", "STATUS", "POOL", "POWER", "PASSWORD"),
-                    rows), flush=True)
-    print(f"{len(rows)} MAAS machine(s) with a Redfish power address under {settings.domain}", flush=True)
+        print(table(("VM", "NAMESPACE", "HOSTNAME", "SYSTEM_ID", "STATUS", "POOL", "POWER", "PASSWORD",
+                     "ADDRESS", "WAITING"), rows), flush=True)
+    suspects = sum(not m.canonical for m in matches)
+    print(f"{len(rows) - suspects} MAAS machine(s) with a Redfish power address under {settings.domain}"
+          + (f", and {suspects} suspect(s) that only imitate one" if suspects else ""), flush=True)
+    if not audit_log and any(m.machine.get("status_name") == "New" for m in matches):
+        print("commission backoffs are shown from maas.audit_log, which is not set", flush=True)
     for (vm, namespace), group in sorted(claims(matches)[1].items()):
         print(escape_controls(f"duplicate claim: {duplicate_note(vm, namespace, group)}"), flush=True)
     return EXIT_OK

@@ -18,7 +18,7 @@ import yaml
 from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG
 from maas_kubevirt.audit import Audit
 from maas_kubevirt.console import error, note, warn
-from maas_kubevirt.maas import MAASAuthError, MAASClient, MAASError, client_from_values
+from maas_kubevirt.maas import MAASAuthError, MAASClient, MAASError, MAASForbidden, client_from_values
 from maas_kubevirt.render import REQUIRED_TAGS, rendering_problem
 from maas_kubevirt.values import ValuesError
 
@@ -136,7 +136,7 @@ def main(values: dict, args: Any) -> int:
         try:
             existed = _upload(client, name, content, metadata)
             problem = _read_back_problem(client, name, content)
-        except MAASAuthError as failure:
+        except (MAASAuthError, MAASForbidden) as failure:  # scripts are written by administrators only
             error(str(failure))
             return EXIT_USAGE
         except MAASError as failure:

@@ -72,7 +72,7 @@ from maas_kubevirt.doctor.network import (  # noqa: E402
     HTTPS_PORT, REDFISH_DEADLINE, Credentials, dns_check, redfish_check, redfish_probe, redfish_url, system_resolve,
 )
 from maas_kubevirt.doctor.maas import (  # noqa: E402
-    FIXED_DNS_VERSIONS, MAAS_CHECKS, admin_check, claims, claims_check, enlist_commissioning_check,
+    FIXED_DNS_VERSIONS, KEY_REFUSED, MAAS_CHECKS, admin_check, claims, claims_check, enlist_commissioning_check,
     maas_checks, password_check, script_check, seed_file_check, version_check,
 )
 from maas_kubevirt.doctor.cluster import (  # noqa: E402
@@ -194,4 +194,7 @@ def main(values: dict, args: Any) -> int:
         if cluster is not None:
             cluster.close()
     print(render_json(checks) if getattr(args, "json", False) else render_table(checks), flush=True)
+    # A refused key is a configuration error, as for every other command: no check could run.
+    if any(c.name == "maas.admin" and c.status == FAIL and c.found.startswith(KEY_REFUSED) for c in checks):
+        return EXIT_USAGE
     return EXIT_FAILED if any(c.status == FAIL for c in checks) else EXIT_OK

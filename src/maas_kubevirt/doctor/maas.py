@@ -1,5 +1,5 @@
 """doctor's MAAS checks: version, administrator key, script, enlistment setting, seed file,
-claims and stored power passwords."""
+claims, suspect addresses, stored power passwords and refused commissions."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from maas_kubevirt import identity
+from maas_kubevirt import identity, upstream
 from maas_kubevirt import seed as seeds
+from maas_kubevirt.audit import Audit
 from maas_kubevirt.doctor import FAIL, OK, SKIP, WARN, Check, _clean, _skipped, _some, _version_text
 from maas_kubevirt.doctor.network import Credentials
 from maas_kubevirt.maas import (
@@ -23,7 +24,7 @@ from maas_kubevirt.maas import (
     parse_version,
 )
 from maas_kubevirt.paths import SCRIPT_NAME
-from maas_kubevirt.reconcile import RIGHT, Match, Passwords, matching
+from maas_kubevirt.reconcile import RIGHT, Backoff, Match, Passwords, is_new, matching
 # What upload-script checks before it uploads is what doctor checks in MAAS.
 from maas_kubevirt.render import REQUIRED_TAGS, rendering_problem
 from maas_kubevirt.values import ValuesError
@@ -34,8 +35,9 @@ if TYPE_CHECKING:
 FIXED_DNS_VERSIONS = "upgrade to 3.6.5 or 3.7.3"
 
 
-def version_check(text: str) -> Check:
-    """MAAS 2.9 or later, and not one that refuses DNS names in a redfish power address."""
+def version_check(text: str, proven: str | None = None) -> Check:
+    """MAAS 2.9 or later, not one that refuses DNS names in a redfish power address, and (a
+    warning) not older than the release the tiers prove the bundle on (upstream.lock.yaml)."""
     version = parse_version(text)
     name = "maas.version"
     if version is None:
@@ -50,7 +52,11 @@ def version_check(text: str) -> Check:
             return Check(name, FAIL, f"MAAS {_clean(text)} refuses DNS names in a redfish power address "
                          f"({_version_text(low)}-{_version_text(high)}, LP:2150892): VMs enlist without power",
                          FIXED_DNS_VERSIONS)
-    return Check(name, OK, f"MAAS {_clean(text)}")
+    tested = parse_version(proven) if proven else None
+    if tested is not None and version < tested:
+        return Check(name, WARN, f"MAAS {_clean(text)}: older than MAAS {proven}, the release maas-kubevirt "
+                     f"is proven on ({upstream.LOCK_NAME})", f"upgrade MAAS to {proven} or later")
+    return Check(name, OK, f"MAAS {_clean(text)}" + (f" (proven on {proven})" if proven else ""))
 
 
 def admin_check(user: Mapping[str, Any], key_source: str) -> Check:
@@ -127,9 +133,11 @@ def _user_name(uid: int) -> str:
 
 
 def claims(matches: Iterable[Match]) -> dict[str, list[str]]:
-    """serial ``<vm>.<namespace>`` -> system_ids of the machines whose power address claims it."""
+    """serial ``<vm>.<namespace>`` -> system_ids of the machines whose canonical power address claims it."""
     found: dict[str, list[str]] = {}
     for match in matches:
+        if not match.canonical:
+            continue
         found.setdefault(f"{match.vm}.{match.namespace}", []).append(str(match.machine["system_id"]))
     return found
 
@@ -160,14 +168,49 @@ def password_check(verdicts: Mapping[str, bool], reconcile: str) -> Check:
 
 
 
+KEY_REFUSED = "the API key was refused"
+
+
 def _refused(error: MAASError, fixes: _Fixes) -> Check:
-    return Check("maas.admin", FAIL, f"the API key was refused: {_clean(error)}",
+    return Check("maas.admin", FAIL, f"{KEY_REFUSED}: {_clean(error)}",
                  f"store a valid administrator's key in {fixes.key_source}: "
                  "`sudo maas apikey --username ADMIN --generate`")
 
 
+def suspects_check(suspects: Mapping[str, tuple[str, str, str]], domain: str) -> Check:
+    """No machine's power address only imitates a BMC host (system_id -> (vm, namespace, address))."""
+    name = "maas.suspects"
+    if not suspects:
+        return Check(name, OK, f"every Redfish address under {domain} is a bare <vm>.<namespace>.{domain}")
+    named = [f"{sid} ({_clean(ascii(address))} imitates {identity.redfish_host(vm, ns, domain)})"
+             for sid, (vm, ns, address) in sorted(suspects.items())]
+    return Check(name, FAIL, f"{len(named)} machine(s) whose power address imitates a BMC host, so they get no "
+                 f"password: {_some(named)}",
+                 "if the machine is that VM, set the bare host: `maas $PROFILE machine update SYSTEM_ID "
+                 "power_parameters_power_address=<vm>.<namespace>.<domain>`; otherwise delete it "
+                 "(a port, path or scheme in front of the BMC is not supported)",
+                 tuple(sorted(suspects)))
+
+
+def commission_check(waits: Mapping[str, str], hosts: Mapping[str, str], audit_log: str) -> Check:
+    """No VM waits because MAAS refused its commission (the reconciler's backoff, from its audit log)."""
+    name = "maas.commission"
+    if not audit_log:
+        return Check(name, SKIP, "maas.audit_log is not set: the reconciler's refused commissions are not recorded")
+    if not waits:
+        return Check(name, OK, "no commission refused by MAAS is waiting")
+    named = [f"{sid} ({hosts.get(sid, '?')}): {_clean(note.removeprefix('commission: '))}"
+             for sid, note in sorted(waits.items())]
+    return Check(name, WARN, f"{len(named)} VM(s) whose commission MAAS refused: {_some(named)}",
+                 "usually no rack controller can reach the BMC: check that <vm>.<namespace>.<domain> "
+                 "resolves on the rack controllers (network.dns), that its Ingress exists and answers "
+                 "(network.redfish), and that ingress.source_ranges holds the rack controllers' addresses; "
+                 "the reconciler tries again when the wait is over",
+                 tuple(sorted(waits)))
+
+
 MAAS_CHECKS = ("maas.version", "maas.admin", "maas.script", "maas.enlist_commissioning",
-               "maas.claims", "maas.power_password")
+               "maas.claims", "maas.suspects", "maas.power_password", "maas.commission")
 
 
 def maas_checks(values: Mapping[str, Any], client: MAASClient, seed: str | None, fixes: _Fixes,
@@ -176,7 +219,7 @@ def maas_checks(values: Mapping[str, Any], client: MAASClient, seed: str | None,
     domain = values["redfish"]["domain"]
     checks: list[Check] = []
     try:
-        checks.append(version_check(client.version()))
+        checks.append(version_check(client.version(), upstream.proven().get("maas")))
     except MAASAuthError as error:
         # MAAS answers version/ without authentication, but refuses a request signed by a bad key.
         checks.append(Check("maas.version", SKIP, "not read: the API key was refused"))
@@ -215,9 +258,13 @@ def maas_checks(values: Mapping[str, Any], client: MAASClient, seed: str | None,
     try:
         machines = client.machines()
         redfish = [str(m["system_id"]) for m in machines if m.get("power_type") == "redfish"]
-        matches = matching(machines, client.power_addresses(redfish), domain)
+        stored = client.power_addresses(redfish)
+        matches = matching(machines, stored, domain)
         claimed = claims(matches)
         checks.append(claims_check(claimed))
+        addresses = {str(m.machine["system_id"]): m for m in matches}
+        checks.append(suspects_check({sid: (m.vm, m.namespace, str(stored.get(sid)))
+                                      for sid, m in addresses.items() if not m.canonical}, domain))
         sole = {serial: ids[0] for serial, ids in claimed.items() if len(ids) == 1}
         chosen: set[tuple[str, str]] = set()      # (vm, namespace): one per namespace, for Redfish
         for serial in sorted(sole, key=lambda s: identity.parse_serial(s)[::-1]):
@@ -245,6 +292,13 @@ def maas_checks(values: Mapping[str, Any], client: MAASClient, seed: str | None,
             checks.append(Check("maas.power_password", SKIP, "no seed to derive the passwords from (see maas.seed_file)"))
         else:
             checks.append(password_check({sid: bool(v) for sid, v in verdicts.items() if v is not None}, fixes.reconcile))
+        audit_log = values["maas"].get("audit_log", "")
+        backoff = Backoff(values["maas"]["interval"])
+        backoff.restore(Audit.read_file(audit_log) if audit_log else [])
+        new = {str(m.machine["system_id"]) for m in matches if m.canonical and is_new(m.machine)}
+        waits = {sid: note for sid, note in backoff.waiting().items() if sid in new}
+        checks.append(commission_check(
+            waits, {sid: identity.redfish_host(m.vm, m.namespace, domain) for sid, m in addresses.items()}, audit_log))
     except MAASError as error:
         checks.append(Check("maas.claims", FAIL, f"cannot read the machines: {_clean(error)}", "check the MAAS region's logs"))
     return checks
