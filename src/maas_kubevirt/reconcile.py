@@ -107,7 +107,7 @@ class Settings:
             cycle_deadline=maas["cycle_deadline"],
             resync_interval=maas["resync_interval"],
             interval=maas["interval"],
-            power_check_interval=maas.get("power_check_interval", 600),
+            power_check_interval=maas["power_check_interval"],
         )
 
 

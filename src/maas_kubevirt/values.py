@@ -245,6 +245,7 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "on_hostname_taken": _choice("fallback", "skip"),
         "interval": _seconds(1, 86400),
         "resync_interval": _seconds(60, 604800),
+        "power_check_interval": _seconds(60, 86400),
         "timeout": _seconds(1, 600),
         "cycle_deadline": _seconds(10, 86400),
         "max_response_mib": _whole(1, 65536, "MiB"),
