@@ -720,6 +720,16 @@ def test_a_namespace_labelled_later_gets_the_network_policy(control_plane, bundl
     eventually(cp, lambda: network_policy_matches(cp, bundle.values, namespace), "the NetworkPolicy after the label")
 
 
+def test_removing_the_label_removes_the_network_policy(control_plane, bundle, namespace):
+    """Unlike the per-VM objects, the NetworkPolicy's trigger is the namespace itself: Kyverno
+    deletes it once the namespace stops matching (README: finish the opt-out at once)."""
+    cp = control_plane
+    eventually(cp, lambda: network_policy_matches(cp, bundle.values, namespace), "the NetworkPolicy")
+    cp.kubectl("label", "namespace", namespace, f"{bundle.values['kubernetes']['opt_in_label']}-")
+    eventually(cp, lambda: get(cp, "networkpolicy", "maas-kubevirt-bmc", namespace) is None,
+               "the NetworkPolicy to go with the label")
+
+
 def test_the_ingress_controller_namespace_changes_in_place(control_plane, bundle, site, namespace):
     cp = control_plane
     eventually(cp, lambda: network_policy_matches(cp, bundle.values, namespace), "the NetworkPolicy")
