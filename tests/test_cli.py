@@ -73,6 +73,7 @@ RANK = {
     "reconcile": 3, "policies": 3,
     "maas": 2, "kube": 2, "audit": 2, "seed": 2, "events": 2,
     "values": 1, "console": 1,
+    "upstream": 1,                # the releases proven, read from upstream.lock.yaml (doctor compares)
     "identity": 0, "paths": 0,
     "__init__": -1,               # PROG, the version and the exit codes: anyone may import them
 }

@@ -186,15 +186,15 @@ class Passwords:
         claimed, _ = claim_of(address, domain)
         stored = parameters.get("power_pass")
         stored = stored if isinstance(stored, str) else ""
+        held = previous if (previous is not None and previous != claimed and stored
+                            and self.matches(stored, *previous)) else None
         if claimed is None:
-            if previous is not None and stored and self.matches(stored, *previous):
-                return Power(address, UNKNOWN, held=previous)
-            return Power(address)
+            return Power(address, UNKNOWN, held=held)
         if self.matches(stored, *claimed):
             return Power(address, RIGHT)
         if not stored:
-            return Power(address, UNSET)
-        return Power(address, PLACEHOLDER if stored == identity.PLACEHOLDER_PASSWORD else OTHER)
+            return Power(address, UNSET, held=held)
+        return Power(address, PLACEHOLDER if stored == identity.PLACEHOLDER_PASSWORD else OTHER, held=held)
 
     def matches(self, stored: str, vm: str, namespace: str) -> bool:
         return hmac.compare_digest(stored.encode("utf-8"), self.password(vm, namespace).encode("utf-8"))
@@ -444,9 +444,14 @@ def plan(
         resets.append(Action(RESET_PASSWORD, str(machine["system_id"]), machine.get("hostname"), vm, namespace,
                              before=DERIVED, after=PLACEHOLDER, note=reason))
 
+    def exposed(system_id: Any) -> bool:
+        """Whether the machine holds a derived password: its own identity's, or one it had before."""
+        power = power_parameters[system_id]
+        return _password(power) == RIGHT or (isinstance(power, Power) and power.held is not None)
+
     for (vm, namespace), group in duplicates.items():
         for match in group:
-            if _password(power_parameters[match.machine["system_id"]]) == RIGHT:
+            if exposed(match.machine["system_id"]):
                 reset(match.machine, vm, namespace, f"duplicate claim: {vm}.{namespace} is claimed by "
                       f"{len(group)} machines")
     for match in claimants:
@@ -456,7 +461,7 @@ def plan(
         address = _address(power_parameters[system_id])
         reported.append(Action(SUSPECT, system_id, match.machine.get("hostname"), match.vm, match.namespace,
                                before=address, note=suspect_note(match, address, settings.domain)))
-        if _password(power_parameters[system_id]) == RIGHT:
+        if exposed(system_id):
             reset(match.machine, match.vm, match.namespace,
                   f"suspect address {address!a} imitates {match.vm}.{match.namespace}")
     claimed = {m.machine["system_id"] for m in claimants}
@@ -482,6 +487,8 @@ def plan(
         password = _password(power_parameters[system_id])
         if password != RIGHT:
             if settings.commission == "approved" and not approved:
+                if exposed(system_id):  # another VM's derived password, from before its address changed
+                    reset(machine, vm, namespace, "power address changed to another VM's; not yet approved")
                 actions.append(Action(SKIP, before=password, after=password, note=(
                     f"password: waiting for the tag {settings.approval_tag} (maas.commission: approved)"),
                     **common))
@@ -897,11 +904,14 @@ class Reconciler:
 
         Commissioning and Testing (REREAD_STATUSES): a commissioning script can write the power
         parameters back mid-run. New under ``maas.commission: approved``: the approval tag is
-        audited without the machine (src/maasserver/api/tags.py).
+        audited without the machine (src/maasserver/api/tags.py). The claimants of a duplicate
+        claim: deleting one (the usual fix) detaches its events. A machine whose backoff is over.
         """
         statuses = set(REREAD_STATUSES) | ({NEW} if self.settings.commission == "approved" else set())
+        disputed = {sid for claimants in self._duplicates.values() if claimants for sid in claimants.split(",")}
         return {system_id for system_id, (status, power) in self.known.items()
-                if status in statuses and self._ours(power)} | (self.backoff.due() & set(self.known))
+                if status in statuses and self._ours(power)} | (
+            (self.backoff.due() | disputed) & set(self.known))
 
     def power_check_due(self) -> bool:
         if self.last_power_check is None:
