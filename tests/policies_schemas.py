@@ -25,8 +25,12 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
+from maas_kubevirt import upstream
+
 KYVERNO_MODULE = "github.com/kyverno/kyverno"
-KYVERNO_VERSION = os.environ.get("KYVERNO_VERSION", "v1.19.1")
+# The release tools/build-kyverno builds: upstream.lock.yaml's, unless KYVERNO_VERSION says another.
+KYVERNO_VERSION = os.environ.get("KYVERNO_VERSION") or upstream.proven(
+    Path(__file__).resolve().parents[1] / upstream.LOCK_NAME)["kyverno"]
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
