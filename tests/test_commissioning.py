@@ -330,6 +330,29 @@ def test_script_carries_no_password_rule():
 # --- KubeVirt VMs that are ours ------------------------------------------------------------
 
 
+@pytest.mark.parametrize("manufacturer", ["KubeVirt Inc", "KubeVirtX", "Kube", "kubevirt", "KUBEVIRT", "KubeVirt\u200b",
+                                          "xKubeVirt", "K\u0443beVirt"])
+def test_only_the_exact_manufacturer_is_kubevirt(machine, rendered, manufacturer):
+    """Not a prefix, a case or a look-alike of the expected manufacturer: exactly it."""
+    machine.smbios(manufacturer, "web1.vms")
+    result = machine.run(rendered)
+    assert result.status == 0 and "not a KubeVirt VM" in result.stdout
+    machine.nothing_written()
+
+
+@pytest.mark.parametrize("env", [
+    {"MAAS_KUBEVIRT_SEED": "5" * 64, "SEED": "x", "MAAS_API_KEY": "a:b:c"},
+    {"REDFISH_DOMAIN": "evil.io", "BMC_DOMAIN": "evil.io", "DOMAIN": "evil.io", "HTTPS_PROXY": "http://evil.io"},
+    {"LANG": "tr_TR.UTF-8", "LC_ALL": "tr_TR.UTF-8", "PYTHONIOENCODING": "latin-1", "TZ": "Asia/Kathmandu"},
+    {"HOME": "/nonexistent", "USER": "nobody", "MAAS_URL": "http://evil.io/MAAS/", "POWER_ADDRESS": "evil.io"},
+])
+def test_what_is_written_does_not_depend_on_the_environment(machine, rendered, env):
+    """Only BMC_CONFIG_PATH (where) and RESULT_PATH come from the environment; never what is written."""
+    machine.smbios("KubeVirt", "web1.vms")
+    assert machine.run(rendered, env=env).status == 0
+    assert machine.written() == expected_config("web1.vms")
+
+
 def test_kubevirt_vm_gets_redfish_power(machine, rendered):
     machine.smbios("KubeVirt", "web1.vms")
     result = machine.run(rendered)
