@@ -59,10 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     reconcile = commands.add_parser(
         "reconcile",
         help="set the BMC password, rename, pool and commission the MAAS machines of KubeVirt VMs",
-        description="Poll MAAS and, only for machines whose Redfish power address is "
-        "<vm>.<namespace>.<domain> (and no other machine claims that VM), set their BMC password "
-        "(derived from the seed in seed.file), rename them <vm>-<namespace>, file them in the pool "
-        "<namespace> and commission those in New. Every change is written as a JSON audit record.",
+        description="Poll MAAS and, only for machines whose Redfish power address is exactly the bare "
+        "host <vm>.<namespace>.<domain> (and no other machine claims that VM), set their BMC password "
+        "(derived from the seed in seed.file) with that address, rename them <vm>-<namespace>, file "
+        "them in the pool <namespace> and commission those in New, backing off a machine whose "
+        "commission MAAS refuses. A derived password found on any other machine (a look-alike "
+        "address, a duplicate claim, an address changed) is put back to the placeholder. Every "
+        "change is written as a JSON audit record.",
         epilog="Exit status: 0 converged or nothing to do, 1 some actions failed, 2 usage or configuration error.",
     )
     mode = reconcile.add_mutually_exclusive_group()
@@ -76,8 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "status",
         help="one row per MAAS machine that is a KubeVirt VM",
-        description="List the MAAS machines whose power address is a KubeVirt BMC: VM, namespace, "
-        "MAAS hostname, system_id, status, pool and power state.",
+        description="List the MAAS machines whose power address names a KubeVirt BMC: VM, namespace, "
+        "MAAS hostname, system_id, status, pool, power state, whether the password is the derived "
+        "one, the power address (a look-alike marked suspect) and why a commission waits (from "
+        "maas.audit_log); then every duplicate claim.",
     )
 
     upload = commands.add_parser(
