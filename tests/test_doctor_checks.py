@@ -136,6 +136,11 @@ def test_kyverno_version_from_the_controllers_images():
 
 def test_kyverno_version_from_the_crd_when_no_image_says():
     assert doctor.kyverno_version_check([], policy_crd(True)).status == "ok"
+    # Below the release the control-plane tier proves (upstream.lock.yaml): a warning, naming it.
+    older = doctor.kyverno_version_check([deployment("kyverno-admission-controller", "ghcr.io/kyverno/kyverno:v1.13.4")],
+                                         policy_crd(True), "v1.19.1")
+    assert older.status == "warn" and "v1.19.1" in older.found and "upstream.lock.yaml" in older.found
+    assert doctor.kyverno_version_check([deployment("k", "kyverno:v1.19.1")], policy_crd(True), "v1.19.1").status == "ok"
     assert doctor.kyverno_version_check([deployment("x", "kyverno:latest")], policy_crd(False)).status == "fail"
     missing = doctor.kyverno_version_check([], None)
     assert missing.status == "fail" and "not installed" in missing.found

@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
-from maas_kubevirt import identity, policies
+from maas_kubevirt import identity, policies, upstream
 from maas_kubevirt.doctor import FAIL, LISTED, OK, WARN, Check, _clean, _skipped, _some, _version_text
 
 if TYPE_CHECKING:
@@ -59,8 +59,10 @@ def _has_rule_level_generate_existing(crd: Mapping[str, Any]) -> bool:
     return False
 
 
-def kyverno_version_check(deployments: Iterable[Mapping[str, Any]], policy_crd: Mapping[str, Any] | None) -> Check:
-    """Kyverno 1.13 or later: from the controllers' image tags, else from the ClusterPolicy CRD."""
+def kyverno_version_check(deployments: Iterable[Mapping[str, Any]], policy_crd: Mapping[str, Any] | None,
+                          proven: str | None = None) -> Check:
+    """Kyverno 1.13 or later: from the controllers' image tags, else from the ClusterPolicy CRD; a
+    warning below ``proven``, the release the control-plane tier runs (upstream.lock.yaml)."""
     name = "cluster.kyverno"
     minimum = _version_text(KYVERNO_MIN)
     fix = f"install or upgrade Kyverno to {minimum} or later"
@@ -77,6 +79,10 @@ def kyverno_version_check(deployments: Iterable[Mapping[str, Any]], policy_crd: 
         oldest, where = min(versions)
         if oldest < KYVERNO_MIN:
             return Check(name, FAIL, f"Kyverno {_version_text(oldest)} ({_clean(where)}): older than {minimum}", fix)
+        tested = image_version(f"kyverno:{proven}") if proven else None
+        if tested is not None and oldest < tested:
+            return Check(name, WARN, f"Kyverno {_version_text(oldest)} ({_clean(where)}): older than {proven}, the "
+                         f"release maas-kubevirt is proven on ({upstream.LOCK_NAME})", f"upgrade Kyverno to {proven}")
         return Check(name, OK, f"Kyverno {_version_text(oldest)} ({_clean(where)})")
     if _has_rule_level_generate_existing(policy_crd):
         return Check(name, OK, f"Kyverno {minimum} or later (the ClusterPolicy CRD has rule-level "
@@ -491,7 +497,7 @@ def cluster_checks(values: Mapping[str, Any], cluster: Any, seed: str | None, fi
             if error.status != 403:
                 raise
             deployments = []
-        checks.append(kyverno_version_check(deployments, policy_crd))
+        checks.append(kyverno_version_check(deployments, policy_crd, upstream.proven().get("kyverno")))
         checks.extend(kyverno_rbac_checks(expected_roles, cluster.cluster_roles(), fixes.apply))
         checks.append(policies_check(expected_policies, cluster.cluster_policies() if policy_crd else [], fixes.apply))
         where = f"{kubernetes['system_namespace']}/{kubernetes['seed_secret']}"
