@@ -432,8 +432,8 @@ def test_power_addresses_in_bulk_chunks_without_passwords(double):
 
 
 def test_single_power_address(double):
-    sid = double.add_vm("web1", "vms", scheme="https")
-    assert client_for(double).power_address(sid) == "https://web1.vms.bmc.example.com/redfish/v1/Systems/1"
+    sid = double.add_vm("web1", "vms")
+    assert client_for(double).power_address(sid) == "web1.vms.bmc.example.com"
     bare = double.add_vm("web2", "vms", scheme="")
     assert client_for(double).power_address(bare) == "web2.vms.bmc.example.com"
 
