@@ -1,14 +1,17 @@
 """A MAAS region API double: a real HTTP server on 127.0.0.1 (ephemeral port, in a thread).
 
-It follows DESIGN.md section 4 and, where it names a MAAS file, that file (canonical/maas,
-3.5 unless said otherwise): the REST API 2.0 paths under /MAAS/api/2.0/, OAuth 1.0 PLAINTEXT
-checked on every request but version/ (401 on a bad signature, a replayed nonce or a wrong
-token), the machine status machine (commission only from New, Failed commissioning, Ready,
-Broken; otherwise 400 ``{"__all__": [...]}``), hostnames unique over all nodes, devices and
-controllers included (400 ``{"hostname": [...]}``; nodes/ lists them all), resource pools
-(duplicate name 400), bulk and per-machine power parameters, admin-only writes (403 with
-MAAS's message for a user who is not an administrator), scripts parsed as MAAS's ScriptForm
-parses them (POST scripts/, GET/PUT scripts/{name}, op=download) and version/.
+It follows DESIGN.md section 4 and, where it names a MAAS file, that file (canonical/maas at
+3.6.5, the release in upstream.lock.yaml). Where the real-MAAS tier (tests/test_real_maas.py)
+checked a behaviour against MAAS 3.6.5's own region, the double does what that region did, and
+tests/test_maas_double.py holds a fast regression test for each such point. It serves the REST
+API 2.0 paths under /MAAS/api/2.0/, OAuth 1.0 PLAINTEXT checked on every request but version/
+(401 on a bad signature, a replayed nonce or a wrong token), the machine status machine
+(commission only from New, Failed commissioning, Ready, Broken; otherwise 400 ``{"__all__":
+[...]}``), hostnames unique over all nodes, devices and controllers included (400 ``{"hostname":
+[...]}``; nodes/ lists them all), resource pools (duplicate name 400), bulk and per-machine
+power parameters, admin-only writes (403 with MAAS's message for a user who is not an
+administrator), scripts parsed as MAAS's ScriptForm parses them (POST scripts/, GET/PUT
+scripts/{name}, op=download) and version/.
 
 Power parameters are set as MAAS's machine form sets them: ``PUT machines/{id}/`` with
 ``power_parameters_<name>=...`` fields; a name the power type does not have is refused (400
@@ -19,17 +22,35 @@ left empty is refused. ``op=commission`` records ``skip_bmc_config`` (read like 
 BooleanField, as src/maasserver/forms/ephemeral.py CommissionForm does); without it, a KubeVirt
 VM's bmc-config script runs again and writes the placeholder password back.
 
+Addresses as MAAS 3.6.5 stores them: a power address the power type's IP extractor hands whole
+to netaddr (Redfish and IPMI use the IDENTITY pattern) and that holds a "/" (any URL,
+``https://host`` included) makes ``BMC.extract_ip_address`` raise a ValueError it does not catch
+(src/maasserver/models/bmc.py; src/provisioningserver/drivers/power/redfish.py): ``PUT
+machines/{id}/`` answers 500 with netaddr's message as text and changes nothing, and enlistment
+(``enlist``/``add_vm``) ends with a machine of power type "" and no power parameters, as
+maas_run_remote_scripts.py's ``enlist()`` retries without the BMC configuration. A bare host, a
+port or a look-alike letter is no IP address and is stored ("BMC uses FQDN").
+
+``rack = False`` is a region with no rack controller: ``op=commission`` starts commissioning,
+fails to power on and reverts, and answers 503 with no Retry-After (src/maasserver/models/node.py,
+start_commissioning, _get_bmc_client_connection_info and _start_bmc_unavailable; PowerProblem in
+src/maasserver/exceptions.py). A machine with no power type cannot be commissioned (500).
+
 Machine objects weigh what they weigh in MAAS: every field of ``DISPLAYED_MACHINE_FIELDS``
 (src/maasserver/api/machines.py) with interfaces, VLANs, subnets, block devices, partitions
 and NUMA nodes (``maas_objects.py``), each machine's JSON cached until it changes.
 
-The event log (GET events/?op=query, src/maasserver/api/events.py) records what MAAS records:
-a "Node changed status" event (DEBUG) for every status transition, enlistment included, the
-commissioning request events, and an audited "Node" event for UI node actions; API edits of
-hostname, pool or power parameters record nothing, as in MAAS. ``after``, ``before``,
-``limit`` (default 100, at most 1,000), ``level`` (default INFO; AUDIT alone or everything at
-or above the level, AUDIT excluded) and the node filters behave as MAAS's handler does; events
-of deleted machines are detached and no longer returned; ``prune_events`` drops the oldest.
+The event log (GET events/?op=query, src/maasserver/api/events.py) records what MAAS records: a
+"Node changed status" event (DEBUG) for every status transition, enlistment included (then "New"
+INFO when its commissioning ends), the commissioning request events ("User starting node
+commissioning", "Commissioning", "Script result" when the BMC configuration is skipped), "Ready"
+INFO when commissioning ends, "Failed to query node's BMC" WARNINGs when no rack can power the
+machine, and an audited "Node" event for UI node actions; API edits of hostname, pool or power
+parameters and an administrator's machine created in New record nothing, as in MAAS. ``after``,
+``before``, ``limit`` (default 100, at most 1,000), ``level`` (default INFO; AUDIT alone or
+everything at or above the level, AUDIT excluded) and the node filters behave as MAAS's handler
+does; events of deleted machines are detached and no longer returned; ``prune_events`` drops the
+oldest.
 
 It counts requests and injects faults into the next matching requests: "503" (Retry-After:
 10, as MAAS sends), "409" (Retry-After: 5: MAAS ran out of database retries), "500", "hang"
@@ -96,6 +117,10 @@ EVENT_TYPES = {
     "NODE_PXE_REQUEST": ("PXE Request", "DEBUG"),
     "NODE_HTTP_REQUEST": ("HTTP Request", "DEBUG"),
     "NODE": ("Node", "AUDIT"),
+    "NEW": ("New", "INFO"),
+    "READY": ("Ready", "INFO"),
+    "NODE_POWER_QUERY_FAILED": ("Failed to query node's BMC", "WARNING"),
+    "SCRIPT_RESULT_CHANGED_STATUS": ("Script result", "DEBUG"),
 }
 MAX_EVENT_LOG_COUNT = 1000
 DEFAULT_EVENT_LOG_LIMIT = 100
@@ -110,6 +135,26 @@ POWER_FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
         "cipher_suite_id", "privilege_level", "workaround_flags", "mac_address", "power_off_mode")},
 }
 SKIP_CHECK = "power_parameters_skip_check"
+# src/provisioningserver/drivers/__init__.py: IP_EXTRACTOR_PATTERNS.IDENTITY, the pattern of
+# make_ip_extractor("power_address") that redfish.py and ipmi.py use.
+IP_EXTRACTORS = {"redfish": ("power_address", r"^(?P<address>.+?)$"),
+                 "ipmi": ("power_address", r"^(?P<address>.+?)$")}
+# netaddr's ValueError for an address with "/", which BMC.extract_ip_address
+# (src/maasserver/models/bmc.py) does not catch; src/maasserver/middleware.py
+# ExceptionMiddleware answers any other exception 500 with its text as text/plain.
+NETMASK_ERROR = "IPAddress() does not support netmasks or subnet prefixes! See documentation for details."
+# src/maasserver/models/node.py: start_commissioning refuses a machine with no power type; the
+# exception is no MAASAPIException, so ExceptionMiddleware answers 500.
+UNKNOWN_POWER_TYPE = "Unconfigured power type. Please configure the power type and try again."
+# src/maasserver/models/node.py: _get_bmc_client_connection_info raises PowerProblem (503,
+# src/maasserver/exceptions.py; MAASAPIException.make_http_response sets no Retry-After) and
+# _start_bmc_unavailable reverts the machine.
+NO_RACK = "No rack controllers can access the BMC of node {hostname}"
+ABORTED = ("(admin) - Aborting {status} and reverting to {old}. Unable to power control the node. "
+           "Please check power credentials.")
+# The builtin commissioning script tagged bmc-config, whose result CommissionForm's
+# skip_bmc_config stores as skipped (src/maasserver/models/node.py, start_commissioning).
+BUILTIN_BMC_CONFIG = "30-maas-01-bmc-config"
 NOT_AVAILABLE = "Commission is not available because of the current state of the node."
 # src/maasserver/api/support.py: METHOD_RESERVED_ADMIN, raised by @admin_method (3.5: scripts
 # create/update and the bulk machines/?op=power_parameters of src/maasserver/api/nodes.py).
@@ -132,6 +177,30 @@ _SCRIPT_FIELDS = ("name", "title", "description", "tags", "script_type", "hardwa
                   "apply_configured_networking")
 _HOSTNAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z", re.IGNORECASE)
 _POOL = re.compile(r"^\w[ \w-]*\Z")
+
+
+def address_refused(power_type: str, params: dict[str, Any]) -> bool:
+    """True when MAAS 3.6.5 cannot store these power parameters: BMC.extract_ip_address
+    (src/maasserver/models/bmc.py) matches the power type's IP extractor and hands the address
+    to netaddr.IPAddress, which raises ValueError (not the AddrFormatError MAAS catches) for any
+    "/". A host name, a port or a look-alike letter is an AddrFormatError: stored as an FQDN."""
+    extractor = IP_EXTRACTORS.get(power_type)
+    value = params.get(extractor[0]) if extractor else None
+    if not value:
+        return False
+    match = re.match(extractor[1], value)
+    if match is None:
+        return False
+    address = match["address"]
+    if address.startswith("[") and address.endswith("]"):
+        address = address[1:-1]
+    return "/" in address
+
+
+def _status_constant(name: str) -> str:
+    """A status as MAAS's map_enum_reverse(NODE_STATUS) names it: "Failed commissioning" ->
+    "FAILED_COMMISSIONING"."""
+    return name.upper().replace(" ", "_")
 
 
 @dataclass
@@ -187,6 +256,8 @@ class MaasDouble(LoopbackServer):
         self.version = version
         self.admin = admin
         self.auto_advance = auto_advance
+        # False: a region with no rack controller (commissioning cannot power a machine on).
+        self.rack = True
         self.realistic = realistic   # False: light machine objects (property tests, for speed)
         self.lock = threading.RLock()
         self.machines: dict[str, _Machine] = {}
@@ -323,13 +394,24 @@ class MaasDouble(LoopbackServer):
             return system_id
 
     def add_vm(self, vm: str, namespace: str, domain: str = "bmc.example.com", *,
-               scheme: str | None = None, password: str | None = None, **kw: Any) -> str:
-        address = f"{scheme}://{vm}.{namespace}.{domain}/redfish/v1/Systems/1" if scheme else \
-            f"{vm}.{namespace}.{domain}"
-        system_id = self.add_machine(kw.pop("hostname", None), power_type="redfish", power_address=address,
-                                     power_pass=password or PLACEHOLDER_PASSWORD, **kw)
-        self.bmc_config[system_id] = {"power_address": address, "power_user": "maas",
-                                      "power_pass": PLACEHOLDER_PASSWORD, "node_id": "1"}
+               scheme: str | None = None, password: str | None = None,
+               address: str | None = None, **kw: Any) -> str:
+        """A KubeVirt VM as MAAS holds it once enlisted with the address its script wrote (by
+        default the bare host; ``scheme`` makes it a URL, ``address`` gives it whole). An
+        address MAAS refuses (``address_refused``: any "/") leaves what enlistment's retry
+        without the BMC configuration makes: power type "" and no power parameters. Use
+        ``add_machine`` for a machine MAAS could not hold."""
+        if address is None:
+            address = f"{scheme}://{vm}.{namespace}.{domain}/redfish/v1/Systems/1" if scheme else \
+                f"{vm}.{namespace}.{domain}"
+        bmc = {"power_address": address, "power_user": "maas", "power_pass": PLACEHOLDER_PASSWORD,
+               "node_id": "1"}
+        if address_refused("redfish", bmc):
+            system_id = self.add_machine(kw.pop("hostname", None), power_type="", **kw)
+        else:
+            system_id = self.add_machine(kw.pop("hostname", None), power_type="redfish", power_address=address,
+                                         power_pass=password or PLACEHOLDER_PASSWORD, **kw)
+        self.bmc_config[system_id] = bmc
         return system_id
 
     def _set_pool(self, system_id: str, name: str) -> None:
@@ -350,25 +432,34 @@ class MaasDouble(LoopbackServer):
                 self.record(system_id, "NODE_CHANGED_STATUS", f"From '{before}' to '{status}'")
 
     def advance(self) -> int:
-        """Commissioning machines finish: Ready. Returns how many moved."""
+        """Commissioning machines finish: Ready, recorded as the metadata signal does ("Ready"
+        INFO, then the status change: src/metadataserver/api.py), then powered off. Returns how
+        many moved."""
         with self.lock:
             moved = 0
             for system_id, machine in self.machines.items():
                 if machine["status_name"] == "Commissioning":
+                    self.record(system_id, "READY")
+                    self.set_status(system_id, "Ready")
                     machine["power_state"] = "off"
                     self.record(system_id, "NODE_POWERED_OFF")
-                    self.set_status(system_id, "Ready")
                     moved += 1
             return moved
 
     # --- changes behind the reconciler's back ------------------------------------------------
     def enlist(self, vm: str, namespace: str, domain: str = "bmc.example.com", **kw: Any) -> str:
-        """A KubeVirt VM PXE-boots and enlists as MAAS does it: created in Commissioning
-        (``commission=True``), its BMC configuration uploaded by the commissioning script, then
-        back to New when enlistment commissioning ends; two status events, the PXE request."""
+        """A KubeVirt VM PXE-boots and enlists as maas_run_remote_scripts.py's enlist() does it
+        (src/metadataserver/user_data/templates/snippets/maas_run_remote_scripts.py): an
+        anonymous POST machines/ with commission=True and its BMC configuration creates it in
+        Commissioning ("Node changed status" New -> Commissioning), then its OK signal ends
+        enlistment's commissioning ("New" INFO, then "Node changed status" Commissioning -> New:
+        src/metadataserver/api.py), as the real-MAAS tier recorded.
+        An address MAAS refuses (any "/", URLs included) gets 500 and the script enlists again
+        without the BMC configuration: the machine ends with power type "" and no power
+        parameters (see ``add_vm``)."""
         with self.lock:
             system_id = self.add_vm(vm, namespace, domain, status="Commissioning", **kw)
-            self.record(system_id, "NODE_PXE_REQUEST", "PXE Request - enlistment")
+            self.record(system_id, "NEW")
             self.set_status(system_id, "New")
             return system_id
 
@@ -717,6 +808,16 @@ class MaasDouble(LoopbackServer):
                 errors["power_parameters"] = [problem]
             if errors:
                 return 400, errors, {}
+            given = {key[len("power_parameters_"):]: value for key, value in request.fields.items()
+                     if key.startswith("power_parameters_")}
+            if power is not None and address_refused(machine["power_type"], given):
+                # Raised while saving the BMC (BMC.clean, src/maasserver/models/bmc.py); the
+                # request's transaction rolls back: nothing of this PUT is kept. MAAS judges the
+                # merged parameters, but a stored address with "/" exists only through the
+                # add_machine back door (MAAS cannot hold one), so judging the address the
+                # request gives is the same on every state MAAS can reach, and leaves such a
+                # back-door machine's other parameters writable for the tests that make one.
+                return 500, NETMASK_ERROR, {}
             if power is not None:
                 self.power[system_id] = power
             if hostname is not None:
@@ -731,18 +832,41 @@ class MaasDouble(LoopbackServer):
         if method == "POST" and op == "commission":
             if machine["status_name"] not in COMMISSION_FROM:
                 return 400, {"__all__": [NOT_AVAILABLE]}, {}
+            if machine["power_type"] == "":
+                return 500, UNKNOWN_POWER_TYPE, {}   # before any event (start_commissioning)
             value = request.fields.get("skip_bmc_config", "")
             skip_bmc_config = bool(value) and value.lower() not in ("false", "0")
-            # As Machine.start_commissioning records them (src/maasserver/models/node.py).
+            # In the order Node.start_commissioning records them (src/maasserver/models/node.py):
+            # the request, "Commissioning", the skipped bmc-config result, the status change.
+            old = machine["status_name"]
             self.record(system_id, "REQUEST_NODE_START_COMMISSIONING", "(admin)", username="admin")
-            self.set_status(system_id, "Commissioning")
             self.record(system_id, "COMMISSIONING")
-            machine["power_state"] = "on"
-            self.record(system_id, "NODE_POWERED_ON")
-            if not skip_bmc_config and system_id in self.bmc_config:
-                self.power[system_id] = {**self.power[system_id], **self.bmc_config[system_id]}
+            if skip_bmc_config:
+                self.record(system_id, "SCRIPT_RESULT_CHANGED_STATUS",
+                            f"{BUILTIN_BMC_CONFIG} changed status from 'Pending' to 'Skipped'")
+            self.set_status(system_id, "Commissioning")
             self.commissions.append((system_id, skip_bmc_config))
             self.writes.append(("POST", system_id, {"op": "commission", "skip_bmc_config": skip_bmc_config}))
+            if not self.rack and machine["power_type"] != "manual":
+                # No rack can reach the BMC: after the commit, Node._power_control_node fails
+                # (_get_bmc_client_connection_info), _start_bmc_unavailable reverts the status,
+                # and PowerProblem answers 503 with no Retry-After. A manual machine cannot be
+                # powered by MAAS at all, so _start returns before any power call.
+                self.record(system_id, "NODE_POWER_QUERY_FAILED",
+                            "(admin) - " + NO_RACK.format(hostname=machine["hostname"]), username="admin")
+                aborted = ABORTED.format(status="COMMISSIONING", old=_status_constant(old))
+                self.record(system_id, "NODE_POWER_QUERY_FAILED", aborted)
+                self.set_status(system_id, old)
+                machine["power_state"] = "unknown"
+                machine["status_message"] = f"Failed to query node's BMC - {aborted}"
+                return 503, NO_RACK.format(hostname=machine["hostname"]), {}
+            machine["power_state"] = "on"
+            self.record(system_id, "NODE_POWERED_ON")
+            bmc = self.bmc_config.get(system_id)
+            if not skip_bmc_config and bmc is not None and not address_refused(machine["power_type"], bmc):
+                # The script's upload is the machine's metadata signal; an address MAAS refuses
+                # gets 500 there too and is not stored (src/maasserver/models/bmc.py).
+                self.power[system_id] = {**self.power[system_id], **bmc}
             return 200, machine.encoded(), {}
         return 400, f"Unrecognised signature: method={method} op={op}", {}
 
