@@ -30,6 +30,9 @@ cached). Where MAAS's source cannot be had (MAAS_SOURCE, by default the upstream
 and nothing is cached, the tier skips with that reason, even under CI=true: the one tier that
 does. Any other missing prerequisite skips, and fails under CI=true, as elsewhere.
 
+REAL_MAAS_LOGS, when set, names a directory where the region's and PostgreSQL's logs are
+copied when the session ends.
+
 The object the fixture yields (`RealMaas`) offers:
 
 - `url` (http://127.0.0.1:PORT/MAAS/), `api_key` (an administrator's consumer:token:secret);
@@ -38,7 +41,9 @@ The object the fixture yields (`RealMaas`) offers:
   `signal` OK, which ends enlistment's commissioning: Commissioning -> New);
 - `admin_add_machine(mac, ...)`: an administrator's POST machines/ with commission=false;
 - `set_stub(on)`; `api(method, path, params)` (as the administrator); `machine(system_id)`;
-  `power_parameters(system_id)`; `events(system_id)`; `log_tail()`.
+  `power_parameters(system_id)`; `events(system_id)`; `log_tail()`;
+- `signal(system_id, status)`: an enlisted machine's own metadata signal;
+  `finish_commissioning()`: each enlisted machine in Commissioning signals OK (then Ready).
 """
 
 from __future__ import annotations
@@ -152,6 +157,8 @@ class RealMaas:
     api_key: str = ""
     region: subprocess.Popen | None = None
     pg_started: bool = False
+    # system_id -> the machine's own OAuth key (from its preseed), for its metadata signals
+    machine_keys: dict = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -185,11 +192,11 @@ class RealMaas:
             shutil.chown(sock, "postgres")
             os.chmod(self.work, 0o755)
         started = subprocess.run(
-            self._as_pg(str(pgbin / "pg_ctl"), "-D", str(self.work / "pgdata"), "-l", str(self.work / "postgres.log"),
-                        "-w", "-o", f"-c listen_addresses='' -k {sock} -c fsync=off -c full_page_writes=off", "start"),
+            self._as_pg(str(pgbin / "pg_ctl"), "-D", str(self.work / "pgdata"), "-l", str(sock / "postgres.log"),
+                        "-w", "-o", f"-c listen_addresses='' -k {sock} -c fsync=off -c full_page_writes=off -c log_connections=on -c log_disconnections=on", "start"),
             capture_output=True, text=True, check=False)
         if started.returncode != 0:
-            raise RuntimeError(f"PostgreSQL did not start: {started.stderr.strip()} {self._tail('postgres.log')}")
+            raise RuntimeError(f"PostgreSQL did not start: {started.stderr.strip()} {self._tail('sock/postgres.log')}")
         self.pg_started = True
         self.port = free_port()
         (self.work / "regiond.conf").write_text(yaml.safe_dump({
@@ -309,21 +316,43 @@ class RealMaas:
         if answer.status_code != 200:
             return result
         result.system_id = answer.json()["system_id"]
-        preseed = requests.get(f"{self.url}metadata/latest/by-id/{result.system_id}/",
-                               params={"op": "get_preseed"}, timeout=60)
-        result.preseed_status = preseed.status_code
-        assert preseed.status_code == 200, (preseed.status_code, preseed.text)
-        config = yaml.safe_load(preseed.text)
-        if "datasource" in config:
-            config = config["datasource"]["MAAS"]
-        key = f"{config['consumer_key']}:{config['token_key']}:{config['token_secret']}"
-        signalled = requests.post(f"{self.url}metadata/2012-03-01/",
-                                  files={"op": (None, "signal"), "status": (None, "OK")},
-                                  headers={"Authorization": oauth_header(key)}, timeout=60)
+        result.preseed_status = self.fetch_machine_key(result.system_id)
+        signalled = self.signal(result.system_id, "OK")
         result.signal_status = signalled.status_code
         assert signalled.status_code == 200, (signalled.status_code, signalled.text)
         result.machine = self.machine(result.system_id)
         return result
+
+    def fetch_machine_key(self, system_id: str) -> int:
+        """The machine's preseed (anonymous op=get_preseed, as enlist() asks for it): it holds
+        the machine's OAuth token, which MAAS makes anew each time it starts commissioning."""
+        preseed = requests.get(f"{self.url}metadata/latest/by-id/{system_id}/", params={"op": "get_preseed"},
+                               timeout=60)
+        assert preseed.status_code == 200, (preseed.status_code, preseed.text)
+        config = yaml.safe_load(preseed.text)
+        if "datasource" in config:
+            config = config["datasource"]["MAAS"]
+        self.machine_keys[system_id] = f"{config['consumer_key']}:{config['token_key']}:{config['token_secret']}"
+        return preseed.status_code
+
+    def signal(self, system_id: str, status: str = "OK") -> requests.Response:
+        """The machine's own metadata signal (multipart POST op=signal, its OAuth token), as
+        maas_run_remote_scripts sends when its scripts are done."""
+        return requests.post(f"{self.url}metadata/2012-03-01/",
+                             files={"op": (None, "signal"), "status": (None, status)},
+                             headers={"Authorization": oauth_header(self.machine_keys[system_id])}, timeout=60)
+
+    def finish_commissioning(self) -> list[str]:
+        """Every machine enlisted here that is in Commissioning signals OK, as at the end of its
+        commissioning scripts: MAAS makes it Ready. The system_ids that did."""
+        done = []
+        for system_id in self.machine_keys:
+            if self.machine(system_id)["status_name"] == "Commissioning":
+                self.fetch_machine_key(system_id)
+                answer = self.signal(system_id, "OK")
+                assert answer.status_code == 200, (system_id, answer.status_code, answer.text)
+                done.append(system_id)
+        return done
 
     def admin_add_machine(self, mac: str, power_type: str = "manual", power_parameters: dict | None = None,
                           architecture: str = "amd64/generic", hostname: str | None = None) -> dict:
@@ -355,4 +384,10 @@ def real_maas():
         yield maas
     finally:
         maas.stop()
+        keep = os.environ.get("REAL_MAAS_LOGS")
+        if keep:  # a directory to keep the region's and PostgreSQL's logs in
+            os.makedirs(keep, exist_ok=True)
+            for log in (work / "region.log", work / "sock" / "postgres.log"):
+                if log.exists():
+                    shutil.copy(log, keep)
         shutil.rmtree(work, ignore_errors=True)

@@ -31,12 +31,32 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 
 STUB_ENV = "MAAS_KUBEVIRT_POWER_STUB"
 ADMIN = "admin"
+
+
+def install_reactor() -> None:
+    """Twisted's asyncio reactor on uvloop, as MAAS's daemons install it before any other
+    Twisted import (provisioningserver/server.py); MAAS's database listener relies on it."""
+    import asyncio
+
+    import uvloop
+
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    from twisted.internet import asyncioreactor
+
+    asyncioreactor.install(asyncio.new_event_loop())
+
+
+def die_with_parent() -> None:
+    """SIGTERM when the process that started this one ends (as MAAS's region workers do), so a
+    test session that is killed leaves no region behind."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def configure(verbosity: int = 1) -> None:
@@ -59,6 +79,10 @@ def configure(verbosity: int = 1) -> None:
     from provisioningserver import settings
 
     settings.DEBUG = django_settings.DEBUG
+    # A packaged MAAS reads its preseed templates from /etc/maas/preseeds (settings name it
+    # without MAAS_ROOT): here, from their copy under MAAS_ROOT (see make_directories).
+    django_settings.PRESEED_TEMPLATE_LOCATIONS = (
+        str(Path(os.environ["MAAS_ROOT"]) / "etc" / "maas" / "preseeds"),)
 
     import crochet
 
@@ -93,12 +117,26 @@ def fail_fast() -> None:
 
 
 def make_directories() -> None:
-    """The directories a packaged MAAS has under /var/lib/maas, here under MAAS_ROOT and MAAS_DATA."""
+    """What a packaged MAAS has under /var/lib/maas and /etc/maas, here under MAAS_ROOT and
+    MAAS_DATA: its directories, and the files its package installs in /etc/maas (drivers.yaml,
+    the preseed templates), from the source tree's package-files/."""
+    import shutil
+
     for base, names in ((os.environ["MAAS_ROOT"], ("certificates",)),
                         (os.environ["MAAS_DATA"], ("image-storage",)),
                         (os.environ["MAAS_CACHE"], ())):
         for name in ("", *names):
             os.makedirs(os.path.join(base, name), exist_ok=True)
+    etc = Path(os.environ["MAAS_ROOT"]) / "etc" / "maas"
+    if not etc.exists():
+        shutil.copytree(_source_root() / "package-files" / "etc" / "maas", etc)
+
+
+def _source_root() -> Path:
+    """MAAS's source tree (src/ and package-files/), found from the maasserver package."""
+    import importlib.util
+
+    return Path(importlib.util.find_spec("maasserver").origin).resolve().parents[2]
 
 
 def install_power_stub() -> None:
@@ -179,19 +217,15 @@ class _TCPWebApplication:
     @staticmethod
     def make(listener, status_worker, port: int):
         from twisted.internet import reactor
-        from twisted.internet.endpoints import AdoptedStreamServerEndpoint
+        from twisted.internet.endpoints import TCP4ServerEndpoint
 
         from maasserver.webapp import WebApplicationService
 
         class TCPWebApplicationService(WebApplicationService):
+            # regiond's worker binds a Unix socket and adopts its descriptor (Twisted then closes
+            # the original, which the socket object still names): a plain TCP endpoint instead.
             def _makeEndpoint(self):
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind(("127.0.0.1", port))
-                sock.listen(50)
-                endpoint = AdoptedStreamServerEndpoint(reactor, sock.fileno(), sock.family)
-                endpoint.socket = sock
-                return endpoint
+                return TCP4ServerEndpoint(reactor, port, interface="127.0.0.1")
 
         return TCPWebApplicationService(listener, status_worker)
 
@@ -242,13 +276,15 @@ def run(command: str, port: int | None) -> int:
             rpc.setName("rpc")
             rpc.setServiceParent(eventloop.services)
 
+            # Made before any is started, as regiond's event loop does: the web application
+            # registers its channels with the listener before the listener connects.
             listener = PostgresListenerService()
-            listener.startService()
             dbtasks = make_DatabaseTaskService()
-            dbtasks.startService()
             status_worker = StatusWorkerService(dbtasks)
-            status_worker.startService()
             web = _TCPWebApplication.make(listener, status_worker, port)
+            dbtasks.startService()
+            yield listener.startService()
+            status_worker.startService()
             yield web.privilegedStartService()
             web.startService()
 
@@ -284,6 +320,9 @@ def main(argv: list[str]) -> int:
         return schema()
     if args.command == "serve" and not args.port:
         parser.error("serve needs --port")
+    install_reactor()
+    if args.command == "serve":
+        die_with_parent()
     make_directories()
     configure()
     fail_fast()
