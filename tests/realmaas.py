@@ -114,6 +114,13 @@ def cache_dir() -> Path:
     return path
 
 
+def _die_with_parent() -> None:
+    """In a child, before exec: SIGTERM when this test process ends."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def free_port() -> int:
     import socket
 
@@ -156,7 +163,7 @@ class RealMaas:
     port: int = 0
     api_key: str = ""
     region: subprocess.Popen | None = None
-    pg_started: bool = False
+    postgres: subprocess.Popen | None = None
     # system_id -> the machine's own OAuth key (from its preseed), for its metadata signals
     machine_keys: dict = field(default_factory=dict)
 
@@ -178,8 +185,13 @@ class RealMaas:
 
     # --- life -----------------------------------------------------------------------------
 
-    def _as_pg(self, *args: str) -> list[str]:
-        return ["runuser", "-u", "postgres", "--", *args] if os.geteuid() == 0 else list(args)
+    def _postgres_command(self, *args: str) -> list[str]:
+        """PostgreSQL refuses to run as root: then as the postgres user. Either way it gets
+        SIGTERM if this process ends without stopping it (a killed test session)."""
+        if os.geteuid() == 0:
+            return ["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups", "--pdeathsig", "TERM",
+                    "--", *args]
+        return list(args)
 
     def start(self) -> None:
         pgbin = Path((self.cache / "pgbin").read_text().strip())
@@ -191,13 +203,18 @@ class RealMaas:
         if os.geteuid() == 0:
             shutil.chown(sock, "postgres")
             os.chmod(self.work, 0o755)
-        started = subprocess.run(
-            self._as_pg(str(pgbin / "pg_ctl"), "-D", str(self.work / "pgdata"), "-l", str(sock / "postgres.log"),
-                        "-w", "-o", f"-c listen_addresses='' -k {sock} -c fsync=off -c full_page_writes=off -c log_connections=on -c log_disconnections=on", "start"),
-            capture_output=True, text=True, check=False)
-        if started.returncode != 0:
-            raise RuntimeError(f"PostgreSQL did not start: {started.stderr.strip()} {self._tail('sock/postgres.log')}")
-        self.pg_started = True
+        with open(sock / "postgres.log", "wb") as log:
+            self.postgres = subprocess.Popen(
+                self._postgres_command(str(pgbin / "postgres"), "-D", str(self.work / "pgdata"),
+                                       "-c", "listen_addresses=", "-k", str(sock), "-c", "fsync=off",
+                                       "-c", "full_page_writes=off", "-c", "log_connections=on",
+                                       "-c", "log_disconnections=on"),
+                stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        deadline = time.monotonic() + 60
+        while subprocess.run([str(pgbin / "pg_isready"), "-q", "-h", str(sock)], check=False).returncode != 0:
+            if self.postgres.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"PostgreSQL did not start:\n{self._tail('sock/postgres.log')}")
+            time.sleep(0.2)
         self.port = free_port()
         (self.work / "regiond.conf").write_text(yaml.safe_dump({
             "maas_url": self.url.rstrip("/"), "database_host": str(sock), "database_name": "maasdb",
@@ -240,11 +257,13 @@ class RealMaas:
             except subprocess.TimeoutExpired:
                 os.killpg(self.region.pid, signal.SIGKILL)
                 self.region.wait()
-        if self.pg_started:
-            pgbin = Path((self.cache / "pgbin").read_text().strip())
-            subprocess.run(self._as_pg(str(pgbin / "pg_ctl"), "-D", str(self.work / "pgdata"), "-m", "immediate",
-                                       "-w", "stop"), capture_output=True, check=False)
-            self.pg_started = False
+        if self.postgres is not None and self.postgres.poll() is None:
+            self.postgres.send_signal(signal.SIGINT)  # PostgreSQL's fast shutdown
+            try:
+                self.postgres.wait(30)
+            except subprocess.TimeoutExpired:
+                self.postgres.kill()
+                self.postgres.wait()
 
     def _tail(self, name: str, lines: int = 40) -> str:
         path = self.work / name
