@@ -297,7 +297,7 @@ def test_any_nesting_past_the_bound_is_malformed_never_a_crash(levels, brackets)
 
 HEX_SECRET = st.text(st.sampled_from("0123456789abcdef"), min_size=8, max_size=40)
 # Text around the secret without hexadecimal digits, so the secret cannot also arise from it.
-AROUND = st.text(st.characters(exclude_characters="0123456789abcdefABCDEF"), max_size=400)
+AROUND = st.text(st.characters(codec="utf-8", exclude_characters="0123456789abcdefABCDEF"), max_size=400)
 
 
 @given(HEX_SECRET, AROUND, AROUND, st.sampled_from(["json", "text", "html"]))
