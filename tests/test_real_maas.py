@@ -363,6 +363,36 @@ def test_a_refused_commission_is_sent_once_per_backoff_step(real_maas, site):
     assert all(r.get("retry_at") for r in records)
 
 
+def test_a_refused_commission_is_audited_kept_across_runs_and_shown_by_status(real_maas, site, tmp_path):
+    """The CLI with maas.audit_log: the refused commission's audit record names the next
+    attempt's time; a second `reconcile --once` (a restart) does not send it again; `status`
+    says the machine waits, and until when."""
+    real_maas.set_stub(False)
+    values = yaml.safe_load(site["values"].read_text())
+    values["maas"]["audit_log"] = str(tmp_path / "audit.log")
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    enlisted = real_maas.enlist({"power_address": f"wait1.tenant-w.{DOMAIN}", "power_user": "maas",
+                                 "power_pass": identity.PLACEHOLDER_PASSWORD, "node_id": "1"}, new_mac())
+    assert enlisted.status == 200, enlisted.body
+    sid = enlisted.system_id
+    first = run_cli(real_maas, path, "reconcile", "--once")
+    assert first.returncode == 1, first.stdout + first.stderr  # an action failed
+    records = [json.loads(line) for line in (tmp_path / "audit.log").read_text().splitlines()]
+    refused = [r for r in records if r["system_id"] == sid and r["action"] == "commission"]
+    assert len(refused) == 1 and refused[0]["outcome"] == "failed" and refused[0].get("retry_at"), refused
+    assert commissions(real_maas, sid) == 1
+    second = run_cli(real_maas, path, "reconcile", "--once")
+    assert second.returncode in (0, 1), second.stdout + second.stderr
+    assert commissions(real_maas, sid) == 1
+    shown = run_cli(real_maas, path, "status")
+    assert shown.returncode == 0, shown.stderr
+    row = [line for line in shown.stdout.splitlines() if sid in line]
+    assert len(row) == 1, shown.stdout
+    assert f"waiting until {refused[0]['retry_at']} after 1 refused attempt(s)" in row[0], row[0]
+    assert "503" in row[0], row[0]  # and why: MAAS's answer
+
+
 # --- where MAAS's source cannot be had -------------------------------------------------------
 
 
