@@ -373,11 +373,13 @@ class RealMaas:
                 done.append(system_id)
         return done
 
-    def admin_add_machine(self, mac: str, power_type: str = "manual", power_parameters: dict | None = None,
+    def admin_add_machine(self, mac: str, power_type: str = "", power_parameters: dict | None = None,
                           architecture: str = "amd64/generic", hostname: str | None = None) -> dict:
-        """An administrator's POST machines/ with commission=false."""
-        params: dict[str, Any] = {"architecture": architecture, "mac_addresses": mac, "commission": "false",
-                                  "power_type": power_type}
+        """An administrator's POST machines/ with commission=false (and no power_type when
+        power_type is empty)."""
+        params: dict[str, Any] = {"architecture": architecture, "mac_addresses": mac, "commission": "false"}
+        if power_type:
+            params["power_type"] = power_type
         if hostname:
             params["hostname"] = hostname
         for name, value in (power_parameters or {}).items():

@@ -262,11 +262,13 @@ def test_status_lists_the_vm(real_maas, site, tmp_path):
 
 
 def test_machines_an_administrator_adds_are_left_alone(real_maas, site):
+    bare = real_maas.admin_add_machine(new_mac(), hostname="rack-box-0")
     manual = real_maas.admin_add_machine(new_mac(), power_type="manual", hostname="rack-box-1")
     ipmi = real_maas.admin_add_machine(new_mac(), power_type="ipmi", hostname="rack-box-2", power_parameters={
         "power_address": "10.0.0.5", "power_user": "admin", "power_pass": "secret-ipmi", "power_driver": "LAN_2_0"})
     before = {sid: (real_maas.machine(sid), real_maas.power_parameters(sid))
-              for sid in (manual["system_id"], ipmi["system_id"])}
+              for sid in (bare["system_id"], manual["system_id"], ipmi["system_id"])}
+    assert before[bare["system_id"]][0]["power_type"] == ""
     done = run_cli(real_maas, site["values"], "reconcile", "--once")
     assert done.returncode == 0, done.stdout + done.stderr
     for sid, (machine, power) in before.items():
