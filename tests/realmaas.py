@@ -16,7 +16,8 @@ separate daemon with DHCP, TFTP and a Temporal worker. The stub is switched at r
 - OFF (the default): MAAS's own code runs and finds no rack, as a region with no rack
   controller: `POST op=commission` answers 503 and MAAS reverts the machine to New.
 - ON: the power action counts as handed off; commissioning proceeds (the machine stays in
-  Commissioning, as while a real machine boots).
+  Commissioning, as while a real machine boots, until it signals). A power query handed off
+  this way brings back no state, so MAAS logs that it could not update the power state.
 
 Nothing else is stubbed. Import-only stand-ins exist for four libraries MAAS imports but never
 calls here (simplestreams, curtin, tftp, seamicroclient) and for apt_pkg, which reports the

@@ -13,8 +13,10 @@ template; tests/realmaas.py runs `serve` on a copy of it.
 The start-up is regiond's, cut down to the web application: MAAS's own thread pools, logging,
 django.setup(), maasserver.start_up.start_up(master=True), then MAAS's WebApplicationService
 (Django behind Twisted's WSGI resource, with the metadata status resource and its worker) on
-TCP 127.0.0.1 instead of regiond's per-worker Unix socket. No rack controller, DHCP, DNS,
-image import, Temporal or RPC service is started.
+TCP 127.0.0.1 instead of regiond's per-worker Unix socket, under Twisted's asyncio reactor on
+uvloop as regiond runs. MAAS's database listener, database task and status worker services run;
+its RPC service for rack controllers is registered but never listens; no DHCP, DNS, proxy,
+image import or Temporal service is started.
 
 The one stub (see tests/realmaas.py): Node._power_control_node, where MAAS hands a power action
 to a rack controller, after the request commits. When the file named by
