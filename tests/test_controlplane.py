@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from controlplane import ControlPlane, KubectlError, wait_for  # noqa: F401
+from policies_fixtures import catch_all_ingress, expected_network_policy
 from maas_kubevirt import identity
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -674,22 +675,9 @@ def test_an_ingress_cannot_squat_another_namespaces_bmc_host(control_plane, bund
 # The BMCs closed to the rest of the cluster (issue 18 items 3 and 4).
 
 
-def expected_network_policy(values: dict) -> dict:
-    """The NetworkPolicy's spec, from the values and kubevirtBMC's pod label and Redfish port."""
-    return {
-        "podSelector": {"matchExpressions": [{"key": "kubevirt.io/virtualmachinebmc-name", "operator": "Exists"}]},
-        "policyTypes": ["Ingress"],
-        "ingress": [{
-            "from": [{"namespaceSelector": {"matchLabels": {
-                "kubernetes.io/metadata.name": values["ingress"]["controller_namespace"]}}}],
-            "ports": [{"protocol": "TCP", "port": 10080}],
-        }],
-    }
-
-
 def network_policy_matches(cp: ControlPlane, values: dict, namespace: str) -> bool:
     found = get(cp, "networkpolicy", "maas-kubevirt-bmc", namespace)
-    return bool(found) and found["spec"] == expected_network_policy(values) and \
+    return bool(found) and found["spec"] == expected_network_policy(namespace, values)["spec"] and \
         found["metadata"]["labels"].get("app.kubernetes.io/part-of") == "maas-kubevirt"
 
 
@@ -698,7 +686,7 @@ def test_an_opted_in_namespace_gets_the_network_policy(control_plane, bundle, ma
     opted_in, elsewhere = make_namespace(), make_namespace(labelled=False)
     eventually(cp, lambda: network_policy_matches(cp, bundle.values, opted_in), "the NetworkPolicy")
     found = get(cp, "networkpolicy", "maas-kubevirt-bmc", opted_in)
-    assert found["spec"] == expected_network_policy(bundle.values)
+    assert found["spec"] == expected_network_policy(opted_in, bundle.values)["spec"]
     # Only Redfish over TCP; IPMI (UDP 623 on the Service, 10623 on the pod) is not admitted.
     assert [p for rule in found["spec"]["ingress"] for p in rule["ports"]] == [{"protocol": "TCP", "port": 10080}]
     # Kept in sync: deleted or opened, it comes back as rendered.
@@ -742,31 +730,16 @@ def test_the_ingress_controller_namespace_changes_in_place(control_plane, bundle
                "the NetworkPolicy to follow ingress.controller_namespace")
 
 
-def catch_all_ingress(name: str, namespace: str, *, class_name: str | None = "nginx", legacy: str | None = None,
-                      hostless: bool = False, default_backend: bool = False) -> dict:
-    backend = {"service": {"name": "web", "port": {"number": 80}}}
-    paths = {"paths": [{"path": "/", "pathType": "Prefix", "backend": backend}]}
-    spec: dict = {"rules": [{"host": "www.example.org", "http": paths}] + ([{"http": paths}] if hostless else [])}
-    if class_name:
-        spec["ingressClassName"] = class_name
-    if default_backend:
-        spec["defaultBackend"] = backend
-    metadata: dict = {"name": name, "namespace": namespace}
-    if legacy:
-        metadata["annotations"] = {"kubernetes.io/ingress.class": legacy}
-    return {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": metadata, "spec": spec}
-
-
 def test_a_catch_all_ingress_of_the_bmc_class_is_refused(control_plane, bundle, make_namespace):
     cp = control_plane
     for where in (make_namespace(), make_namespace(labelled=False)):
-        assert_denied(create(cp, catch_all_ingress("hostless", where, hostless=True)), "ingress-no-catch-all")
-        assert_denied(create(cp, catch_all_ingress("default", where, default_backend=True)), "ingress-no-catch-all")
-        assert_denied(create(cp, catch_all_ingress("legacy", where, class_name=None, legacy="nginx", hostless=True)),
+        assert_denied(create(cp, catch_all_ingress("hostless", where, hosts=["www.example.org", None])), "ingress-no-catch-all")
+        assert_denied(create(cp, catch_all_ingress("default", where, hosts=["www.example.org"], default_backend=True)), "ingress-no-catch-all")
+        assert_denied(create(cp, catch_all_ingress("legacy", where, class_name=None, legacy_class="nginx", hosts=["www.example.org", None])),
                       "ingress-no-catch-all")
         # Another class, or every rule with a host, is admitted.
-        for admitted in (catch_all_ingress("other", where, class_name="traefik", hostless=True, default_backend=True),
-                         catch_all_ingress("named", where)):
+        for admitted in (catch_all_ingress("other", where, class_name="traefik", hosts=["www.example.org", None], default_backend=True),
+                         catch_all_ingress("named", where, hosts=["www.example.org"])):
             result = create(cp, admitted)
             assert result.returncode == 0, result.stderr
         # An existing Ingress of the class cannot become a catch-all either.
@@ -779,7 +752,7 @@ def test_allow_catch_all_admits_it(control_plane, bundle, site, namespace):
     cp = control_plane
     allowed = render_bundle(site[0], merged(bundle.values, {"ingress": {"allow_catch_all": True}}), bundle.seed)
     install(cp, allowed)
-    result = create(cp, catch_all_ingress("hostless", namespace, hostless=True))
+    result = create(cp, catch_all_ingress("hostless", namespace, hosts=["www.example.org", None]))
     assert result.returncode == 0, result.stderr
     cp.kubectl("delete", "ingress", "hostless", "-n", namespace)   # not left for doctor's tests to find
 

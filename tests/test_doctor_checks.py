@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from maas_kubevirt import doctor, policies
+from policies_fixtures import catch_all_ingress
 from maas_kubevirt.values import load_values
 
 VALUES = load_values(None)
@@ -327,7 +328,7 @@ class MemoryCluster:
         self.inventory = inventory([vm("web1", ["02:00:00:00:00:01"])])
         self.policies_of = {"vms": [network_policy("vms")]}
         self.daemonset_list = [daemonset("kube-system", "calico-node")]
-        self.elsewhere = [catch_all_ingress("web", "shop", "traefik", hosts=[None])]
+        self.elsewhere = [catch_all_ingress("web", "shop", class_name="traefik", hosts=[None])]
 
     def crd(self, name):
         return self.crds.get(name)
@@ -381,7 +382,7 @@ def test_cluster_section_over_a_healthy_cluster_and_one_with_each_failure():
     cluster.namespace_list[0]["metadata"]["labels"].pop(policies.KUBEMACPOOL_LABEL)
     cluster.inventory.vms[0]["spec"]["template"]["spec"]["domain"]["devices"]["interfaces"][0].pop("macAddress")
     cluster.policies_of.clear()
-    cluster.elsewhere.append(catch_all_ingress("all", "shop", "nginx", default_backend=True))
+    cluster.elsewhere.append(catch_all_ingress("all", "shop", class_name="nginx", default_backend=True))
     cluster.daemonset_list.clear()
     checks = {c.name: c for c in doctor.cluster_checks(VALUES, cluster, seed, fixes, doctor.Reach())}
     failed = {name for name, c in checks.items() if c.status == "fail"}
@@ -426,20 +427,6 @@ def daemonset(ns: str, name: str) -> dict:
     return {"metadata": {"name": name, "namespace": ns}}
 
 
-def catch_all_ingress(name: str, ns: str, class_name: str | None, *, legacy: str | None = None,
-                      hosts: list[str | None] = (), default_backend: bool = False) -> dict:
-    backend = {"service": {"name": "web", "port": {"number": 80}}}
-    spec: dict = {"rules": [{"host": h} if h else {"http": {}} for h in hosts]}
-    if class_name:
-        spec["ingressClassName"] = class_name
-    if default_backend:
-        spec["defaultBackend"] = backend
-    metadata: dict = {"name": name, "namespace": ns}
-    if legacy:
-        metadata["annotations"] = {"kubernetes.io/ingress.class": legacy}
-    return {"metadata": metadata, "spec": spec}
-
-
 def test_the_generated_network_policy_admits_only_the_ingress_controller_to_redfish():
     assert GENERATED.names["NetworkPolicy"] == "maas-kubevirt-bmc"
     assert GENERATED.network_policy == {
@@ -478,13 +465,13 @@ def test_a_cni_that_enforces_network_policy_is_looked_for_by_daemonset_name(name
 
 def test_catch_all_ingresses_of_the_bmc_class():
     ingresses = [
-        catch_all_ingress("hostless", "a", "nginx", hosts=[None]),
-        catch_all_ingress("mixed", "a", "nginx", hosts=["www.example.org", ""]),
-        catch_all_ingress("default", "b", "nginx", hosts=["www.example.org"], default_backend=True),
-        catch_all_ingress("legacy", "b", None, legacy="nginx", hosts=[None]),
-        catch_all_ingress("named", "a", "nginx", hosts=["www.example.org"]),
-        catch_all_ingress("other", "a", "traefik", hosts=[None], default_backend=True),
-        catch_all_ingress("classless", "a", None, hosts=[None]),
+        catch_all_ingress("hostless", "a", class_name="nginx", hosts=[None]),
+        catch_all_ingress("mixed", "a", class_name="nginx", hosts=["www.example.org", ""]),
+        catch_all_ingress("default", "b", class_name="nginx", hosts=["www.example.org"], default_backend=True),
+        catch_all_ingress("legacy", "b", class_name=None, legacy_class="nginx", hosts=[None]),
+        catch_all_ingress("named", "a", class_name="nginx", hosts=["www.example.org"]),
+        catch_all_ingress("other", "a", class_name="traefik", hosts=[None], default_backend=True),
+        catch_all_ingress("classless", "a", class_name=None, hosts=[None]),
     ]
     check = doctor.catch_all_check(ingresses, "nginx", allowed=False)
     assert check.status == "fail"
@@ -502,7 +489,7 @@ def test_catch_all_ingresses_of_the_bmc_class():
 def test_catch_all_rule(hosts, default_backend, class_name, legacy):
     """A catch-all: defaultBackend, or any rule whose host is absent or empty; of a class when
     spec.ingressClassName or the older annotation names it."""
-    ingress_ = catch_all_ingress("x", "a", class_name, legacy=legacy, hosts=hosts, default_backend=default_backend)
+    ingress_ = catch_all_ingress("x", "a", class_name=class_name, legacy_class=legacy, hosts=hosts, default_backend=default_backend)
     is_catch_all = default_backend or any(not h for h in hosts)
     assert (doctor.catch_all(ingress_) is not None) == is_catch_all
     assert doctor.ingress_classes(ingress_) == {c for c in (class_name, legacy) if c}
