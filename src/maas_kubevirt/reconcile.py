@@ -607,14 +607,17 @@ class Wait:
     until: float        # time.time()
     reason: str
 
-    def note(self) -> str:
-        return (f"commission: waiting until {_wall(self.until)} after {self.failures} refused "
-                f"attempt(s): {self.reason}")
+    def why(self) -> str:
+        return f"waiting until {_wall(self.until)} after {self.failures} refused attempt(s): {self.reason}"
+
+
+# How an audit record writes a wait's end (retry_at), and how a restart reads it back.
+WALL_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 
 def _wall(seconds: float) -> str:
     """A time in UTC to the second, rounded up: a wait read back from it is never shorter."""
-    return datetime.fromtimestamp(math.ceil(seconds), timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(math.ceil(seconds), timezone.utc).strftime(WALL_FORMAT)
 
 
 class Backoff:
@@ -637,10 +640,14 @@ class Backoff:
     def clear(self, system_id: str) -> None:
         self.waits.pop(system_id, None)
 
-    def waiting(self) -> dict[str, str]:
-        """system_id -> why its commission waits, for the machines still inside their wait."""
+    def pending(self) -> dict[str, Wait]:
+        """The waits not over yet."""
         now = self.clock()
-        return {sid: wait.note() for sid, wait in self.waits.items() if wait.until > now}
+        return {sid: wait for sid, wait in self.waits.items() if wait.until > now}
+
+    def waiting(self) -> dict[str, str]:
+        """system_id -> why its commission waits, as the plan's note, for the waits not over yet."""
+        return {sid: f"commission: {wait.why()}" for sid, wait in self.pending().items()}
 
     def due(self) -> set[str]:
         """The machines whose wait is over: nothing MAAS records says so, so they are read again."""
@@ -658,7 +665,7 @@ class Backoff:
                 self.clear(system_id)
             elif isinstance(until, str) and isinstance(failures, int) and failures > 0:
                 try:
-                    when = datetime.strptime(until, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc)
+                    when = datetime.strptime(until, WALL_FORMAT).replace(tzinfo=timezone.utc)
                 except ValueError:
                     continue
                 self.waits[system_id] = Wait(failures, when.timestamp(), str(record.get("reason", "")))

@@ -37,7 +37,7 @@ def main(values: dict, args: Any) -> int:
             return EXIT_FAILED
     finally:
         client.close()
-    waiting = reconciler.backoff.waiting()
+    waiting = reconciler.backoff.pending()
     rows = []
     for m in matches:
         system_id = m.machine["system_id"]
@@ -46,7 +46,7 @@ def main(values: dict, args: Any) -> int:
             m.vm, m.namespace, m.machine.get("hostname"), system_id, m.machine.get("status_name"),
             pool_of(m.machine)[0], m.machine.get("power_state"), power[system_id].password,
             ascii(address)[1:-1] + ("" if m.canonical else SUSPECT_MARK),
-            waiting.get(system_id, "-").removeprefix("commission: "),
+            waiting[system_id].why() if system_id in waiting else "-",
         ))
     if rows:
         print(table(("VM", "NAMESPACE", "HOSTNAME", "SYSTEM_ID", "STATUS", "POOL", "POWER", "PASSWORD",

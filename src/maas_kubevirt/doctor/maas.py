@@ -24,7 +24,7 @@ from maas_kubevirt.maas import (
     parse_version,
 )
 from maas_kubevirt.paths import SCRIPT_NAME
-from maas_kubevirt.reconcile import RIGHT, Backoff, Match, Passwords, is_new, matching
+from maas_kubevirt.reconcile import RIGHT, Backoff, Match, Passwords, Wait, is_new, matching
 # What upload-script checks before it uploads is what doctor checks in MAAS.
 from maas_kubevirt.render import REQUIRED_TAGS, rendering_problem
 from maas_kubevirt.values import ValuesError
@@ -192,15 +192,14 @@ def suspects_check(suspects: Mapping[str, tuple[str, str, str]], domain: str) ->
                  tuple(sorted(suspects)))
 
 
-def commission_check(waits: Mapping[str, str], hosts: Mapping[str, str], audit_log: str) -> Check:
+def commission_check(waits: Mapping[str, Wait], hosts: Mapping[str, str], audit_log: str) -> Check:
     """No VM waits because MAAS refused its commission (the reconciler's backoff, from its audit log)."""
     name = "maas.commission"
     if not audit_log:
         return Check(name, SKIP, "maas.audit_log is not set: the reconciler's refused commissions are not recorded")
     if not waits:
         return Check(name, OK, "no commission refused by MAAS is waiting")
-    named = [f"{sid} ({hosts.get(sid, '?')}): {_clean(note.removeprefix('commission: '))}"
-             for sid, note in sorted(waits.items())]
+    named = [f"{sid} ({hosts.get(sid, '?')}): {_clean(wait.why())}" for sid, wait in sorted(waits.items())]
     return Check(name, WARN, f"{len(named)} VM(s) whose commission MAAS refused: {_some(named)}",
                  "usually no rack controller can reach the BMC: check that <vm>.<namespace>.<domain> "
                  "resolves on the rack controllers (network.dns), that its Ingress exists and answers "
@@ -296,7 +295,7 @@ def maas_checks(values: Mapping[str, Any], client: MAASClient, seed: str | None,
         backoff = Backoff(values["maas"]["interval"])
         backoff.restore(Audit.read_file(audit_log) if audit_log else [])
         new = {str(m.machine["system_id"]) for m in matches if m.canonical and is_new(m.machine)}
-        waits = {sid: note for sid, note in backoff.waiting().items() if sid in new}
+        waits = {sid: wait for sid, wait in backoff.pending().items() if sid in new}
         checks.append(commission_check(
             waits, {sid: identity.redfish_host(m.vm, m.namespace, domain) for sid, m in addresses.items()}, audit_log))
     except MAASError as error:
