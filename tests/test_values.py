@@ -193,6 +193,19 @@ def test_cli_bad_values_exit_2_and_render_nothing(tmp_path, capsys):
         ("ingress", "tls_secret", "", True),
         ("maas", "audit_log", "", True),
         ("maas", "audit_log", "audit.log", False),
+        ("ingress", "controller_namespace", "ingress-nginx", True),
+        ("ingress", "controller_namespace", "kube-system", True),
+        ("ingress", "controller_namespace", "Ingress_Nginx", False),
+        ("ingress", "controller_namespace", "", False),
+        ("ingress", "allow_catch_all", True, True),
+        ("ingress", "allow_catch_all", False, True),
+        ("ingress", "allow_catch_all", "false", False),
+        ("ingress", "allow_catch_all", 0, False),
+        ("maas", "power_check_interval", 60, True),
+        ("maas", "power_check_interval", 86400, True),
+        ("maas", "power_check_interval", 59, False),
+        ("maas", "power_check_interval", 86401, False),
+        ("maas", "power_check_interval", True, False),
     ],
 )
 def test_boundaries_types_and_control_characters(section, key, value, accepted):
@@ -466,17 +479,6 @@ def test_whole_family_union_is_named_once_beside_a_slash_0():
     assert _ranges_problems(["0.0.0.0/1", "128.0.0.0/2", "::/1", "8000::/2"]) == []
 
 
-@pytest.mark.parametrize("section, key, value, accepted", [
-    ("ingress", "controller_namespace", "ingress-nginx", True),
-    ("ingress", "controller_namespace", "kube-system", True),
-    ("ingress", "controller_namespace", "Ingress_Nginx", False),
-    ("ingress", "controller_namespace", "", False),
-    ("ingress", "allow_catch_all", True, True),
-    ("ingress", "allow_catch_all", False, True),
-    ("ingress", "allow_catch_all", "false", False),
-    ("ingress", "allow_catch_all", 0, False),
-])
-def test_controller_namespace_and_allow_catch_all(section, key, value, accepted):
-    test_boundaries_types_and_control_characters(section, key, value, accepted)
+def test_controller_namespace_and_allow_catch_all_defaults():
     assert DEFAULTS["ingress"]["controller_namespace"] == "ingress-nginx"
     assert DEFAULTS["ingress"]["allow_catch_all"] is False
