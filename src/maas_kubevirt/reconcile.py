@@ -806,7 +806,6 @@ class Reconciler:
         self.backoff = Backoff(settings.interval, clock=wall)
         self._suspects: dict[str, Any] = {}
         self.last_power_check: float | None = None
-        self.power_checks = 0
 
     def restore(self, records: Iterable[Mapping[str, Any]]) -> None:
         """Take back, from earlier audit records (oldest first), what a restart would forget: the
@@ -932,7 +931,6 @@ class Reconciler:
         or metadata-API edit of power parameters (src/maasserver/api/machines.py update,
         src/metadataserver/api.py store_node_power_parameters)."""
         self.last_power_check = self.clock()
-        self.power_checks += 1
         ours = sorted(sid for sid, (_, power) in self.known.items() if self._ours(power))
         if not ours:
             return set()
