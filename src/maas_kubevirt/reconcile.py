@@ -563,19 +563,18 @@ def _classify(action: Action, failure: MAASError) -> str:
     return "failed"
 
 
-def _fields(action: Action, passwords: Passwords | None) -> tuple[dict[str, str], tuple[str, ...]]:
-    """The PUT machines/{id}/ fields of one update, and the secret among them (never shown)."""
+def _fields(action: Action, passwords: Passwords | None) -> dict[str, str]:
+    """The PUT machines/{id}/ fields of one update (the client withholds power_pass from messages)."""
     if action.kind == SET_PASSWORD:
         if passwords is None:
             raise ValueError("set-password needs the seed: pass apply(..., passwords=Passwords(seed))")
         if not action.address:
             raise ValueError("set-password needs the canonical address it is written with")
-        password = passwords.password(action.vm, action.namespace)
         return {"power_parameters_power_address": action.address,
-                "power_parameters_power_pass": password}, (password,)
+                "power_parameters_power_pass": passwords.password(action.vm, action.namespace)}
     if action.kind == RENAME:
-        return {"hostname": action.after}, ()
-    return {"pool": action.after}, ()
+        return {"hostname": action.after}
+    return {"pool": action.after}
 
 
 def _perform(client: MAASClient, actions: Sequence[Action], passwords: Passwords | None) -> None:
@@ -583,12 +582,9 @@ def _perform(client: MAASClient, actions: Sequence[Action], passwords: Passwords
     action = actions[0]
     if action.kind in UPDATES:
         fields: dict[str, str] = {}
-        secrets: tuple[str, ...] = ()
         for each in actions:
-            more, hidden = _fields(each, passwords)
-            fields.update(more)
-            secrets += hidden
-        client.update_machine(action.system_id, hide=secrets, **fields)
+            fields.update(_fields(each, passwords))
+        client.update_machine(action.system_id, **fields)
     elif action.kind == RESET_PASSWORD:
         client.update_machine(action.system_id, power_parameters_power_pass=identity.PLACEHOLDER_PASSWORD)
     elif action.kind == CREATE_POOL:
