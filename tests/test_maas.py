@@ -1567,7 +1567,8 @@ CALLS = {  # what the client does -> how its error lines begin
     "pools": (lambda c, sid: c.pools(), "GET resourcepools/"),
     "create_pool": (lambda c, sid: c.create_pool("vms"), "POST resourcepools/"),
     "update_machine": (lambda c, sid: c.update_machine(sid, hostname="x"), "PUT machines/{sid}/"),
-    "set_power_pass": (lambda c, sid: c.set_power_pass(sid, "pw-long"), "PUT machines/{sid}/"),
+    "update_machine power_pass": (lambda c, sid: c.update_machine(sid, power_parameters_power_pass="pw-long"),
+                                  "PUT machines/{sid}/"),
     "commission": (lambda c, sid: c.commission(sid), "POST machines/{sid}/?op=commission"),
     "commission by mapping": (lambda c, sid: c.call("POST", f"machines/{sid}/", {"op": "commission"}),
                               "POST machines/{sid}/?op=commission"),
@@ -1647,7 +1648,7 @@ def test_what_the_form_fields_hold_on_the_wire():
     client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=Capture(), retry=FAST)
     client.commission("abc")
     client.create_pool("vms")
-    client.set_power_pass("abc", "pw-long")
+    client.update_machine("abc", power_parameters_power_pass="pw-long")
     client.create_script("probe", b"#!/bin/sh\n")
     assert sent == [
         ("POST", "machines/abc/?op=commission", {"skip_bmc_config": (None, "1")}),
@@ -1663,7 +1664,7 @@ def test_a_power_password_echoed_back_is_withheld(double):
     sid = double.add_vm("web1", "vms")
     double.inject("echo", method="PUT")
     with pytest.raises(MAASError) as caught:
-        client_for(double).set_power_pass(sid, "Sup3r-Secret-pw")
+        client_for(double).update_machine(sid, power_parameters_power_pass="Sup3r-Secret-pw")
     assert str(caught.value) == f"PUT machines/{sid}/: 400: power_parameters_power_pass=<withheld>"
 
 
@@ -1805,7 +1806,7 @@ def scripted(*outcomes, retry=RetryPolicy(attempts=4, backoff=0.01, max_backoff=
 CHANGES = {
     "commission": lambda c: c.commission("abc"),
     "update_machine": lambda c: c.update_machine("abc", hostname="web1-vms", pool="vms"),
-    "set_power_pass": lambda c: c.set_power_pass("abc", "pw-long"),
+    "update_machine power_pass": lambda c: c.update_machine("abc", power_parameters_power_pass="pw-long"),
     "create_pool": lambda c: c.create_pool("vms"),
     "delete": lambda c: c.call("DELETE", "machines/abc/"),
 }
@@ -2034,12 +2035,12 @@ ECHOES = {
 
 
 @pytest.mark.parametrize("failure", sorted(ECHOES))
-@pytest.mark.parametrize("how", ["update_machine", "set_power_pass"])
+@pytest.mark.parametrize("how", ["update_machine", "power_pass alone"])
 def test_the_secret_of_a_put_never_reaches_a_message(failure, how):
     client, _, _ = scripted(ECHOES[failure], retry=RetryPolicy(attempts=1))
     with pytest.raises(MAASError) as caught:
-        if how == "set_power_pass":
-            client.set_power_pass("abc", SECRET)
+        if how == "power_pass alone":
+            client.update_machine("abc", power_parameters_power_pass=SECRET)
         else:
             client.update_machine("abc", hide=(SECRET,), hostname="web1-vms", power_parameters_power_pass=SECRET)
     assert_withheld(caught.value)
@@ -2072,10 +2073,10 @@ def test_the_double_echoing_or_failing_a_password_put_never_shows_it(double, fau
     assert double.request_count == 1
 
 
-def test_set_power_pass_is_one_put_of_the_password_alone(double):
+def test_a_put_of_the_password_alone_keeps_the_other_power_parameters(double):
     sid = double.add_vm("web1", "vms")
     before = dict(double.power[sid])
-    client_for(double).set_power_pass(sid, SECRET)
+    client_for(double).update_machine(sid, power_parameters_power_pass=SECRET)
     assert double.power[sid] == {**before, "power_pass": SECRET}
     assert double.counts[("PUT", "machines/{id}/")] == 1
 
@@ -2089,7 +2090,8 @@ HOSTILE_IDS = ["x/../../machines/abc", "../abc", "..", ".", "abc/", "abc/../def"
 MACHINE_CALLS = {
     "power_address": (lambda c, sid: c.power_address(sid), "GET machines/?op=power_parameters"),
     "update_machine": (lambda c, sid: c.update_machine(sid, hostname="x"), "PUT machines/"),
-    "set_power_pass": (lambda c, sid: c.set_power_pass(sid, SECRET), "PUT machines/"),
+    "update_machine power_pass": (lambda c, sid: c.update_machine(sid, power_parameters_power_pass=SECRET),
+                                  "PUT machines/"),
     "commission": (lambda c, sid: c.commission(sid), "POST machines/?op=commission"),
 }
 
@@ -2115,7 +2117,7 @@ def test_a_hostile_system_id_never_reaches_the_machine_it_points_at(double):
     client = client_for(double)
     for hostile in (f"x/../../machines/{other}", f"../{other}", f"x/..%2F{other}"):
         with pytest.raises(MAASError):
-            client.set_power_pass(hostile, SECRET)
+            client.update_machine(hostile, power_parameters_power_pass=SECRET)
         with pytest.raises(MAASError):
             client.commission(hostile)
     assert double.request_count == 0 and double.writes == [] and double.commissions == []

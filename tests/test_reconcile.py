@@ -615,7 +615,7 @@ def test_the_double_sets_power_parameters_as_maas_does(double):
     sid = double.add_vm("web1", "vms")
     before = dict(double.power[sid])
     client = MAASClient(double.url, Signer(*double.api_key), timeout=5)
-    client.set_power_pass(sid, "a-new-password")
+    client.update_machine(sid, power_parameters_power_pass="a-new-password")
     assert double.power[sid] == {**before, "power_pass": "a-new-password"}  # the others are kept
     with pytest.raises(maas.MAASError, match=r"400: power_parameters: Unknown parameter\(s\): power_driver"):
         client.call("PUT", f"machines/{sid}/", fields={"power_parameters_power_driver": "LAN_2_0"})
@@ -635,7 +635,7 @@ def test_a_password_sent_is_scrubbed_from_an_echoed_error(double):
     double.inject("echo", method="PUT")
     client = MAASClient(double.url, Signer(*double.api_key), timeout=5)
     with pytest.raises(maas.MAASError) as raised:
-        client.set_power_pass(sid, "Sup3r-S3CRET-value")
+        client.update_machine(sid, power_parameters_power_pass="Sup3r-S3CRET-value")
     assert "Sup3r-S3CRET-value" not in str(raised.value)
     assert "power_parameters_power_pass=<withheld>" in str(raised.value)
 
@@ -1112,7 +1112,7 @@ class ScriptedClient:
 
     def update_machine(self, system_id, hide=(), **fields):
         if "power_parameters_power_pass" in fields:
-            self.calls.append(("set_power_pass", system_id))
+            self.calls.append(("password", system_id))
             raise MAASError("PUT", f"machines/{system_id}/", 503, "Service Unavailable")
         self.calls.append(("update_machine", system_id))
         if system_id == "gone":
@@ -1133,7 +1133,7 @@ def test_a_refused_pool_or_password_holds_back_only_what_depends_on_it():
     client, audit = ScriptedClient(), RecordingAudit()
     outcome = reconcile.apply(client, actions, audit, passwords=PASSWORDS)
     assert (outcome.ok, outcome.skipped, outcome.failed, outcome.interrupted) == (2, 2, 4, False)
-    assert client.calls == [("create_pool", "vms"), ("set_power_pass", "c"), ("update_machine", "gone"), ("commission", "d"),
+    assert client.calls == [("create_pool", "vms"), ("password", "c"), ("update_machine", "gone"), ("commission", "d"),
                             ("update_machine", "e")]
     assert audit.records == [
         (CREATE_POOL, None, "failed", "POST resourcepools/: 400: Name is not valid."),

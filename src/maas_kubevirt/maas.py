@@ -878,10 +878,6 @@ class MAASClient:
         passwords = tuple(value for key, value in fields.items() if key.endswith("power_pass"))
         return self.call("PUT", self._machine("PUT", system_id), fields=fields, hide=(*hide, *passwords))
 
-    def set_power_pass(self, system_id: str, password: str) -> None:
-        """Set one power parameter, power_pass; MAAS keeps the others as they are."""
-        self.update_machine(system_id, hide=(password,), power_parameters_power_pass=password)
-
     def commission(self, system_id: str, skip_bmc_config: bool = True) -> dict:
         """Commission; skip_bmc_config=1 keeps scripts tagged bmc-config (ours among them) from
         writing the power parameters again (src/maasserver/forms/ephemeral.py, CommissionForm)."""
