@@ -64,13 +64,12 @@ class Audit:
         return self.write(action.kind, action.system_id, action.hostname, action.before, action.after,
                           outcome, reason, action.note, **extra)
 
-    def read(self) -> list[dict]:
-        """The records in maas.audit_log, oldest first ([] without one)."""
-        return self.read_file(self.path) if self.path else []
-
     @staticmethod
     def read_file(path: str, limit: int = 4 * 2**20) -> list[dict]:
-        """The JSON records in the last ``limit`` bytes of an audit log, oldest first; [] if unreadable."""
+        """The JSON records in the last ``limit`` bytes of an audit log, oldest first; [] when no
+        file is configured ("") or it cannot be read."""
+        if not path:
+            return []
         try:
             with open(path, "rb") as handle:
                 handle.seek(0, os.SEEK_END)

@@ -59,8 +59,7 @@ def main(values: dict, args: Any) -> int:
     client = client_from_values(values, warn, stop)
     reconciler = Reconciler(client, settings, audit, stop, passwords=passwords)
     # What a restart would forget (commission backoffs, suspects reported), from maas.audit_log.
-    audit_log = values["maas"].get("audit_log", "")
-    reconciler.restore(Audit.read_file(audit_log) if audit_log else [])
+    reconciler.restore(Audit.read_file(values["maas"].get("audit_log", "")))
     try:
         with _Signals(stop):
             while True:

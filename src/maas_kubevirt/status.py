@@ -24,7 +24,7 @@ def main(values: dict, args: Any) -> int:
     try:
         reconciler = Reconciler(client, settings, passwords=passwords)
         # The running reconciler's commission backoffs, from its audit records.
-        reconciler.restore(Audit.read_file(audit_log) if audit_log else [])
+        reconciler.restore(Audit.read_file(audit_log))
         try:
             with client.within(settings.cycle_deadline):
                 reconciler.check_version()

@@ -293,7 +293,7 @@ def maas_checks(values: Mapping[str, Any], client: MAASClient, seed: str | None,
             checks.append(password_check({sid: bool(v) for sid, v in verdicts.items() if v is not None}, fixes.reconcile))
         audit_log = values["maas"].get("audit_log", "")
         backoff = Backoff(values["maas"]["interval"])
-        backoff.restore(Audit.read_file(audit_log) if audit_log else [])
+        backoff.restore(Audit.read_file(audit_log))
         new = {str(m.machine["system_id"]) for m in matches if m.canonical and is_new(m.machine)}
         waits = {sid: wait for sid, wait in backoff.pending().items() if sid in new}
         checks.append(commission_check(
