@@ -103,6 +103,11 @@ def redfish_host(vm: str, namespace: str, domain: str) -> str:
     return host
 
 
+def claimed_host(vm: str, namespace: str, domain: str) -> str:
+    """``<vm>.<namespace>.<domain>`` as a suspect names it, even past the 253 characters of a DNS name."""
+    return f"{vm}.{namespace}.{domain.lower().rstrip('.')}"
+
+
 def parse_redfish_address(address: object, domain: str) -> tuple[str, str] | None:
     """(vm, namespace) when a MAAS power_address is exactly the bare host ``<vm>.<namespace>.<domain>``.
 
@@ -110,7 +115,7 @@ def parse_redfish_address(address: object, domain: str) -> tuple[str, str] | Non
     fragment, trailing dot or space: the one form MAAS stores for Redfish (its driver adds
     ``https://``), and so the only address trusted with a password (DESIGN.md section 6).
     """
-    if not isinstance(address, str) or not address.isascii():
+    if not isinstance(address, str) or not address.isascii() or len(address) > HOST_MAX:
         return None
     suffix = "." + validate_domain(domain)
     host = address.lower()
@@ -197,3 +202,25 @@ def bmc_password(seed: str, serial: str) -> str:
         raise IdentityError("seed: must be a non-empty string")
     parse_serial(serial)
     return _sha256_hex(f"{seed}:{serial}")[:32]
+
+
+# Redfish is a chassis power type in MAAS: machines with the same power_address and power_user
+# share one BMC row and its stored password (get_or_create_bmc in src/maasserver/models/bmc.py,
+# Node.set_power_config in src/maasserver/models/node.py). The address is public, so the user
+# is what keeps a VM's row its own: random at enlistment, derived from the seed afterwards.
+BMC_USER_PREFIX = "maas-kubevirt-"
+# What the commissioning script writes as power_user: this and 128 random bits (32 hex digits),
+# drawn on the machine at each enlistment. A copy lives in the script; a test proves it equal.
+ENLIST_USER_PREFIX = "maas-enlist-"
+
+
+def bmc_user(seed: str, serial: str) -> str:
+    """The VM's BMC user: BMC_USER_PREFIX and 32 hex digits of sha256(seed + ':user:' + serial).
+
+    A serial holds no ':', so this input never equals a password's. Kyverno:
+    join('', ['maas-kubevirt-', truncate(sha256(join('', [seed, ':user:', serial])), `32`)]).
+    """
+    if not isinstance(seed, str) or not seed:
+        raise IdentityError("seed: must be a non-empty string")
+    parse_serial(serial)
+    return BMC_USER_PREFIX + _sha256_hex(f"{seed}:user:{serial}")[:32]
