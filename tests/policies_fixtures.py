@@ -1,6 +1,6 @@
 """The `kyverno test` suites under tests/kyverno/, built from the identity module.
 
-Every expected serial, UUID, password and host in the suites is computed here with
+Every expected serial, UUID, user, password and host in the suites is computed here with
 maas_kubevirt.identity, never written by hand. tests/test_policies_kyverno.py checks that the
 committed suites equal what this module builds; regenerate them after changing a rule with
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import copy
 import hashlib
+import re
 import sys
 from pathlib import Path
 
@@ -29,7 +30,6 @@ REFERENCE_DIR = ROOT / "kyverno"
 # Not a secret: the stand-in for the seed Secret in the offline suites.
 TEST_SEED = "kyverno-test-seed-not-a-real-secret"
 DOMAIN = "bmc.example.com"
-USERNAME = "maas"
 OPT_IN = {"maas.io/kubevirt-bmc": "enabled", "mutatevirtualmachines.kubemacpool.io": "allocate"}
 OPTED_IN = ["tenant-a", "tenant-b"]
 PLAIN = "plain"
@@ -119,8 +119,9 @@ def _generated_metadata(name: str, namespace: str, object_name: str) -> dict:
             "ownerReferences": owner(name, namespace)}
 
 
-def expected_secret(name: str, namespace: str, seed: str = TEST_SEED, username: str = USERNAME) -> dict:
-    password = identity.bmc_password(seed, identity.format_serial(name, namespace))
+def expected_secret(name: str, namespace: str, seed: str = TEST_SEED) -> dict:
+    serial = identity.format_serial(name, namespace)
+    username, password = identity.bmc_user(seed, serial), identity.bmc_password(seed, serial)
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -189,8 +190,8 @@ def expected_network_policy(namespace: str, values: dict) -> dict:
 
 
 def catch_all_ingress(name: str, namespace: str, *, class_name: str | None = "nginx", legacy_class: str | None = None,
-                      hosts: list[str | None] = (), default_backend: bool = False) -> dict:
-    """An Ingress with the given rules (None: a rule without host) and, optionally, a defaultBackend."""
+                      hosts: list[str | None] = (), default_backend: bool = False, annotations: dict | None = None) -> dict:
+    """An Ingress with the given rules (None: a rule without host), annotations and, optionally, a defaultBackend."""
     backend = {"service": {"name": "web", "port": {"number": 80}}}
     rules = [{**({"host": h} if h is not None else {}),
               "http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": backend}]}} for h in hosts]
@@ -202,8 +203,9 @@ def catch_all_ingress(name: str, namespace: str, *, class_name: str | None = "ng
     if rules:
         spec["rules"] = rules
     metadata: dict = {"name": name, "namespace": namespace}
-    if legacy_class is not None:
-        metadata["annotations"] = {"kubernetes.io/ingress.class": legacy_class}
+    if legacy_class is not None or annotations:
+        metadata["annotations"] = {**({"kubernetes.io/ingress.class": legacy_class} if legacy_class is not None else {}),
+                                   **(annotations or {})}
     return {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": metadata, "spec": spec}
 
 
@@ -219,6 +221,46 @@ CATCH_ALL_CASES = [
     (catch_all_ingress("other-class-hostless", "tenant-a", class_name="traefik", hosts=[None]), "skip"),
     (catch_all_ingress("other-class-default", "tenant-a", class_name="traefik", default_backend=True), "skip"),
     (catch_all_ingress("legacy-other-hostless", "tenant-a", class_name=None, legacy_class="traefik", hosts=[None]), "skip"),
+]
+
+
+def aliased_ingress(name: str, namespace: str, alias: str, **kwargs) -> dict:
+    """An Ingress of the BMC class (unless told otherwise) for an own host, with ingress-nginx's server-alias."""
+    return catch_all_ingress(name, namespace, hosts=[f"web1.{namespace}.{DOMAIN}"],
+                             annotations={policies.SERVER_ALIAS_ANNOTATION: alias}, **kwargs)
+
+
+# nginx's regex server name for every host under DOMAIN.
+REGEX_ALIAS = "~^.+" + re.escape("." + DOMAIN) + "$"
+# Aliases on an Ingress in tenant-a, and what the alias rule decides: only plain hosts
+# <vm>.tenant-a.DOMAIN, each trimmed of blanks as ingress-nginx trims them.
+ALIAS_CASES = [
+    (aliased_ingress("alias-wildcard", "tenant-a", f"*.{DOMAIN}"), "fail"),
+    (aliased_ingress("alias-regex", "tenant-a", REGEX_ALIAS), "fail"),
+    (aliased_ingress("alias-both", "tenant-a", f"*.{DOMAIN}, {REGEX_ALIAS}"), "fail"),
+    (aliased_ingress("alias-own-wildcard", "tenant-a", f"*.tenant-a.{DOMAIN}"), "fail"),
+    (aliased_ingress("alias-own-dot-wildcard", "tenant-a", f".tenant-a.{DOMAIN}"), "fail"),
+    (aliased_ingress("alias-other-namespace", "tenant-a", f"web1.tenant-b.{DOMAIN}"), "fail"),
+    (aliased_ingress("alias-own-then-other", "tenant-a", f"web2.tenant-a.{DOMAIN}, web2.tenant-b.{DOMAIN}"), "fail"),
+    (aliased_ingress("alias-namespace-apex", "tenant-a", f"tenant-a.{DOMAIN}"), "fail"),
+    (aliased_ingress("alias-outside", "tenant-a", "www.example.org"), "fail"),
+    (aliased_ingress("alias-empty-entry", "tenant-a", f"web2.tenant-a.{DOMAIN},"), "fail"),
+    (aliased_ingress("alias-upper-case", "tenant-a", f"WEB2.TENANT-A.{DOMAIN.upper()}"), "fail"),
+    (aliased_ingress("alias-legacy-class", "tenant-a", f"*.{DOMAIN}", class_name=None, legacy_class="nginx"), "fail"),
+    (aliased_ingress("alias-own", "tenant-a", f" web2.tenant-a.{DOMAIN} ,db.primary.tenant-a.{DOMAIN}"), "pass"),
+    (aliased_ingress("alias-other-class", "tenant-a", f"*.{DOMAIN}", class_name="traefik"), "skip"),
+]
+# ingress-nginx's raw-configuration annotations on an Ingress in tenant-a, and what the snippet rule decides.
+SNIPPET_CASES = [
+    *((catch_all_ingress(snippet, "tenant-a", hosts=[f"web1.tenant-a.{DOMAIN}"],
+                         annotations={policies.NGINX_ANNOTATION_PREFIX + snippet: f"server_name *.{DOMAIN};"}), "fail")
+      for snippet in ("server-snippet", "configuration-snippet", "stream-snippet", "auth-snippet", "modsecurity-snippet")),
+    (catch_all_ingress("legacy-snippet", "tenant-a", class_name=None, legacy_class="nginx", hosts=["www.example.org"],
+                       annotations={policies.NGINX_ANNOTATION_PREFIX + "server-snippet": "return 200;"}), "fail"),
+    (catch_all_ingress("plain-annotation", "tenant-a", hosts=[f"web1.tenant-a.{DOMAIN}"],
+                       annotations={policies.NGINX_ANNOTATION_PREFIX + "proxy-read-timeout": "60"}), "pass"),
+    (catch_all_ingress("other-class-snippet", "tenant-a", class_name="traefik", hosts=["www.example.org"],
+                       annotations={policies.NGINX_ANNOTATION_PREFIX + "server-snippet": "return 200;"}), "skip"),
 ]
 
 
@@ -470,21 +512,23 @@ def suites(values: dict) -> dict[str, str]:
     files["bmc/kyverno-test.yaml"] = _dump([_test("vm-bmc", "policy-vm-bmc.yaml", results)])
 
     # bmc-isolation: a NetworkPolicy per opted-in namespace (none elsewhere: the CLI reports
-    # nothing for a namespace the rule does not select), and no catch-all Ingress of the class.
+    # nothing for a namespace the rule does not select), and no catch-all Ingress of the class,
+    # no alias of a host it may not serve and no nginx snippet on it.
     pol = names["isolation"]
     namespaces = [namespace(ns, OPT_IN, "1") for ns in OPTED_IN] + [namespace(PLAIN, {}, "1")]
-    files["bmc-isolation/resources.yaml"] = _dump(namespaces + [ing for ing, _ in CATCH_ALL_CASES])
+    files["bmc-isolation/resources.yaml"] = _dump(namespaces + [ing for ing, _ in CATCH_ALL_CASES + ALIAS_CASES + SNIPPET_CASES])
     files["bmc-isolation/values.yaml"] = _dump([_values_file()])
     results = []
     for ns in OPTED_IN:
         files[f"bmc-isolation/generated-networkpolicy-{ns}.yaml"] = _dump([expected_network_policy(ns, values)])
         results.append(_result(pol, "bmc-network-policy", [ns], "pass", kind="Namespace",
                                generatedResource=f"generated-networkpolicy-{ns}.yaml"))
-    by_outcome = {}
-    for ing, outcome in CATCH_ALL_CASES:
-        by_outcome.setdefault(outcome, []).append(f"{ing['metadata']['namespace']}/{ing['metadata']['name']}")
-    results += [_result(pol, "ingress-no-catch-all", refs, outcome, kind="Ingress")
-                for outcome, refs in sorted(by_outcome.items())]
+    for rule, cases in (("ingress-no-catch-all", CATCH_ALL_CASES), ("ingress-server-alias-in-its-own-namespace", ALIAS_CASES),
+                        ("ingress-no-nginx-snippet", SNIPPET_CASES)):
+        by_outcome = {}
+        for ing, outcome in cases:
+            by_outcome.setdefault(outcome, []).append(f"{ing['metadata']['namespace']}/{ing['metadata']['name']}")
+        results += [_result(pol, rule, refs, outcome, kind="Ingress") for outcome, refs in sorted(by_outcome.items())]
     files["bmc-isolation/kyverno-test.yaml"] = _dump([_test("bmc-isolation", "policy-bmc-isolation.yaml", results)])
     return files
 

@@ -186,8 +186,8 @@ def test_policies_match_opted_in_namespaces_and_claims_match_every_namespace(def
                 assert excluded == ([selector_yes] if rule["name"].endswith("-only-when-opted-in") else [])
             elif rule["name"] in ("stamp-identity-on-opt-in", "bmc-network-policy"):
                 assert resources == {"kinds": ["Namespace"], "selector": selector_yes}
-            elif rule["name"] == "ingress-no-catch-all":
-                # Cluster-wide: a catch-all of the class serves every namespace's BMC hosts.
+            elif rule["name"] in INGRESS_CLASS_RULES:
+                # Cluster-wide: a catch-all or an alias of the class serves every namespace's BMC hosts.
                 assert resources == {"kinds": ["networking.k8s.io/v1/Ingress"]}
             else:
                 assert resources["kinds"] == ["kubevirt.io/v1/VirtualMachine"]
@@ -240,7 +240,6 @@ def test_generate_rules_synchronise_existing_vms_and_never_use_random(defaults):
 
 _IN_PLACE = {
     "redfish__domain": "bmc.other.example.net",
-    "redfish__username": "admin",
     "ingress__source_ranges": ["10.20.0.0/16", "fd00:1::/64"],
     "ingress__annotations": {"example.org/team": "infra"},
     "ingress__tls_secret": "bmc-wildcard",
@@ -348,8 +347,17 @@ def test_ingress_pattern_is_the_expected_ingress(defaults, tls):
     assert generated["Ingress"] == expected_ingress("web1", "tenant-a", values)
     assert generated["Ingress"]["spec"]["rules"][0]["host"] == "web1.tenant-a.bmc.lab.example.net"
     assert generated["VirtualMachineBMC"] == expected_vmbmc("web1", "tenant-a")
-    secret = generated["Secret"]
-    assert secret["data"]["username"] == expected_secret("web1", "tenant-a", username=values["redfish"]["username"])["data"]["username"]
+
+
+def test_the_secret_holds_a_derived_user_and_password_and_no_fixed_value(defaults):
+    """Both keys are computed by Kyverno from the seed and the serial (the engine's values: test_policies_kyverno.py)."""
+    bmc = rules(policy(policies.render_kubernetes(defaults, SEED), policies.POLICY_NAMES["bmc"]))
+    assert bmc["bmc-secret"]["generate"]["data"]["data"] == {
+        "username": "{{ base64_encode(" + policies.USER_JMESPATH + ") }}",
+        "password": "{{ base64_encode(" + policies.PASSWORD_JMESPATH + ") }}",
+    }
+    assert f"'{identity.BMC_USER_PREFIX}'" in policies.USER_JMESPATH
+    assert "':user:'" in policies.USER_JMESPATH and "':user:'" not in policies.PASSWORD_JMESPATH
 
 
 @pytest.mark.parametrize("controller_namespace", ["ingress-nginx", "ingress-system"])
@@ -367,6 +375,10 @@ def test_network_policy_pattern_is_the_expected_network_policy(defaults, control
     assert admitted["ports"] == [{"protocol": "TCP", "port": policies.REDFISH_POD_PORT}]
 
 
+# The isolation policy's rules on Ingresses of the BMC class, in order.
+INGRESS_CLASS_RULES = ["ingress-no-catch-all", "ingress-server-alias-in-its-own-namespace", "ingress-no-nginx-snippet"]
+
+
 def test_the_catch_all_rule_follows_the_values(defaults):
     isolation = rules(policy(policies.render_kubernetes(defaults, SEED), policies.POLICY_NAMES["isolation"]))
     rule = isolation["ingress-no-catch-all"]
@@ -379,7 +391,49 @@ def test_the_catch_all_rule_follows_the_values(defaults):
     assert [c["value"] for c in other["ingress-no-catch-all"]["preconditions"]["any"]] == ["haproxy", "haproxy"]
     allowed = rules(policy(policies.render_kubernetes(values_with(defaults, ingress__allow_catch_all=True), SEED),
                            policies.POLICY_NAMES["isolation"]))
-    assert list(allowed) == ["bmc-network-policy"]
+    # The annotation rules stay: an alias or a snippet is no catch-all the values asked for.
+    assert list(allowed) == ["bmc-network-policy"] + INGRESS_CLASS_RULES[1:]
+
+
+@pytest.mark.parametrize("class_name, domain", [("nginx", "bmc.example.com"), ("internal-nginx", "BMC.Lab.Example.NET")])
+def test_the_annotation_rules_check_the_bmc_class_and_the_domain(defaults, class_name, domain):
+    values = values_with(defaults, ingress__class_name=class_name, redfish__domain=domain,
+                         ingress__allowlist_annotation=policies.ALLOWLIST_ANNOTATION)
+    isolation = rules(policy(policies.render_kubernetes(values, SEED), policies.POLICY_NAMES["isolation"]))
+    assert list(isolation)[1:] == INGRESS_CLASS_RULES
+    for name in INGRESS_CLASS_RULES:
+        rule = isolation[name]
+        assert rule["match"] == isolation["ingress-no-catch-all"]["match"]
+        assert rule["preconditions"] == isolation["ingress-no-catch-all"]["preconditions"]
+        assert [c["value"] for c in rule["preconditions"]["any"]] == [class_name, class_name]
+        assert rule["validate"]["failureAction"] == "Enforce" and rule["validate"]["allowExistingViolations"] is False
+        assert rule["validate"]["message"].startswith(name + ": ") and "Fix: " in rule["validate"]["message"]
+    (each,) = isolation["ingress-server-alias-in-its-own-namespace"]["validate"]["foreach"]
+    assert policies.SERVER_ALIAS_ANNOTATION in each["list"]
+    (condition,) = each["deny"]["conditions"]["all"]
+    # The domain as values.py normalises it, each dot literal in the RE2 pattern.
+    assert "'[.]" + domain.lower().replace(".", "[.]") + "[[:space:]]*$'" in condition["key"]
+    assert "request.object.metadata.namespace" in condition["key"]
+    (snippet,) = isolation["ingress-no-nginx-snippet"]["validate"]["deny"]["conditions"]["any"]
+    assert f"'{policies.NGINX_ANNOTATION_PREFIX}'" in snippet["key"] and f"'{policies.SNIPPET_SUFFIX}'" in snippet["key"]
+
+
+@given(vm=st.from_regex(r"[a-z0-9]([-a-z0-9]{0,10}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,8}[a-z0-9])?){0,2}", fullmatch=True),
+       namespace=st.from_regex(r"[a-z0-9]([-a-z0-9]{0,10}[a-z0-9])?", fullmatch=True),
+       other=st.from_regex(r"[a-z0-9]([-a-z0-9]{0,10}[a-z0-9])?", fullmatch=True))
+def test_the_alias_pattern_admits_exactly_the_namespaces_own_hosts(vm, namespace, other):
+    """ALIAS_HOST_LABELS_REGEX joined as the rule joins it, read in Python: own hosts only."""
+    import re
+
+    pattern = _python_regex(policies.ALIAS_HOST_LABELS_REGEX + namespace + "[.]bmc[.]example[.]com[[:space:]]*$")
+    host = identity.redfish_host(vm, namespace, "bmc.example.com")
+    assert pattern.match(host) and pattern.match(f" {host}\t")
+    refused = [f"*.{namespace}.bmc.example.com", f".{namespace}.bmc.example.com", f"{namespace}.bmc.example.com",
+               "~^" + re.escape(host) + "$", host.upper(), f"{host}.evil.example", f"{host}, *.bmc.example.com"]
+    if other != namespace:
+        refused.append(identity.redfish_host(vm, other, "bmc.example.com"))
+    for alias in refused:
+        assert not pattern.match(alias), alias
 
 
 # --- schemas ----------------------------------------------------------------------------------
@@ -496,7 +550,6 @@ _changes = st.fixed_dictionaries(
     {},
     optional={
         "redfish.domain": st.one_of(_dnsish, _anything),
-        "redfish.username": st.one_of(st.text(alphabet=_label_chars, min_size=1, max_size=64), _anything),
         "kubernetes.system_namespace": st.one_of(_dnsish, _anything),
         "kubernetes.seed_secret": st.one_of(_dnsish, _anything),
         "kubernetes.opt_in_label": _keyish,

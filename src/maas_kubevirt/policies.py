@@ -42,10 +42,26 @@ ALLOWLIST_ANNOTATION, DEPRECATED_ALLOWLIST_ANNOTATION = NGINX_ALLOWLIST_ANNOTATI
 # The Ingress class annotation older than spec.ingressClassName, which controllers still read.
 LEGACY_INGRESS_CLASS_ANNOTATION = "kubernetes.io/ingress.class"
 CLUSTER_ISSUER_ANNOTATION = "cert-manager.io/cluster-issuer"
+# ingress-nginx's own annotations (DefaultAnnotationsPrefix in
+# internal/ingress/annotations/parser/main.go). server-alias adds server names to the servers of
+# the Ingress's hosts: comma-separated, each strings.TrimSpace'd, wildcards and ~regexes accepted
+# (internal/ingress/annotations/alias/main.go, ValidateServerName in parser/validators.go). The
+# *-snippet ones paste raw nginx configuration: server-, configuration-, stream-, auth- and
+# modsecurity-snippet (internal/ingress/annotations/{serversnippet,snippet,streamsnippet,authreq,
+# modsecurity}/main.go). On the BMC class the first may name only the namespace's own BMC hosts,
+# and the others are refused.
+NGINX_ANNOTATION_PREFIX = "nginx.ingress.kubernetes.io/"
+SERVER_ALIAS_ANNOTATION = NGINX_ANNOTATION_PREFIX + "server-alias"
+SNIPPET_SUFFIX = "-snippet"
+# An alias the BMC class admits: blanks around it (RE2 [[:space:]], which ingress-nginx trims
+# too), then one or more DNS labels of lower-case letters, digits and '-', then
+# .<the Ingress's namespace>.<domain>. No '*', no '~' regex, no leading dot (nginx's
+# ".example.org" is a wildcard). The namespace and domain are joined in by the rule.
+ALIAS_HOST_LABELS_REGEX = "^[[:space:]]*([a-z0-9]([-a-z0-9]*[a-z0-9])?[.])+"
 # Set on each VM by the opt-in rule: a new value on every opt-in makes the update that fires
 # the BMC policy's generate rules even when the VM already carries its serial and UUID.
 OPTED_IN_ANNOTATION = "maas-kubevirt/opted-in"
-# On each generated <vm>-bmc Secret: which seed its password comes from (seed_version).
+# On each generated <vm>-bmc Secret: which seed its user and password come from (seed_version).
 SEED_VERSION_ANNOTATION = "maas-kubevirt/seed-version"
 
 POLICY_NAMES = {
@@ -82,6 +98,13 @@ _VM = "request.object.metadata.name"
 _NS = "request.object.metadata.namespace"
 
 
+def _jmespath_string(text: str) -> str:
+    """A JMESPath raw string literal of text (values are DNS names or label keys: no quote)."""
+    if "'" in text or "\\" in text:
+        raise ValueError(f"cannot quote {text!r} into JMESPath")
+    return f"'{text}'"
+
+
 def uuid_jmespath(root: str = "request.object") -> str:
     """identity.smbios_uuid of the object at root: sha256_hex("<namespace>/<vm>") cut into a UUID."""
     return (
@@ -94,6 +117,13 @@ def uuid_jmespath(root: str = "request.object") -> str:
 UUID_JMESPATH = uuid_jmespath()
 # identity.bmc_password: sha256_hex(seed + ":" + serial)[0:32], serial = "<vm>.<namespace>".
 PASSWORD_JMESPATH = f"truncate(sha256(join('', [seed, ':', {_VM}, '.', {_NS}])), `32`)"
+# identity.bmc_user: BMC_USER_PREFIX + sha256_hex(seed + ":user:" + serial)[0:32]. kubevirtBMC
+# reads the user from the Secret's key `username` (bmcUserKey in
+# internal/controller/virtualmachinebmc/controller.go, BMC_USERNAME in cmd/virtbmc/main.go).
+USER_JMESPATH = (
+    f"join('', [{_jmespath_string(identity.BMC_USER_PREFIX)}, "
+    f"truncate(sha256(join('', [seed, ':user:', {_VM}, '.', {_NS}])), `32`)])"
+)
 # kubevirtBMC names its Service <vm>-virtbmc: a DNS-1035 label, so <vm> is one of <= 55 chars.
 BMC_NAME_REGEX = "^[a-z]([-a-z0-9]{0,53}[a-z0-9])?$"
 BMC_NAME_MAX = 55
@@ -215,11 +245,16 @@ def check_values(values: dict) -> None:
         raise ValuesError(problems)
 
 
-def _jmespath_string(text: str) -> str:
-    """A JMESPath raw string literal of text (values are DNS names or label keys: no quote)."""
-    if "'" in text or "\\" in text:
-        raise ValueError(f"cannot quote {text!r} into JMESPath")
-    return f"'{text}'"
+def server_alias_list_jmespath() -> str:
+    """The Ingress's server-alias split on commas, [] when it has none (or an empty one)."""
+    alias = f'request.object.metadata.annotations."{SERVER_ALIAS_ANNOTATION}"'
+    return f"{alias} && split({alias}, ',') || `[]`"
+
+
+def own_alias_regex_jmespath(domain: str) -> str:
+    """The RE2 pattern of an alias the Ingress's own namespace may serve (ALIAS_HOST_LABELS_REGEX)."""
+    tail = "[.]" + "[.]".join(domain.split(".")) + "[[:space:]]*$"
+    return f"join('', [{_jmespath_string(ALIAS_HOST_LABELS_REGEX)}, {_NS}, {_jmespath_string(tail)}])"
 
 
 def _context(values: dict, seed: str | None) -> dict[str, Any]:
@@ -252,6 +287,7 @@ def _context(values: dict, seed: str | None) -> dict[str, Any]:
         "uuid_derived_hex_regex": UUID_DERIVED_HEX_REGEX,
         "claim_kinds": CLAIM_KINDS,
         "password_jmespath": "{{ base64_encode(" + PASSWORD_JMESPATH + ") }}",
+        "user_jmespath": "{{ base64_encode(" + USER_JMESPATH + ") }}",
         "bmc_name_check": "{{ regex_match('" + BMC_NAME_REGEX + "', " + _VM + ") }}",
         "old_opt_in_label": '{{ request.oldObject.metadata.labels."' + label + "\" || '' }}",
         "host_template": "{{ " + _VM + " }}.{{ " + _NS + " }}." + domain,
@@ -259,6 +295,14 @@ def _context(values: dict, seed: str | None) -> dict[str, Any]:
         + ") || to_lower(element) == " + _jmespath_string(domain) + " }}",
         "in_own_zone": "{{ ends_with(to_lower(element), join('', ['.', " + _NS + ", "
         + _jmespath_string("." + domain) + "])) }}",
+        "server_alias_annotation": SERVER_ALIAS_ANNOTATION,
+        "server_alias_list": server_alias_list_jmespath(),
+        "own_alias_check": "{{ regex_match(" + own_alias_regex_jmespath(domain) + ", element) }}",
+        "snippet_count": "{{ length(keys(request.object.metadata.annotations || `{}`)[?starts_with(@, "
+        + _jmespath_string(NGINX_ANNOTATION_PREFIX) + ") && ends_with(@, " + _jmespath_string(SNIPPET_SUFFIX)
+        + ")]) }}",
+        "nginx_annotation_prefix": NGINX_ANNOTATION_PREFIX,
+        "snippet_suffix": SNIPPET_SUFFIX,
         "seed_url_path": f"/api/v1/namespaces/{kubernetes['system_namespace']}/secrets/{kubernetes['seed_secret']}",
         "ingress_annotations": annotations,
         "bmc_pod_label": BMC_POD_LABEL,
