@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from maas_double import MaasDouble  # noqa: E402
 
 from maas_kubevirt import identity  # noqa: E402
-from maas_kubevirt.reconcile import Audit  # noqa: E402
+from maas_kubevirt.reconcile import Audit, pool_description  # noqa: E402
 from maas_kubevirt.values import load_values  # noqa: E402
 
 DOMAIN = "bmc.example.com"
@@ -42,6 +42,20 @@ class RecordingAudit(Audit):
 
 def derived(vm: str, namespace: str, seed: str = SEED) -> str:
     return identity.bmc_password(seed, identity.format_serial(vm, namespace))
+
+
+def derived_user(vm: str, namespace: str, seed: str = SEED) -> str:
+    return identity.bmc_user(seed, identity.format_serial(vm, namespace))
+
+
+def owned(name: str) -> dict[str, str]:
+    """A resource pool as MAAS lists it once the reconciler made it (its description says so)."""
+    return {"name": name, "description": pool_description(name)}
+
+
+def credentials(vm: str, namespace: str, seed: str = SEED) -> dict[str, str]:
+    """add_vm's keywords for a VM whose derived password and user are already in place."""
+    return {"password": derived(vm, namespace, seed), "power_user": derived_user(vm, namespace, seed)}
 
 
 def write_seed(tmp_path: Path, seed: str = SEED) -> Path:
@@ -117,6 +131,8 @@ def converged(double: MaasDouble, ids: Iterable[str], domain: str = DOMAIN, seed
         machine = double.machines[sid]
         vm, ns = identity.parse_redfish_address(double.power[sid]["power_address"], domain)
         if double.power[sid]["power_pass"] != derived(vm, ns, seed):
+            return False
+        if double.power[sid]["power_user"] != derived_user(vm, ns, seed):
             return False
         names = (identity.maas_hostname(vm, ns), identity.fallback_hostname(vm, ns))
         if machine["hostname"] not in names or machine["pool"]["name"] != ns:

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from conftest import require  # noqa: E402
 from maas_double import MaasDouble, populate  # noqa: E402
-from reconcile_helpers import DOMAIN, SEED, RecordingAudit, converged, derived  # noqa: E402
+from reconcile_helpers import DOMAIN, SEED, RecordingAudit, converged, credentials, derived  # noqa: E402
 
 from maas_kubevirt import events, identity  # noqa: E402
 from maas_kubevirt.identity import PLACEHOLDER_PASSWORD as PLACEHOLDER  # noqa: E402
@@ -539,9 +539,9 @@ def test_an_event_driven_read_takes_fresh_power_and_keeps_what_it_did_not_read(d
     """An address edited by hand is no event; the next event naming the machine reads it afresh,
     and the machines that event did not name stay known."""
     web = double.add_vm("web", "vms", hostname="web-vms", pool="vms", status="Deployed",
-                        password=derived("web", "vms"))
+                        **credentials("web", "vms"))
     db = double.add_vm("db", "vms", hostname="db-vms", pool="vms", status="Deployed",
-                       password=derived("db", "vms"))
+                       **credentials("db", "vms"))
     reconciler = reconciler_for(double)
     settle(reconciler)
     assert set(reconciler.known) == {web, db}
@@ -558,9 +558,9 @@ def test_a_claimant_known_from_before_is_read_fresh_beside_the_machine_an_event_
     """A machine known to claim the <vm>.<namespace> of the one an event names is read again
     with it, its power afresh: here it has moved to another VM since, so no claim is shared."""
     first = double.add_vm("web", "vms", hostname="web-vms", pool="vms", status="Deployed",
-                          password=derived("web", "vms"))
+                          **credentials("web", "vms"))
     other = double.add_vm("db", "vms", hostname="db-vms", pool="vms", status="Deployed",
-                          password=derived("db", "vms"))
+                          **credentials("db", "vms"))
     reconciler = reconciler_for(double)
     settle(reconciler)
     double.set_power_address(first, f"app.vms.{DOMAIN}")  # no event
@@ -597,7 +597,7 @@ def test_a_duplicate_claim_is_remembered_while_unread_and_forgotten_once_resolve
     first = double.add_vm("web", "vms", hostname="first", status="Deployed")
     second = double.add_vm("web", "vms", hostname="second", status="Deployed")
     bystander = double.add_vm("db", "vms", hostname="db-vms", pool="vms", status="Deployed",
-                              password=derived("db", "vms"))
+                              **credentials("db", "vms"))
     reconciler = reconciler_for(double)
     reconciler.cycle()
     capsys.readouterr()

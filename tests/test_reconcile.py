@@ -19,6 +19,9 @@ from maas_double import MaasDouble, populate  # noqa: E402
 from reconcile_helpers import (  # noqa: E402
     DOMAIN,
     SEED,
+    credentials,
+    derived_user,
+    owned,
     Args,
     GOOD_RECORD,
     RecordingAudit,
@@ -35,6 +38,7 @@ from reconcile_helpers import (  # noqa: E402
 from maas_kubevirt import cli, identity, loop, maas, reconcile, status  # noqa: E402
 from maas_kubevirt.maas import MAASClient, MAASError, RetryPolicy, Signer  # noqa: E402
 from maas_kubevirt.reconcile import (  # noqa: E402
+    pool_description,
     COMMISSION,
     CREATE_POOL,
     MOVE_POOL,
@@ -84,7 +88,7 @@ def machine(sid, hostname, *, power_type="redfish", status="New", pool="default"
 
 def addr(vm, ns, domain=DOMAIN, password=RIGHT):
     """A machine's power facts: its address and (by default) the right password."""
-    return Power(f"{vm}.{ns}.{domain}", password)
+    return Power(f"{vm}.{ns}.{domain}", password, user=RIGHT)
 
 
 def kinds(actions, sid=None):
@@ -108,7 +112,7 @@ def test_plan_for_a_new_vm():
 def test_plan_accepts_power_parameter_mappings_and_existing_pools():
     machines = [machine("aaa", "lucky-cat")]
     actions = plan(machines, {"aaa": {"power_address": addr("web1", "vms").address}},
-                   [{"name": "vms", "id": 3}], SETTINGS)
+                   [{**owned("vms"), "id": 3}], SETTINGS)
     assert kinds(actions) == [SET_PASSWORD, RENAME, MOVE_POOL, COMMISSION]
 
 
@@ -137,13 +141,13 @@ def test_plan_ignores_everything_not_ours():
 
 def test_address_forms_that_match():
     for address in ("web1.vms.bmc.example.com", "WEB1.vms.BMC.example.com"):
-        power = {"aaa": Power(address, RIGHT)}
+        power = {"aaa": Power(address, RIGHT, user=RIGHT)}
         actions = plan([machine("aaa", "web1-vms", pool="vms", status="Ready")], power, [], SETTINGS)
         assert actions == []  # already converged, and matched (no error)
-        actions = plan([machine("aaa", "x")], power, ["vms"], SETTINGS)
+        actions = plan([machine("aaa", "x")], power, [owned("vms")], SETTINGS)
         assert kinds(actions) == [RENAME, MOVE_POOL, COMMISSION], address
         # A bare address says nothing of the password: it is set first, with the canonical address.
-        actions = plan([machine("aaa", "x")], {"aaa": address}, ["vms"], SETTINGS)
+        actions = plan([machine("aaa", "x")], {"aaa": address}, [owned("vms")], SETTINGS)
         assert kinds(actions) == [SET_PASSWORD, RENAME, MOVE_POOL, COMMISSION], address
         assert actions[0].address == "web1.vms.bmc.example.com"
 
@@ -152,16 +156,16 @@ def test_address_forms_that_match():
                                      "https://web1.vms.bmc.example.com.", "web1.vms.bmc.example.com:31234"])
 def test_look_alike_addresses_get_nothing_and_lose_a_derived_password(address):
     """A suspect is reported; holding the derived password, it gets the placeholder back; nothing else."""
-    actions = plan([machine("aaa", "x")], {"aaa": Power(address, PLACEHOLDER)}, ["vms"], SETTINGS)
+    actions = plan([machine("aaa", "x")], {"aaa": Power(address, PLACEHOLDER)}, [owned("vms")], SETTINGS)
     assert kinds(actions) == [SUSPECT]
-    actions = plan([machine("aaa", "x")], {"aaa": Power(address, RIGHT)}, ["vms"], SETTINGS)
+    actions = plan([machine("aaa", "x")], {"aaa": Power(address, RIGHT, user=RIGHT)}, [owned("vms")], SETTINGS)
     assert kinds(actions) == [SUSPECT, RESET_PASSWORD]
     assert (actions[1].before, actions[1].after) == (reconcile.DERIVED, PLACEHOLDER)
 
 
 def test_converged_machine_needs_nothing():
     machines = [machine("aaa", "web1-vms", status="Deployed", pool="vms")]
-    assert plan(machines, {"aaa": addr("web1", "vms")}, ["vms"], SETTINGS) == []
+    assert plan(machines, {"aaa": addr("web1", "vms")}, [owned("vms")], SETTINGS) == []
 
 
 def test_vm_name_with_dots():
@@ -346,7 +350,7 @@ def test_idle_cycle_at_ten_thousand_machines(double):
     for i in range(1000):
         ns = f"ns{i % 10}"
         double.add_vm(f"vm{i}", ns, hostname=identity.maas_hostname(f"vm{i}", ns), pool=ns, status="Deployed",
-                      password=derived(f"vm{i}", ns))
+                      **credentials(f"vm{i}", ns))
     client = MAASClient(double.url, Signer(*double.api_key), timeout=30)
     reconciler = Reconciler(client, SETTINGS, Audit(""), passwords=PASSWORDS)
     assert reconciler.cycle().actions == []
@@ -363,7 +367,7 @@ def test_power_parameters_refetched_only_for_new_or_changed(double):
     reconciler.cycle()
     double.reset_counts()
     double.add_vm("web2", "vms", status="Ready", pool="vms", hostname="web2-vms",
-                  password=derived("web2", "vms"))
+                  **credentials("web2", "vms"))
     reconciler.cycle()
     (log,) = [entry for entry in double.log if entry[2] == "power_parameters"]
     assert double.counts[("GET", "machines/?op=power_parameters")] == 1
@@ -412,7 +416,7 @@ def test_failed_action_does_not_stop_the_rest(tmp_path, double, capsys):
 
 
 def test_failed_pool_creation_fails_its_moves_without_requests(tmp_path, double, capsys):
-    a = double.add_vm("web1", "vms", hostname="web1-vms", status="Ready", password=derived("web1", "vms"))
+    a = double.add_vm("web1", "vms", hostname="web1-vms", status="Ready", **credentials("web1", "vms"))
     double.inject("500", method="POST", path="resourcepools/")
     code, out, err = run(capsys, loop.main, values_for(tmp_path, double), Args(once=True))
     assert code == 1
@@ -422,16 +426,21 @@ def test_failed_pool_creation_fails_its_moves_without_requests(tmp_path, double,
     assert double.machines[a]["pool"]["name"] == "default"
 
 
-def test_pool_created_meanwhile_is_fine(tmp_path, double, capsys):
+def test_a_pool_created_meanwhile_by_someone_else_receives_nothing(tmp_path, double, capsys):
     a = double.add_vm("web1", "vms", hostname="web1-vms", status="Ready")
     client = MAASClient(double.url, Signer(*double.api_key), timeout=5)
     actions = Reconciler(client, SETTINGS, passwords=PASSWORDS).make_plan()
-    double.add_pool("vms")
+    double.add_pool("vms")   # an administrator's, with a description of their own
     outcome = reconcile.apply(client, actions, Audit(""), passwords=PASSWORDS)
     out = capsys.readouterr().out
-    assert (outcome.ok, outcome.skipped, outcome.failed) == (2, 1, 0)
+    assert (outcome.ok, outcome.skipped, outcome.failed) == (1, 2, 0)
     assert [(r["action"], r["outcome"]) for r in audit_records(out)] == [
-        (CREATE_POOL, "skipped"), (SET_PASSWORD, "ok"), (MOVE_POOL, "ok")]
+        (CREATE_POOL, "skipped"), (SET_PASSWORD, "ok"), (MOVE_POOL, "skipped")]
+    assert double.machines[a]["pool"]["name"] == "default"
+    # The next cycle reads whose pool it is, and leaves the machine in default with a note.
+    later = Reconciler(client, SETTINGS, passwords=PASSWORDS).make_plan()
+    assert [(x.kind, x.after) for x in later if x.system_id == a] == [(SKIP, "default")]
+    assert "not created by maas-kubevirt" in later[0].note
     assert double.machines[a]["pool"]["name"] == "vms"
 
 
@@ -572,9 +581,9 @@ def test_loop_exits_cleanly_on_signal(tmp_path, double, signum):
 def test_a_name_freed_in_the_plan_is_taken_after_it_is_freed(tmp_path, double, capsys):
     # "web1-vms" is held by the machine of VM web2; that machine is renamed away first.
     a = double.add_vm("web1", "vms", hostname="lucky-cat", pool="vms", status="Ready",
-                      password=derived("web1", "vms"))
+                      **credentials("web1", "vms"))
     b = double.add_vm("web2", "vms", hostname="web1-vms", pool="vms", status="Ready",
-                      password=derived("web2", "vms"))
+                      **credentials("web2", "vms"))
     client = MAASClient(double.url, Signer(*double.api_key), timeout=5)
     actions = Reconciler(client, SETTINGS, passwords=PASSWORDS).make_plan()
     assert [(x.system_id, x.kind, x.after) for x in actions] == [(b, RENAME, "web2-vms"), (a, RENAME, "web1-vms")]
@@ -649,7 +658,7 @@ def test_the_placeholder_is_replaced_then_left_alone(double, capsys):
     (record,) = audit_records(capsys.readouterr().out)
     assert (record["action"], record["before"], record["after"], record["outcome"]) == (
         SET_PASSWORD, "placeholder", "derived", "ok")
-    assert reconciler.known[sid][1] == Power(double.power[sid]["power_address"], RIGHT)
+    assert reconciler.known[sid][1] == Power(double.power[sid]["power_address"], RIGHT, user=RIGHT)
     double.reset_counts()
     assert reconciler.cycle().actions == []
     # Without the event log, every cycle lists the machines and reads every redfish machine's power.
@@ -673,7 +682,7 @@ def test_commission_only_with_the_password_in_place(tmp_path, double, capsys):
 def test_a_commission_started_by_hand_is_repaired_within_one_cycle(double):
     sid = double.add_vm("web1", "vms", hostname="web1-vms", pool="vms", status="Ready")
     other = double.add_vm("web2", "vms", hostname="web2-vms", pool="vms", status="Deployed",
-                          password=derived("web2", "vms"))
+                          **credentials("web2", "vms"))
     reconciler = reconciler_for(double, full_list=True)
     reconciler.cycle()
     assert double.power[sid]["power_pass"] == derived("web1", "vms")
@@ -742,7 +751,7 @@ def test_a_password_set_meanwhile_is_not_set_again(double):
 
     def fixed_meanwhile(ids, reduce, hints=None):
         found = real(ids, reduce, hints)
-        double.power[sid]["power_pass"] = derived("web1", "vms")
+        double.power[sid].update(power_pass=derived("web1", "vms"), power_user=derived_user("web1", "vms"))
         return found
 
     reconciler.client.power_parameters = fixed_meanwhile
@@ -889,7 +898,7 @@ def test_plan_does_not_depend_on_the_order_maas_lists_machines():
 
 def test_pool_given_as_a_name_string():
     power = {"aaa": addr("web1", "vms")}
-    moved = plan([dict(machine("aaa", "web1-vms", status="Ready"), pool="default")], power, ["vms"], SETTINGS)
+    moved = plan([dict(machine("aaa", "web1-vms", status="Ready"), pool="default")], power, [owned("vms")], SETTINGS)
     assert [(a.kind, a.before, a.after) for a in moved] == [(MOVE_POOL, "default", "vms")]
     assert plan([dict(machine("aaa", "web1-vms", status="Ready"), pool="vms")], power, [], SETTINGS) == []
     kept = plan([dict(machine("aaa", "web1-vms", status="Ready"), pool="ops")], power, [], SETTINGS)
@@ -897,9 +906,9 @@ def test_pool_given_as_a_name_string():
 
 
 def test_existing_empty_namespace_pool_is_not_created_again(tmp_path, double, capsys):
-    double.add_pool("vms")
+    double.add_pool("vms", pool_description("vms"))   # made by an earlier cycle
     sid = double.add_vm("web1", "vms", hostname="web1-vms", status="Ready")
-    assert kinds(plan([machine("aaa", "web1-vms", status="Ready")], {"aaa": addr("web1", "vms")}, ["default", "vms"],
+    assert kinds(plan([machine("aaa", "web1-vms", status="Ready")], {"aaa": addr("web1", "vms")}, ["default", owned("vms")],
                       SETTINGS)) == [MOVE_POOL]
     outcome = reconciler_for(double, full_list=True).cycle().outcome
     assert outcome.ok >= 1 and outcome.failed == 0
@@ -910,7 +919,7 @@ def test_existing_empty_namespace_pool_is_not_created_again(tmp_path, double, ca
 @pytest.mark.parametrize("hostname", ["WEB1-VMS", "Web1-Vms"])
 def test_upper_case_hostname_is_not_renamed(hostname):
     machines = [machine("aaa", hostname, status="Ready", pool="vms")]
-    assert plan(machines, {"aaa": addr("web1", "vms")}, ["vms"], SETTINGS) == []
+    assert plan(machines, {"aaa": addr("web1", "vms")}, [owned("vms")], SETTINGS) == []
 
 
 class RefusingClient:
@@ -947,7 +956,8 @@ def test_gone_or_conflict_between_plan_and_apply_is_a_skip(capsys, status, machi
     assert (outcome.ok, outcome.skipped, outcome.failed) == (0, len(expected), 0)
     assert len(client.calls) == requests
     records = audit_records(capsys.readouterr().out)
-    assert [(r["action"], r["outcome"]) for r in records] == [(kind, "skipped") for kind in expected]
+    # A move whose pool was not created is recorded as it is held back, before its machine's PUT.
+    assert sorted((r["action"], r["outcome"]) for r in records) == sorted((kind, "skipped") for kind in expected)
 
 
 def test_id_left_out_of_a_bulk_power_parameters_reply_is_asked_for_again():
@@ -1181,7 +1191,7 @@ def test_the_pools_are_read_only_when_a_machine_may_move(double, namespace, pool
     if pool != "default":
         double.add_pool(pool)
     double.add_vm("web", namespace, hostname=f"web-{namespace}", pool=pool, status="Deployed",
-                  password=derived("web", namespace))
+                  **credentials("web", namespace))
     reconciler_for(double, full_list=True).cycle()
     assert pool_reads(double) == 0
 
@@ -1190,8 +1200,8 @@ def test_every_name_a_rename_may_take_is_asked_about(double):
     """Each machine to rename has its primary and fallback checked against devices and controllers."""
     double.add_node("alpha-vms", "device")
     double.add_node("beta-vms", "rack_controller")
-    alpha = double.add_vm("alpha", "vms", hostname="a1", pool="vms", status="Deployed", password=derived("alpha", "vms"))
-    beta = double.add_vm("beta", "vms", hostname="b1", pool="vms", status="Deployed", password=derived("beta", "vms"))
+    alpha = double.add_vm("alpha", "vms", hostname="a1", pool="vms", status="Deployed", **credentials("alpha", "vms"))
+    beta = double.add_vm("beta", "vms", hostname="b1", pool="vms", status="Deployed", **credentials("beta", "vms"))
     actions = reconciler_for(double, full_list=True).cycle().actions
     renames = {a.system_id: a.after for a in actions if a.kind == RENAME}
     assert renames == {alpha: identity.fallback_hostname("alpha", "vms"), beta: identity.fallback_hostname("beta", "vms")}
@@ -1236,7 +1246,7 @@ def test_a_plan_made_again_after_the_re_read_still_avoids_names_other_nodes_hold
     fallback name, because a device holds the primary."""
     double.add_node("web-vms", "device")
     web = double.add_vm("web", "vms", hostname="w1", pool="vms", status="Deployed")
-    client = ChangingMAAS(double, lambda: double.power[web].update(power_pass=derived("web", "vms")))
+    client = ChangingMAAS(double, lambda: double.power[web].update(power_pass=derived("web", "vms"), power_user=derived_user("web", "vms")))
     reconciler = reconciler_for(double, full_list=True, client=client)
     actions = reconciler.cycle().actions
     assert [(a.kind, a.after) for a in actions if a.changes] == [(RENAME, identity.fallback_hostname("web", "vms"))]
@@ -1245,9 +1255,9 @@ def test_a_plan_made_again_after_the_re_read_still_avoids_names_other_nodes_hold
 def test_a_plan_made_again_after_the_re_read_keeps_what_it_says_of_the_other_machines(double):
     double.add_pool("special")
     filed = double.add_vm("db", "vms", hostname="db-vms", pool="special", status="Deployed",
-                          password=derived("db", "vms"))
+                          **credentials("db", "vms"))
     web = double.add_vm("web", "vms", hostname="w1", pool="vms", status="Deployed")
-    client = ChangingMAAS(double, lambda: double.power[web].update(power_pass=derived("web", "vms")))
+    client = ChangingMAAS(double, lambda: double.power[web].update(power_pass=derived("web", "vms"), power_user=derived_user("web", "vms")))
     reconciler = reconciler_for(double, full_list=True, client=client)
     actions = reconciler.cycle().actions
     assert [(a.system_id, a.kind, a.note) for a in actions if a.system_id == filed] == [
@@ -1258,15 +1268,25 @@ def test_a_plan_made_again_after_the_re_read_keeps_what_it_says_of_the_other_mac
 # --- what is kept of a machine's power parameters ------------------------------------------------
 
 OURS = f"web.vms.{DOMAIN}"
+USER = PASSWORDS.user("web", "vms")
 
 
 @pytest.mark.parametrize("parameters, power", [
-    ({"power_address": OURS, "power_pass": derived("web", "vms")}, Power(OURS, reconcile.RIGHT)),
-    ({"power_address": OURS, "power_pass": identity.PLACEHOLDER_PASSWORD}, Power(OURS, reconcile.PLACEHOLDER)),
-    ({"power_address": OURS, "power_pass": derived("db", "vms")}, Power(OURS, reconcile.OTHER)),
-    ({"power_address": OURS, "power_pass": ""}, Power(OURS, reconcile.UNSET)),
-    ({"power_address": OURS}, Power(OURS, reconcile.UNSET)),
-    ({"power_address": OURS, "power_pass": 12345}, Power(OURS, reconcile.UNSET)),   # not text: never compared
+    ({"power_address": OURS, "power_user": USER, "power_pass": derived("web", "vms")},
+     Power(OURS, reconcile.RIGHT, user=reconcile.RIGHT)),
+    ({"power_address": OURS, "power_user": "maas", "power_pass": derived("web", "vms")},
+     Power(OURS, reconcile.RIGHT, user=reconcile.OTHER)),   # the old fixed user: the PUT replaces it
+    ({"power_address": OURS, "power_user": PASSWORDS.user("db", "vms"), "power_pass": derived("web", "vms")},
+     Power(OURS, reconcile.RIGHT, user=reconcile.OTHER)),   # another VM's derived user
+    ({"power_address": OURS, "power_pass": identity.PLACEHOLDER_PASSWORD}, Power(OURS, reconcile.PLACEHOLDER,
+                                                                              user=reconcile.OTHER)),
+    ({"power_address": OURS, "power_user": USER, "power_pass": identity.PLACEHOLDER_PASSWORD},
+     Power(OURS, reconcile.PLACEHOLDER, user=reconcile.RIGHT)),
+    ({"power_address": OURS, "power_pass": derived("db", "vms")}, Power(OURS, reconcile.OTHER, user=reconcile.OTHER)),
+    ({"power_address": OURS, "power_pass": ""}, Power(OURS, reconcile.UNSET, user=reconcile.OTHER)),
+    ({"power_address": OURS}, Power(OURS, reconcile.UNSET, user=reconcile.OTHER)),
+    ({"power_address": OURS, "power_user": 7, "power_pass": 12345},
+     Power(OURS, reconcile.UNSET, user=reconcile.OTHER)),   # not text: never compared
     ({"power_address": "https://bmc.elsewhere.example/redfish/v1/Systems/1", "power_pass": "x"},
      Power("https://bmc.elsewhere.example/redfish/v1/Systems/1", reconcile.UNKNOWN)),  # not ours: not judged
     ({"power_address": 12345, "power_pass": derived("web", "vms")}, Power(None, reconcile.UNKNOWN)),
@@ -1278,7 +1298,7 @@ def test_power_parameters_are_reduced_to_the_address_and_a_verdict(parameters, p
 
 def test_a_note_on_a_machine_left_alone_is_printed_once_until_it_changes(double, capsys):
     double.add_pool("special")
-    double.add_vm("web", "vms", hostname="web-vms", pool="special", status="Deployed", password=derived("web", "vms"))
+    double.add_vm("web", "vms", hostname="web-vms", pool="special", status="Deployed", **credentials("web", "vms"))
     reconciler = reconciler_for(double, full_list=True)
     reconciler.cycle()
     reconciler.cycle()

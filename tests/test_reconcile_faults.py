@@ -20,6 +20,8 @@ from maas_double import MaasDouble  # noqa: E402
 from reconcile_helpers import (  # noqa: E402
     DOMAIN,
     SEED,
+    credentials,
+    derived_user,
     derived,
     add_noise,
     assert_no_secrets,
@@ -423,7 +425,7 @@ def test_sigterm_during_a_hanging_request_exits_within_two_seconds(tmp_path):
 def test_a_write_abandoned_in_flight_is_audited_as_unknown(tmp_path, capsys):
     """SIGTERM during a PUT: MAAS may still carry it out, so the record says so, not "failed"."""
     with MaasDouble() as double:
-        double.add_vm("web1", "vms", pool="vms", status="Ready", password=derived("web1", "vms"))
+        double.add_vm("web1", "vms", pool="vms", status="Ready", **credentials("web1", "vms"))
         double.inject("hang", method="PUT", hang=4)
         stop = threading.Event()
         client = MAASClient(double.url, Signer(*double.api_key), timeout=30, stop=stop)

@@ -29,6 +29,7 @@ from reconcile_helpers import GOOD_RECORD, SEED, Args, assert_no_secrets, derive
 from maas_kubevirt import cli, identity, maas  # noqa: E402
 from maas_kubevirt.maas import RetryPolicy  # noqa: E402
 from maas_kubevirt.reconcile import (  # noqa: E402
+    pool_description,
     COMMISSION,
     CREATE_POOL,
     DUPLICATE,
@@ -144,7 +145,7 @@ def inventories(draw):
             "pool": {"name": spec["pool"], "id": pool_id}, "tag_names": spec["tags"],
         })
         if spec["kind"] != "no-params":
-            power[sid] = Power(spec["address"], spec["password"])
+            power[sid] = Power(spec["address"], spec["password"], user=RIGHT)
     pools = draw(st.lists(st.sampled_from(["default", "ops", *NAMESPACES]), unique=True))
     settings = Settings(
         domain=DOMAIN,
@@ -210,7 +211,7 @@ def simulate(machines, power, pools, actions):
     pools = {p for p in pools} | {m["pool"]["name"] for m in machines}
     for action in actions:
         if action.kind == SET_PASSWORD:
-            power[action.system_id] = Power(action.address, RIGHT)
+            power[action.system_id] = Power(action.address, RIGHT, user=RIGHT)
         elif action.kind == RESET_PASSWORD:
             power[action.system_id] = Power(power[action.system_id].address, PLACEHOLDER)
         elif action.kind == CREATE_POOL:
@@ -497,7 +498,8 @@ def test_a_name_handed_out_is_held_by_its_new_owner(mode):
 
 def plan_machine(system_id: str, pool: str = "default", status: str = "Deployed") -> dict:
     return {"system_id": system_id, "hostname": system_id, "power_type": "redfish", "status_name": status,
-            "status": STATUS_CODE[status], "pool": {"name": pool, "id": 0 if pool == "default" else 9},
+            "status": STATUS_CODE[status], "pool": {"name": pool, "id": 0 if pool == "default" else 9,
+                                                    "description": pool_description(pool)},
             "tag_names": []}
 
 
@@ -525,8 +527,8 @@ def test_what_is_left_alone_is_said_with_the_value_it_keeps(commission):
     """Skips keep before == after (the rename, the operator's pool, the wait to commission)."""
     held = dict(plan_machine("m1", pool="ops", status="New"), hostname="random", tag_names=["kubevirt-approved"])
     untagged = dict(plan_machine("m2", pool="vms", status="New"), hostname="web2-vms")
-    power = {"m1": Power(f"web1.vms.{DOMAIN}", RIGHT),
-             "m2": Power(f"web2.vms.{DOMAIN}", RIGHT)}
+    power = {"m1": Power(f"web1.vms.{DOMAIN}", RIGHT, user=RIGHT),
+             "m2": Power(f"web2.vms.{DOMAIN}", RIGHT, user=RIGHT)}
     settings = Settings(domain=DOMAIN, commission=commission, on_hostname_taken="skip")
     first = dict(system_id="m1", hostname="random", vm="web1", namespace="vms")
     second = dict(system_id="m2", hostname="web2-vms", vm="web2", namespace="vms")
@@ -549,7 +551,7 @@ def test_what_is_left_alone_is_said_with_the_value_it_keeps(commission):
 
 def test_a_machine_new_by_its_status_code_alone_is_commissioned_from_new():
     machine = {k: v for k, v in plan_machine("m1", status="New").items() if k != "status_name"}
-    power = {"m1": Power(f"web1.vms.{DOMAIN}", RIGHT)}
+    power = {"m1": Power(f"web1.vms.{DOMAIN}", RIGHT, user=RIGHT)}
     (commission,) = [a for a in plan([machine], power, [], Settings(domain=DOMAIN)) if a.kind == COMMISSION]
     assert (commission.before, commission.after) == ("New", "Commissioning")
 

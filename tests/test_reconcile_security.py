@@ -27,6 +27,7 @@ from reconcile_helpers import (  # noqa: E402
     assert_no_secrets,
     audit_records,
     derived,
+    derived_user,
     values_for,
 )
 
@@ -167,6 +168,7 @@ def test_the_password_goes_in_the_put_that_writes_the_canonical_address(double):
     reconciler.cycle()
     puts = [w for w in writes_to(double, sid) if w[0] == "PUT"]
     assert puts == [("PUT", sid, {"power_parameters_power_address": CANONICAL,
+                                  "power_parameters_power_user": derived_user("web1", "vms"),
                                   "power_parameters_power_pass": "(withheld)",
                                   "hostname": "web1-vms", "pool": "vms"})]
     assert double.power[sid] == {**double.power[sid], "power_address": CANONICAL, "power_pass": WEB1}

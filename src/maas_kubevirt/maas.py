@@ -867,7 +867,8 @@ class MAASClient:
 
     def update_machine(self, system_id: str, *, hide: tuple[str, ...] = (), **fields: str) -> dict:
         """One ``PUT machines/{id}/`` with every field given; no value in ``hide`` (nor any
-        ``*power_pass`` field) reaches a message.
+        ``*power_pass`` or ``*power_user`` field: the derived user names the VM's BMC row, so it
+        is kept as close as the password) reaches a message.
 
         MAAS merges the machine's current power parameters into the form for every key the
         request leaves out (src/maasserver/forms/__init__.py, WithPowerTypeMixin
@@ -875,7 +876,7 @@ class MAASClient:
         src/maasserver/config_forms.py, DictCharField.clean_sub_fields), and the form is all
         or nothing: one refused field (a taken hostname) changes none.
         """
-        passwords = tuple(value for key, value in fields.items() if key.endswith("power_pass"))
+        passwords = tuple(value for key, value in fields.items() if key.endswith(("power_pass", "power_user")))
         return self.call("PUT", self._machine("PUT", system_id), fields=fields, hide=(*hide, *passwords))
 
     def commission(self, system_id: str, skip_bmc_config: bool = True) -> dict:

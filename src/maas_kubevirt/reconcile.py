@@ -63,6 +63,7 @@ NEW = "New"
 CREATE_POOL, SET_PASSWORD, RESET_PASSWORD, RENAME, MOVE_POOL, COMMISSION = (
     "create-pool", "set-password", "reset-password", "rename", "move-pool", "commission")
 SKIP, DUPLICATE, SUSPECT = "skip", "duplicate-claim", "suspect-address"
+
 CHANGES = (CREATE_POOL, SET_PASSWORD, RESET_PASSWORD, RENAME, MOVE_POOL, COMMISSION)
 # What one PUT machines/{id}/ carries together: MAAS's form is all or nothing
 # (src/maasserver/api/machines.py update, AdminMachineForm), so the password is never stored
@@ -95,6 +96,8 @@ class Settings:
     # seconds between bulk re-reads of our machines' power parameters, which catch an address
     # edited by the API or the metadata API (MAAS records no event for either)
     power_check_interval: float = 600.0
+    # pools the reconciler may file VMs in although it did not create them
+    adopt_pools: tuple[str, ...] = ()
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any]) -> "Settings":
@@ -108,6 +111,7 @@ class Settings:
             resync_interval=maas["resync_interval"],
             interval=maas["interval"],
             power_check_interval=maas["power_check_interval"],
+            adopt_pools=tuple(maas["adopt_pools"]),
         )
 
 
@@ -151,6 +155,13 @@ class Power:
     # The identity whose derived password the machine still holds although its address no
     # longer names it (the address changed after the password was set).
     held: tuple[str, str] | None = None
+    # Whether power_user is the derived user of the identity the address names (RIGHT), or not.
+    user: str = UNKNOWN
+
+    @property
+    def converged(self) -> bool:
+        """The derived password and user are both in place."""
+        return self.password == RIGHT and self.user == RIGHT
 
 
 def claim_of(address: Any, domain: str) -> tuple[tuple[str, str] | None, bool]:
@@ -173,6 +184,9 @@ class Passwords:
     def password(self, vm: str, namespace: str) -> str:
         return identity.bmc_password(self._seed, identity.format_serial(vm, namespace))
 
+    def user(self, vm: str, namespace: str) -> str:
+        return identity.bmc_user(self._seed, identity.format_serial(vm, namespace))
+
     def judge(self, parameters: Mapping[str, Any], domain: str,
               previous: tuple[str, str] | None = None) -> Power:
         """Reduce one machine's power parameters to a Power at once.
@@ -190,11 +204,15 @@ class Passwords:
                             and self.matches(stored, *previous)) else None
         if claimed is None:
             return Power(address, UNKNOWN, held=held)
+        user = parameters.get("power_user")
+        user = RIGHT if isinstance(user, str) and hmac.compare_digest(
+            user.encode("utf-8"), self.user(*claimed).encode("utf-8")) else OTHER
         if self.matches(stored, *claimed):
-            return Power(address, RIGHT)
+            return Power(address, RIGHT, user=user)
         if not stored:
-            return Power(address, UNSET, held=held)
-        return Power(address, PLACEHOLDER if stored == identity.PLACEHOLDER_PASSWORD else OTHER, held=held)
+            return Power(address, UNSET, held=held, user=user)
+        return Power(address, PLACEHOLDER if stored == identity.PLACEHOLDER_PASSWORD else OTHER, held=held,
+                     user=user)
 
     def matches(self, stored: str, vm: str, namespace: str) -> bool:
         return hmac.compare_digest(stored.encode("utf-8"), self.password(vm, namespace).encode("utf-8"))
@@ -210,6 +228,28 @@ def _address(parameters: Any) -> Any:
 
 def _password(parameters: Any) -> str:
     return parameters.password if isinstance(parameters, Power) else UNKNOWN
+
+
+def _converged(parameters: Any) -> bool:
+    return isinstance(parameters, Power) and parameters.converged
+
+
+def pool_description(namespace: str) -> str:
+    """The description of the pools the reconciler creates: how it knows them again as its own."""
+    return f"KubeVirt VMs of namespace {namespace} (maas-kubevirt)"
+
+
+def owned_pools(pools: Iterable[Any], adopted: Iterable[str]) -> set[str]:
+    """The pools a machine may be moved into: those the reconciler created (by their description)
+    and those the values adopt. A pool named like a namespace is no proof of anything: an
+    administrator's ``gpu-prod`` must not fill up with whatever enlists as ``x.gpu-prod``."""
+    owned = set(adopted)
+    for pool in pools:
+        if isinstance(pool, Mapping) and isinstance(pool.get("name"), str):
+            namespace = pool["name"]
+            if pool.get("description") == pool_description(namespace):
+                owned.add(namespace)
+    return owned
 
 
 def pool_of(machine: Mapping[str, Any]) -> tuple[str | None, int | None]:
@@ -303,7 +343,7 @@ def duplicate_note(vm: str, namespace: str, group: Sequence[Match]) -> str:
 
 
 def suspect_note(match: Match, address: Any, domain: str) -> str:
-    canonical = identity.redfish_host(match.vm, match.namespace, domain)
+    canonical = identity.claimed_host(match.vm, match.namespace, domain)
     return (f"power address {address!a} is not the bare host {canonical}: no password, rename, pool or "
             "commission (MAAS would send the password where it points)")
 
@@ -425,8 +465,11 @@ def plan(
     canonical bare host; every other machine found holding a derived password gets the
     placeholder back.
     """
+    pools = list(pools)
     existing = {p.get("name") if isinstance(p, Mapping) else p for p in pools}
     existing |= {pool_of(m)[0] for m in machines}
+    # A machine's record carries its pool's description too (src/maasserver/api/machines.py).
+    owned = owned_pools(pools + [m.get("pool") for m in machines], settings.adopt_pools)
     claimants = matching(machines, power_parameters, settings.domain)
     matches, duplicates = claims(claimants)
     order, renames, rename_skips = assign_hostnames(machines, matches, settings.on_hostname_taken, taken)
@@ -482,10 +525,11 @@ def plan(
         tags = machine.get("tag_names")
         approved = isinstance(tags, list) and settings.approval_tag in tags
 
-        # Password: the derived one, whatever the status (a seed rotation resets them all), with
-        # the canonical address in the same PUT; under maas.commission: approved, once approved.
+        # Password and user: the derived ones, whatever the status (a seed rotation resets them
+        # all), with the canonical address in the same PUT; under maas.commission: approved, once
+        # approved. The user makes the VM's BMC row in MAAS one no other machine can name.
         password = _password(power_parameters[system_id])
-        if password != RIGHT:
+        if not _converged(power_parameters[system_id]):
             if settings.commission == "approved" and not approved:
                 if exposed(system_id):  # another VM's derived password, from before its address changed
                     reset(machine, vm, namespace, "power address changed to another VM's; not yet approved")
@@ -493,7 +537,8 @@ def plan(
                     f"password: waiting for the tag {settings.approval_tag} (maas.commission: approved)"),
                     **common))
             else:
-                actions.append(Action(SET_PASSWORD, before=password, after=DERIVED,
+                note = "" if password != RIGHT else "the BMC user is not the derived one"
+                actions.append(Action(SET_PASSWORD, before=password, after=DERIVED, note=note,
                                       address=identity.redfish_host(vm, namespace, settings.domain), **common))
 
         # Hostname: the primary name, else (when held) the fallback or a skip; never fight.
@@ -504,14 +549,21 @@ def plan(
             actions.append(Action(SKIP, before=hostname, after=hostname, note=rename_skips[system_id],
                                   **common))
 
-        # Pool: only out of the default pool; an operator's choice stays.
+        # Pool: only out of the default pool (an operator's choice stays), and only into a pool
+        # the reconciler created or the values adopt.
         target = identity.pool_name(namespace)
         current, _ = pool_of(machine)
         if current != target:
-            if in_default_pool(machine):
+            if in_default_pool(machine) and target in existing and target not in owned:
+                actions.append(Action(
+                    SKIP, before=current, after=current, note=(
+                        f"pool: {target!r} exists but was not created by maas-kubevirt (its description "
+                        f"differs) and maas.adopt_pools does not name it: left in {current!r}"), **common))
+            elif in_default_pool(machine):
                 if target not in existing:
                     created.append(Action(CREATE_POOL, None, None, namespace=namespace, after=target))
                     existing.add(target)
+                    owned.add(target)
                 actions.append(Action(MOVE_POOL, before=current, after=target, **common))
             else:
                 actions.append(Action(
@@ -570,7 +622,10 @@ def _fields(action: Action, passwords: Passwords | None) -> dict[str, str]:
             raise ValueError("set-password needs the seed: pass apply(..., passwords=Passwords(seed))")
         if not action.address:
             raise ValueError("set-password needs the canonical address it is written with")
+        # The three BMC-row fields together: MAAS then updates the VM's own row in place
+        # (Node.set_power_config, src/maasserver/models/node.py), a row no other machine can join.
         return {"power_parameters_power_address": action.address,
+                "power_parameters_power_user": passwords.user(action.vm, action.namespace),
                 "power_parameters_power_pass": passwords.password(action.vm, action.namespace)}
     if action.kind == RENAME:
         return {"hostname": action.after}
@@ -588,7 +643,7 @@ def _perform(client: MAASClient, actions: Sequence[Action], passwords: Passwords
     elif action.kind == RESET_PASSWORD:
         client.update_machine(action.system_id, power_parameters_power_pass=identity.PLACEHOLDER_PASSWORD)
     elif action.kind == CREATE_POOL:
-        client.create_pool(action.after, f"KubeVirt VMs of namespace {action.namespace} (maas-kubevirt)")
+        client.create_pool(action.after, pool_description(action.namespace))
     elif action.kind == COMMISSION:
         client.commission(action.system_id, skip_bmc_config=True)
     else:  # pragma: no cover - plan makes no other kind that changes
@@ -694,6 +749,7 @@ def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
     """
     outcome = Outcome()
     failed_pools: set[str] = set()
+    other_pools: set[str] = set()   # refused as existing (someone else's, as far as is known) or unknown
     no_password: set[str | None] = set()
 
     def record(action: Action, result: str, reason: str = "") -> None:
@@ -706,8 +762,8 @@ def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
             outcome.failed += 1
         if action.kind == SET_PASSWORD and result != "ok":
             no_password.add(action.system_id)
-        if action.kind == CREATE_POOL and result == "failed":
-            failed_pools.add(action.after)
+        if action.kind == CREATE_POOL and result != "ok":
+            (failed_pools if result == "failed" else other_pools).add(action.after)
         if action.kind == COMMISSION and backoff is not None:
             if result == "ok":
                 backoff.clear(action.system_id)
@@ -715,6 +771,9 @@ def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
                 wait = backoff.failed(action.system_id, reason)
                 audit.record(action, result, reason, retry_at=_wall(wait.until), failures=wait.failures)
                 return
+        if action.kind in (SET_PASSWORD, RESET_PASSWORD):  # restored after a restart (Reconciler.restore)
+            audit.record(action, result, reason, identity=f"{action.vm}.{action.namespace}")
+            return
         audit.record(action, result, reason)
 
     def send(batch: list[Action]) -> bool:
@@ -743,6 +802,10 @@ def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
         for action in batch:
             if action.kind == MOVE_POOL and action.after in failed_pools:
                 record(action, "failed", f"the pool {action.after} could not be created")
+            elif action.kind == MOVE_POOL and action.after in other_pools:
+                # Made by someone else meanwhile, perhaps: never filled until a re-read shows whose.
+                record(action, "skipped", f"the pool {action.after} was not created by this cycle: "
+                       "moved only once the next cycle has read whose it is")
             elif action.kind == COMMISSION and action.system_id in no_password:
                 record(action, "skipped", "the BMC password is not in place: not commissioned")
             else:
@@ -802,6 +865,10 @@ class Reconciler:
         self.backoff = Backoff(settings.interval, clock=wall)
         self._suspects: dict[str, Any] = {}
         self.last_power_check: float | None = None
+        # system_id -> the identity whose derived password was set on it (or may have been: an
+        # outcome unknown), kept across restarts through the audit log: a password left behind
+        # an address that moved while the reconciler was down is still recognised.
+        self.credited: dict[str, tuple[str, str]] = {}
 
     def restore(self, records: Iterable[Mapping[str, Any]]) -> None:
         """Take back, from earlier audit records (oldest first), what a restart would forget: the
@@ -809,8 +876,24 @@ class Reconciler:
         records = list(records)
         self.backoff.restore(records)
         for record in records:
-            if record.get("action") == SUSPECT and isinstance(record.get("system_id"), str):
-                self._suspects[record["system_id"]] = record.get("before")
+            system_id, action = record.get("system_id"), record.get("action")
+            if not isinstance(system_id, str):
+                continue
+            if action == SUSPECT:
+                self._suspects[system_id] = record.get("before")
+            elif action == SET_PASSWORD and record.get("outcome") in ("ok", "unknown"):
+                self._credit(system_id, record.get("identity"))
+            elif action == RESET_PASSWORD and record.get("outcome") == "ok":
+                self.credited.pop(system_id, None)
+
+    def _credit(self, system_id: Any, serial: Any) -> None:
+        """Remember an identity read back from an audit record, when both parts are well formed."""
+        if not (isinstance(system_id, str) and valid_system_id(system_id) and isinstance(serial, str)):
+            return
+        try:
+            self.credited[system_id] = identity.parse_serial(serial)
+        except identity.IdentityError:
+            pass
 
     def check_version(self) -> None:
         """MAAS's version, and that the key is an administrator's, once: either wrong stops the service."""
@@ -832,16 +915,24 @@ class Reconciler:
     def read_power(self, system_ids: Iterable[str]) -> dict[str, Power]:
         """Power of these machines in bulk, each judged against the identity it named before too
         (so a derived password left behind an address that changed is recognised)."""
+        system_ids = list(system_ids)
         hints = {}
         for system_id in system_ids:
             entry = self.known.get(system_id)
+            before = None
             if entry is not None:
                 power = entry[1]
                 claimed, canonical = claim_of(power.address, self.settings.domain)
                 before = claimed if canonical and power.password == RIGHT else power.held
-                if before is not None:
-                    hints[system_id] = before
-        return self.client.power_parameters(list(system_ids), self._judge, hints)
+            before = before or self.credited.get(system_id)
+            if before is not None:
+                hints[system_id] = before
+        fetched = self.client.power_parameters(system_ids, self._judge, hints)
+        for system_id, power in fetched.items():
+            claimed, canonical = claim_of(power.address, self.settings.domain)
+            if canonical and power.password == RIGHT:
+                self.credited[system_id] = claimed
+        return fetched
 
     def power_facts(self, machines: Sequence[Mapping[str, Any]], complete: bool = True,
                     everything: bool = False) -> dict[str, Power]:
@@ -873,6 +964,7 @@ class Reconciler:
                     current[system_id] = (statuses[system_id], fetched[system_id])
         if complete:
             self.known = current
+            self.credited = {sid: who for sid, who in self.credited.items() if sid in current}
         else:
             for machine in machines:
                 self.known.pop(machine["system_id"], None)
@@ -1082,10 +1174,14 @@ class Reconciler:
         result.outcome = apply(self.client, result.actions, self.audit, self.stop, self.passwords,
                                self.backoff)
         for action in result.outcome.done:
-            if action.kind == SET_PASSWORD and action.system_id in self.known:
-                status, _ = self.known[action.system_id]
-                self.known[action.system_id] = (status, Power(action.address, RIGHT))
-            elif action.kind == RESET_PASSWORD and action.system_id in self.known:
-                status, power = self.known[action.system_id]
-                self.known[action.system_id] = (status, Power(power.address, PLACEHOLDER))
+            if action.kind == SET_PASSWORD:
+                self.credited[action.system_id] = (action.vm, action.namespace)
+                if action.system_id in self.known:
+                    status, _ = self.known[action.system_id]
+                    self.known[action.system_id] = (status, Power(action.address, RIGHT, user=RIGHT))
+            elif action.kind == RESET_PASSWORD:
+                self.credited.pop(action.system_id, None)
+                if action.system_id in self.known:
+                    status, power = self.known[action.system_id]
+                    self.known[action.system_id] = (status, Power(power.address, PLACEHOLDER, user=power.user))
         return result

@@ -28,7 +28,6 @@ def script_settings(values: dict) -> dict[str, str | bool]:
     """The values the commissioning script needs: no secret, since MAAS serves the script to anyone."""
     return {
         "domain": values["redfish"]["domain"],
-        "username": values["redfish"]["username"],
         "check": values["redfish"]["check"],
         "manufacturer": values["smbios"]["manufacturer"],
         "rendered": True,

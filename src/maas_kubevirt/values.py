@@ -108,10 +108,14 @@ def _text(value: Any) -> str | None:
     return "a non-empty printable string"
 
 
-def _user(value: Any) -> str | None:
-    if isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9._-]{1,64}", value):
-        return None
-    return "a user name of 1-64 letters, digits, '.', '_' or '-'"
+def _pool_names(value: Any) -> list[str]:
+    """Resource pool names as MAAS accepts them (src/maasserver/models/resourcepool.py: ^\\w[ \\w-]*$)."""
+    if not isinstance(value, list):
+        return ["a list of MAAS resource pool names (may be empty)"]
+    return [f"[{index}]: expected a MAAS resource pool name (a letter, digit or '_', then those, "
+            f"'-' and spaces), found {_found(name)}"
+            for index, name in enumerate(value)
+            if not (isinstance(name, str) and len(name) <= 256 and re.fullmatch(r"\w[ \w-]*", name))]
 
 
 def _path(value: Any) -> str | None:
@@ -216,7 +220,6 @@ def _annotations(value: Any) -> list[str]:
 SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
     "redfish": {
         "domain": _dns_name,
-        "username": _user,
         "check": _choice("off", "advisory", "strict"),
     },
     "seed": {"file": _path},
@@ -243,6 +246,7 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "commission": _choice("auto", "approved", "never"),
         "approval_tag": _maas_tag,
         "on_hostname_taken": _choice("fallback", "skip"),
+        "adopt_pools": _pool_names,
         "interval": _seconds(1, 86400),
         "resync_interval": _seconds(60, 604800),
         "power_check_interval": _seconds(60, 86400),
@@ -258,6 +262,8 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
 # believe it still has an effect.
 RETIRED: dict[tuple[str, str], str] = {
     ("redfish", "scheme"): "MAAS stores the Redfish address as a bare host and always reaches it over https://",
+    ("redfish", "username"): ("each VM's BMC user is derived from the seed like its password, so that no "
+                              "other machine can share its BMC row in MAAS"),
 }
 
 
