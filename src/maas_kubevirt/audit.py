@@ -1,4 +1,8 @@
-"""Audit records: one JSON line per change made to MAAS, on stdout and appended to maas.audit_log."""
+"""Audit records: one JSON line per change made to MAAS, on stdout and appended to maas.audit_log.
+
+Every string in a record is capped (:func:`cap`): what MAAS supplies (hostnames, addresses, error
+messages) cannot grow a record past its bound, nor fill the part of the log a restart reads.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,23 @@ import sys
 from datetime import datetime, timezone
 from typing import Any
 
-from maas_kubevirt.console import warn
+from maas_kubevirt.console import cap, warn
 from maas_kubevirt.values import ValuesError
+
+__all__ = ["Audit", "cap", "NAME_LIMIT", "MESSAGE_LIMIT", "MAX_LINE"]
+
+# A name or address: a DNS name is at most 253 characters (RFC 1035) and a MAAS hostname, one
+# label, at most 63; MAAS allows pool names of up to 256. So 256 keeps every valid one whole,
+# and cuts only look-alikes such as an address with a port suffix of megabytes.
+NAME_LIMIT = 256
+# A reason or note: a MAAS error line (cut at 300 by the client) or a note naming a few
+# machines and their addresses; 2048 keeps those whole.
+MESSAGE_LIMIT = 2048
+# Read back, a line longer than this is skipped without counting against the part of the log
+# read: only a log written before the caps holds one (a 2 MB address wrote 4.4 MB). A capped
+# record is far shorter; one checkpoint of many machines' identities (~150 bytes a machine at
+# most) stays under it up to ~14,000 machines.
+MAX_LINE = 2 * 2**20
 
 
 def _now() -> str:
@@ -34,20 +53,22 @@ class Audit:
     def write(self, action: str, system_id: str | None, hostname: str | None,
               before: Any, after: Any, outcome: str, reason: str = "", note: str = "",
               **extra: Any) -> dict:
+        """Write one record, every string in it capped: names at NAME_LIMIT, the rest at MESSAGE_LIMIT."""
         record = {
             "time": _now(),
-            "system_id": system_id,
-            "hostname": hostname,
-            "action": action,
-            "before": before,
-            "after": after,
-            "outcome": outcome,
+            "system_id": _capped(system_id, NAME_LIMIT),
+            "hostname": _capped(hostname, NAME_LIMIT),
+            "action": _capped(action, NAME_LIMIT),
+            "before": _capped(before, NAME_LIMIT),
+            "after": _capped(after, NAME_LIMIT),
+            "outcome": _capped(outcome, NAME_LIMIT),
         }
         if reason:
-            record["reason"] = reason
+            record["reason"] = _capped(reason, MESSAGE_LIMIT)
         if note:
-            record["note"] = note
-        record.update(extra)
+            record["note"] = _capped(note, MESSAGE_LIMIT)
+        record.update((_capped(key, NAME_LIMIT), _capped(value, MESSAGE_LIMIT))
+                      for key, value in extra.items())
         line = json.dumps(record, sort_keys=False)
         print(line, file=sys.stdout, flush=True)
         if self.path:
@@ -65,17 +86,14 @@ class Audit:
                           outcome, reason, action.note, **extra)
 
     @staticmethod
-    def read_file(path: str, limit: int = 4 * 2**20) -> list[dict]:
-        """The JSON records in the last ``limit`` bytes of an audit log, oldest first; [] when no
-        file is configured ("") or it cannot be read."""
+    def read_file(path: str, limit: int = 4 * 2**20, longest: int = MAX_LINE) -> list[dict]:
+        """The JSON records in the last ``limit`` bytes of an audit log's lines, oldest first,
+        lines over ``longest`` skipped and not counted; [] when no file is set ("") or readable."""
         if not path:
             return []
         try:
             with open(path, "rb") as handle:
-                handle.seek(0, os.SEEK_END)
-                size = handle.tell()
-                handle.seek(max(0, size - limit))
-                lines = handle.read().splitlines()[1 if size > limit else 0:]
+                lines = _last_lines(handle, limit, longest)
         except OSError:
             return []
         records = []
@@ -94,3 +112,60 @@ class Audit:
             os.write(fd, data)
         finally:
             os.close(fd)
+
+
+def _capped(value: Any, limit: int) -> Any:
+    """value with every string in it capped (dict keys at NAME_LIMIT); other values unchanged."""
+    if isinstance(value, str):
+        return cap(value, limit)
+    if isinstance(value, dict):
+        return {_capped(str(k), NAME_LIMIT): _capped(v, limit) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_capped(v, limit) for v in value]
+    return value
+
+
+CHUNK = 2**16
+
+
+def _last_lines(handle: Any, limit: int, longest: int) -> list[bytes]:
+    """The last complete lines of a file, at most ``limit`` bytes of them, oldest first.
+
+    Read backwards: a line over ``longest`` is passed over, not kept and not counted, so it
+    neither fills the window nor hides the lines before it. At most 16 * limit bytes are read.
+    """
+    end = handle.seek(0, os.SEEK_END)
+    floor = max(0, end - 16 * limit)
+    lines: list[bytes] = []
+    kept = 0
+    pieces: list[bytes] = []     # the line being read, newest piece first; dropped once too long
+    size = 0
+
+    def finish() -> bool:
+        """Keep the line read so far; False once the window is full."""
+        nonlocal kept
+        if 0 < size <= longest:
+            if kept + size + 1 > limit:      # with its newline
+                return False
+            lines.append(b"".join(reversed(pieces)))
+            kept += size + 1
+        return True
+
+    position = end
+    while position > floor:
+        step = min(CHUNK, position - floor)
+        position -= step
+        handle.seek(position)
+        for index, piece in enumerate(reversed(handle.read(step).split(b"\n"))):
+            if index:            # a newline precedes the line read so far: it is complete
+                if not finish():
+                    return lines[::-1]
+                pieces, size = [], 0
+            size += len(piece)
+            if size <= longest:
+                pieces.append(piece)
+            else:
+                pieces = []
+    if position == 0:            # the file's first line; one cut at the floor is incomplete
+        finish()
+    return lines[::-1]

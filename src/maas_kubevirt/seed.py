@@ -1,21 +1,24 @@
 """The site secret every BMC password derives from: its accepted forms, its file, its checks.
 
-One loader for ``render`` and ``reconcile``. A seed is at least 32 random bytes written as
-64 or more hexadecimal digits (what ``render`` generates: ``openssl rand -hex 32`` makes the
-same) or as base64 of 32 or more bytes (``openssl rand -base64 32``). Bytes that are all one
-value, or that repeat a pattern of up to 8 bytes, are not random and are refused. The text
-itself, without its final newline, is the key: Kyverno and the reconciler hash exactly that text.
+One loader for every command. A seed is at least 32 random bytes written as 64 or more
+hexadecimal digits (what ``render`` generates: ``openssl rand -hex 32`` makes the same) or as
+base64 of 32 or more bytes (``openssl rand -base64 32``). Bytes that repeat a pattern, that
+count by a repeated pattern of steps, or that take fewer than 16 distinct values are not random
+and are refused (:func:`weakness`). The text itself, without its final newline, is the key:
+Kyverno and the reconciler hash exactly that text.
 
-A seed file must be a regular file owned by root or by the user reading it, with no permission
-for group or others (0600 or 0400). Under systemd the service gets it as the credential
-``seed`` (``LoadCredential=``) in ``$CREDENTIALS_DIRECTORY``, which then takes the place of
-``seed.file``. No message here ever contains the seed.
+A seed file must be a regular file, not a symbolic link, owned by root or by the user reading
+it, with no permission for group or others (0600 or 0400): ``render``, ``reconcile``,
+``status`` and ``doctor`` all read it through :func:`read`. Under systemd the service gets it
+as the credential ``seed`` (``LoadCredential=``) in ``$CREDENTIALS_DIRECTORY``, which then
+takes the place of ``seed.file``. No message here ever contains the seed.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import os
 import re
 import secrets
@@ -29,9 +32,19 @@ from maas_kubevirt.values import ValuesError
 SEED_FILE = "seed"            # <output>/seed when render generates it
 CREDENTIAL = "seed"           # the systemd credential's name
 MIN_BYTES = 32
-# A seed whose bytes repeat a pattern this long or shorter is refused: "00" * 32, "5eed" * 16,
-# "0123456789abcdef" * 4 look long enough but hold at most 8 bytes of anything.
-LONGEST_PATTERN = 8
+# What refuses a seed as not random (weakness()): bytes that repeat a pattern of up to half their
+# length ("00" * 32, "5eed" * 16, a 16-byte value written twice); bytes whose successive
+# differences do so (0x00 0x01 0x02 ...: the first byte and the steps decide the rest); or bytes
+# taking fewer than MIN_DISTINCT values ("0" * 62 + "01"). 32 random bytes take about 30.
+# The odds that 32 truly random bytes (the smallest seed accepted) are refused, per rule:
+#   repeating a pattern of p <= 16 bytes means the last 32 - p >= 16 bytes equal earlier ones:
+#     sum over p = 1..16 of 256**-(32 - p) < 2**-127;
+#   differences (31 of them, independent and uniform) repeating p <= 15: the same sum, < 2**-127;
+#   fewer than 16 distinct values: sum over k < 16 of C(256, k) * S(32, k) * k! / 256**32
+#     = 3.2e-17, about 2**-54.8 (S: Stirling numbers of the second kind; tests recompute it).
+# So about 2**-54.8 in all; longer seeds are refused less often (more bytes only add values and
+# lengthen the repeats).
+MIN_DISTINCT = 16
 MAX_FILE_BYTES = 4096
 ACCEPTED = (f"{2 * MIN_BYTES} or more hexadecimal digits, or base64 of {MIN_BYTES} or more bytes "
             f"(make one with `openssl rand -hex {MIN_BYTES}`)")
@@ -63,12 +76,31 @@ def random_bytes(text: str) -> int:
     return len(decoded(text))
 
 
-def repeated_pattern(data: bytes, longest: int = LONGEST_PATTERN) -> int | None:
-    """The length of the shortest pattern (at most ``longest`` bytes) that data repeats from
-    start to end, or None; 1 means every byte is the same value."""
+def repeated_pattern(data: bytes, longest: int | None = None) -> int | None:
+    """The length of the shortest pattern (at most ``longest`` bytes, by default half of data)
+    that data repeats from start to end, or None; 1 means every byte is the same value."""
+    longest = len(data) // 2 if longest is None else longest
     for period in range(1, min(longest, len(data) - 1) + 1):
         if data[period:] == data[:-period]:
             return period
+    return None
+
+
+def weakness(data: bytes) -> str | None:
+    """Why these bytes are not random (see MIN_DISTINCT for the rules and their odds), or None."""
+    period = repeated_pattern(data)
+    if period == 1:
+        return "every byte the same value"
+    if period is not None:
+        return f"a pattern of {period} bytes repeated"
+    steps = repeated_pattern(bytes((b - a) % 256 for a, b in zip(data, data[1:])))
+    if steps is not None:
+        return ("bytes that count by a fixed step, as in 00 01 02 03 ..." if steps == 1
+                else f"bytes that count by a pattern of {steps} steps repeated")
+    distinct = len(set(data))
+    if distinct < MIN_DISTINCT:
+        usual = round(256 * (1 - (255 / 256) ** len(data)))
+        return f"only {distinct} distinct byte values, where random bytes take about {usual}"
     return None
 
 
@@ -81,10 +113,8 @@ def check(text: str, source: str) -> str:
     if random_bytes(seed) < MIN_BYTES:
         raise ValuesError([f"{source}: expected {ACCEPTED}, found {len(seed)} characters "
                            f"that are {_shape(seed)}"])
-    period = repeated_pattern(decoded(seed))
-    if period is not None:
-        found = ("every byte the same value" if period == 1
-                 else f"a pattern of {period} bytes repeated")
+    found = weakness(decoded(seed))
+    if found is not None:
         raise ValuesError([f"{source}: expected {ACCEPTED}, found {random_bytes(seed)} bytes that are "
                            f"not random: {found}"])
     return seed
@@ -98,18 +128,23 @@ def _shape(seed: str) -> str:
     return "neither hexadecimal nor base64"
 
 
-def read(path: Path, source: str, *, credential: bool = False, follow_symlinks: bool = True) -> str:
-    """Read and check a seed file; refuse one others could read or replace.
+def read(path: Path, source: str, *, credential: bool = False, follow_symlinks: bool = False) -> str:
+    """Read and check a seed file; refuse a symbolic link, or a file others could read or replace.
+
+    Every command reads its seed here, and never through a link: whoever can write the link's
+    directory could point it at another seed. (``follow_symlinks`` is kept, False only, for
+    callers that still pass it.)
 
     A systemd credential is 0400 with an ACL entry for the service's user, which stat shows
     as a group read bit (systemd: src/core/execute.c, write_credential, fchmod 0400 then
     fd_add_uid_acl_permission, else fchown to the user): so group read is allowed there only.
     """
-    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (0 if follow_symlinks else os.O_NOFOLLOW)
+    if follow_symlinks:
+        raise TypeError("seed.read never follows a symbolic link")
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW)
     except OSError as error:
-        if error.errno == getattr(os, "ELOOP", 40) and not follow_symlinks:
+        if error.errno == errno.ELOOP:
             raise ValuesError([f"{source}: {path} is a symbolic link; a seed file must be a "
                                "regular file (remove the link, or point seed.file at the real file)"]
                               ) from None
@@ -173,5 +208,5 @@ def for_render(values: Mapping[str, Any], output: Path | None) -> tuple[str, Pat
         raise ValuesError([f"seed: {path} is a symbolic link; render will neither follow nor "
                            "replace it: remove it, or set seed.file to the seed you mean"])
     if path.exists():
-        return read(path, "seed", follow_symlinks=False), None
+        return read(path, "seed"), None
     return generate(), path
