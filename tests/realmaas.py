@@ -43,8 +43,11 @@ The object the fixture yields (`RealMaas`) offers:
 - `admin_add_machine(mac, ...)`: an administrator's POST machines/ with commission=false;
 - `set_stub(on)`; `api(method, path, params)` (as the administrator); `machine(system_id)`;
   `power_parameters(system_id)`; `events(system_id)`; `log_tail()`;
-- `signal(system_id, status)`: an enlisted machine's own metadata signal;
-  `finish_commissioning()`: each enlisted machine in Commissioning signals OK (then Ready).
+- `signal(system_id, status, **fields)`: an enlisted machine's own metadata signal (fields such
+  as power_type and JSON power_parameters, as a commissioning script's BMC configuration sends);
+  `finish_commissioning()`: each enlisted machine in Commissioning signals OK (then Ready);
+- `bmc_row(system_id)`: the machine's BMC row id (``maasserver_node.bmc_id``), read from the
+  database: MAAS's API shows no machine's row, and the tier must see rows shared.
 """
 
 from __future__ import annotations
@@ -320,11 +323,12 @@ class RealMaas:
         return answer.json()["events"]
 
     def enlist(self, power_parameters: dict | None, mac: str, architecture: str = "amd64/generic",
-               power_type: str = "redfish") -> Enlisted:
+               power_type: str = "redfish", finish: bool = True) -> Enlisted:
         """What maas_run_remote_scripts.py enlist() sends: an anonymous POST machines/ with
         architecture, mac_addresses, commission=True, power_type and JSON power_parameters
         (urlencoded), then, when MAAS made the machine, its preseed (op=get_preseed: the OAuth
-        token) and its metadata `signal` OK, the end of enlistment's commissioning."""
+        token) and its metadata `signal` OK, the end of enlistment's commissioning (unless not
+        ``finish``: the machine then stays in Commissioning, its scripts still running)."""
         post = {"architecture": architecture, "mac_addresses": mac, "commission": True}
         if power_type:
             post["power_type"] = power_type
@@ -337,9 +341,10 @@ class RealMaas:
             return result
         result.system_id = answer.json()["system_id"]
         result.preseed_status = self.fetch_machine_key(result.system_id)
-        signalled = self.signal(result.system_id, "OK")
-        result.signal_status = signalled.status_code
-        assert signalled.status_code == 200, (signalled.status_code, signalled.text)
+        if finish:
+            signalled = self.signal(result.system_id, "OK")
+            result.signal_status = signalled.status_code
+            assert signalled.status_code == 200, (signalled.status_code, signalled.text)
         result.machine = self.machine(result.system_id)
         return result
 
@@ -355,12 +360,26 @@ class RealMaas:
         self.machine_keys[system_id] = f"{config['consumer_key']}:{config['token_key']}:{config['token_secret']}"
         return preseed.status_code
 
-    def signal(self, system_id: str, status: str = "OK") -> requests.Response:
+    def signal(self, system_id: str, status: str = "OK", **fields: str) -> requests.Response:
         """The machine's own metadata signal (multipart POST op=signal, its OAuth token), as
-        maas_run_remote_scripts sends when its scripts are done."""
-        return requests.post(f"{self.url}metadata/2012-03-01/",
-                             files={"op": (None, "signal"), "status": (None, status)},
+        maas_run_remote_scripts sends when its scripts are done, or with power_type and
+        power_parameters as after a BMC configuration script (src/metadataserver/api.py,
+        store_node_power_parameters)."""
+        form = {"op": (None, "signal"), "status": (None, status), **{k: (None, v) for k, v in fields.items()}}
+        return requests.post(f"{self.url}metadata/2012-03-01/", files=form,
                              headers={"Authorization": oauth_header(self.machine_keys[system_id])}, timeout=60)
+
+    def bmc_row(self, system_id: str) -> int | None:
+        """The machine's BMC row (maasserver_node.bmc_id), from the database: the API shows none."""
+        pgbin = Path((self.cache / "pgbin").read_text().strip())
+        if not system_id.isalnum():
+            raise ValueError(f"not a system_id: {system_id!r}")
+        done = subprocess.run(
+            self._postgres_command(str(pgbin / "psql"), "-h", str(self.work / "sock"), "-U", "maas", "-d", "maasdb",
+                                   "-At", "-c", f"SELECT bmc_id FROM maasserver_node WHERE system_id = '{system_id}'"),
+            capture_output=True, text=True, timeout=60, check=True)
+        value = done.stdout.strip()
+        return int(value) if value else None
 
     def finish_commissioning(self) -> list[str]:
         """Every machine enlisted here that is in Commissioning signals OK, as at the end of its

@@ -418,3 +418,74 @@ def test_without_maas_source_the_build_says_why_and_the_tier_skips_even_in_ci(tm
     monkeypatch.setattr(conftest, "IN_CI", True)
     with pytest.raises(pytest.skip.Exception, match="cannot get MAAS"):
         realmaas.cache_dir()
+
+
+# --- (b) an impostor on the PXE network never shares a VM's BMC row (issue 21) -----------------
+
+
+def every_holder(real_maas, password: str) -> set[str]:
+    """The machines whose stored power_pass is this one: op=power_parameters of every machine."""
+    answer = real_maas.api("GET", "machines/", {"op": "power_parameters"})
+    assert answer.status_code == 200, (answer.status_code, answer.text)
+    return {sid for sid, params in answer.json().items() if params.get("power_pass") == password}
+
+
+# What an attacker on the PXE network can know of a VM's BMC row besides its public address:
+# the old fixed user, the placeholder, whatever the script writes when the attacker runs it for
+# the same serial (random each run), and the derived user of a VM of the attacker's own.
+IMPOSTOR_USERS = ("maas", "placeholder", "script", "another-vm")
+
+
+@pytest.mark.parametrize("password_set", [False, True], ids=["before-password", "after-password"])
+@pytest.mark.parametrize("user", IMPOSTOR_USERS)
+def test_an_impostor_never_shares_the_vms_bmc_row(real_maas, site, tmp_path, user, password_set):
+    """An anonymous enlistment with the VM's address and any user it can know, then its own
+    metadata signal re-pointing its address: the VM's row and address never move, no machine but
+    the VM ever holds the derived password, and the duplicate claim is reported."""
+    real_maas.set_stub(True)
+    namespace = f"rows-{IMPOSTOR_USERS.index(user)}{'p' if password_set else 'n'}"
+    host, serial = f"web1.{namespace}.{DOMAIN}", f"web1.{namespace}"
+    derived = identity.bmc_password(SEED, serial)
+    written, vm = enlist_script_output(real_maas, site, "web1", namespace, tmp_path / "vm")
+    assert vm.status == 200, vm.body
+    assert written["power_user"].startswith(identity.ENLIST_USER_PREFIX)
+    row = real_maas.bmc_row(vm.system_id)
+    audit = RecordingAudit()
+    loop = reconciler(real_maas, site, audit, commission="never")
+    if password_set:
+        loop.cycle()
+        assert every_holder(real_maas, derived) == {vm.system_id}
+        assert real_maas.power_parameters(vm.system_id)["power_user"] == identity.bmc_user(SEED, serial)
+
+    impostor_user = {
+        "maas": "maas",
+        "placeholder": identity.PLACEHOLDER_PASSWORD,
+        "script": run_script(site["script"], serial, tmp_path / "attacker")["power_user"],
+        "another-vm": identity.bmc_user(SEED, f"mine.{namespace}"),
+    }[user]
+    impostor = real_maas.enlist({"power_address": host, "power_user": impostor_user,
+                                 "power_pass": "the-attackers-own", "node_id": "1"}, new_mac(), finish=False)
+    assert impostor.status == 200, impostor.body
+
+    def vm_stands() -> None:
+        assert real_maas.bmc_row(vm.system_id) == row
+        assert real_maas.bmc_row(impostor.system_id) != row
+        assert real_maas.power_parameters(vm.system_id)["power_address"] == host
+        assert every_holder(real_maas, derived) <= {vm.system_id}
+
+    vm_stands()
+    loop.cycle()
+    vm_stands()
+    claims = [r for r in audit.records if r["action"] == "duplicate-claim"]
+    assert claims and {vm.system_id, impostor.system_id} <= set(claims[-1]["after"].split(",")), audit.records
+
+    # The impostor's own token moves its address: on its own row, the VM stays where it is.
+    moved = real_maas.signal(impostor.system_id, "WORKING", power_type="redfish", power_parameters=json.dumps(
+        {"power_address": "harvest.attacker.example", "power_user": impostor_user}))
+    assert moved.status_code == 200, moved.text
+    assert real_maas.power_parameters(impostor.system_id)["power_address"] == "harvest.attacker.example"
+    vm_stands()
+    loop.cycle()   # no longer disputed: the VM alone gets its password (back)
+    vm_stands()
+    assert every_holder(real_maas, derived) == {vm.system_id}
+    assert real_maas.power_parameters(vm.system_id)["power_user"] == identity.bmc_user(SEED, serial)

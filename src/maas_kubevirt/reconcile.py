@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from maas_kubevirt import events, identity
-from maas_kubevirt.audit import Audit
+from maas_kubevirt.audit import NAME_LIMIT, Audit, cap
 from maas_kubevirt.console import error, note, warn
 from maas_kubevirt.maas import (
     MAASAuthError,
@@ -819,6 +819,11 @@ def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
 # --- the cycle ------------------------------------------------------------------------------
 
 
+def _as_audited(value: Any) -> Any:
+    """A MAAS-supplied string as an audit record keeps it."""
+    return cap(value, NAME_LIMIT) if isinstance(value, str) else value
+
+
 @dataclass
 class Cycle:
     actions: list[Action] = field(default_factory=list)
@@ -1131,12 +1136,13 @@ class Reconciler:
         """One audit record and one warning per duplicate claim and per suspect address, again
         only when the claim's set of machines (or the suspect's address) changes."""
         current = {(a.vm, a.namespace): a.after for a in actions if a.kind == DUPLICATE}
-        suspects = {a.system_id: a.before for a in actions if a.kind == SUSPECT}
+        # As the audit record keeps it (capped), so that a restart compares like with like.
+        suspects = {a.system_id: _as_audited(a.before) for a in actions if a.kind == SUSPECT}
         for action in actions:
             if action.kind == DUPLICATE and self._duplicates.get((action.vm, action.namespace)) != action.after:
                 self.audit.record(action, "refused")
                 warn(action.note)
-            if action.kind == SUSPECT and self._suspects.get(action.system_id) != action.before:
+            if action.kind == SUSPECT and self._suspects.get(action.system_id) != suspects[action.system_id]:
                 self.audit.record(action, "refused")
                 warn(f"{action.system_id} {action.hostname}: {action.note}")
         if self.partial:  # the claims of machines not read this cycle stand as they were

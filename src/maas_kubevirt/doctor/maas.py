@@ -182,7 +182,7 @@ def suspects_check(suspects: Mapping[str, tuple[str, str, str]], domain: str) ->
     name = "maas.suspects"
     if not suspects:
         return Check(name, OK, f"every Redfish address under {domain} is a bare <vm>.<namespace>.{domain}")
-    named = [f"{sid} ({_clean(ascii(address))} imitates {identity.redfish_host(vm, ns, domain)})"
+    named = [f"{sid} ({_clean(ascii(address))} imitates {identity.claimed_host(vm, ns, domain)})"
              for sid, (vm, ns, address) in sorted(suspects.items())]
     return Check(name, FAIL, f"{len(named)} machine(s) whose power address imitates a BMC host, so they get no "
                  f"password: {_some(named)}",
@@ -297,7 +297,7 @@ def maas_checks(values: Mapping[str, Any], client: MAASClient, seed: str | None,
         new = {str(m.machine["system_id"]) for m in matches if m.canonical and is_new(m.machine)}
         waits = {sid: wait for sid, wait in backoff.pending().items() if sid in new}
         checks.append(commission_check(
-            waits, {sid: identity.redfish_host(m.vm, m.namespace, domain) for sid, m in addresses.items()}, audit_log))
+            waits, {sid: identity.claimed_host(m.vm, m.namespace, domain) for sid, m in addresses.items()}, audit_log))
     except MAASError as error:
         checks.append(Check("maas.claims", FAIL, f"cannot read the machines: {_clean(error)}", "check the MAAS region's logs"))
     return checks
