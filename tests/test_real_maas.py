@@ -489,3 +489,33 @@ def test_an_impostor_never_shares_the_vms_bmc_row(real_maas, site, tmp_path, use
     vm_stands()
     assert every_holder(real_maas, derived) == {vm.system_id}
     assert real_maas.power_parameters(vm.system_id)["power_user"] == identity.bmc_user(SEED, serial)
+
+
+def test_a_restarted_reconciler_takes_back_a_password_whose_address_moved_while_it_was_down(
+        real_maas, site, tmp_path):
+    """The identity each derived password was set for comes back from the audit log, as the
+    service restores it (loop.py), so a password left beside a moved address is still reset."""
+    real_maas.set_stub(True)
+    serial = "web1.restart-a"
+    _, vm = enlist_script_output(real_maas, site, "web1", "restart-a", tmp_path)
+    assert vm.status == 200, vm.body
+    log = tmp_path / "audit.log"
+    first = reconciler(real_maas, site, Audit(str(log)), commission="never")
+    first.cycle()
+    derived = identity.bmc_password(SEED, serial)
+    assert every_holder(real_maas, derived) == {vm.system_id}
+    # Down; meanwhile the address is moved with no event (a PUT; a MAC enlistment or the
+    # machine's own metadata token, in Commissioning or Deployed, do the same).
+    moved = real_maas.api("PUT", f"machines/{vm.system_id}/",
+                          {"power_parameters_power_address": "harvest.attacker.example"})
+    assert moved.status_code == 200, moved.text
+    assert real_maas.power_parameters(vm.system_id)["power_address"] == "harvest.attacker.example"
+    assert real_maas.power_parameters(vm.system_id)["power_pass"] == derived
+    audit = RecordingAudit()
+    second = reconciler(real_maas, site, audit, commission="never")
+    second.restore(Audit.read_file(str(log)))
+    second.cycle()
+    assert every_holder(real_maas, derived) == set()
+    assert real_maas.power_parameters(vm.system_id)["power_pass"] == identity.PLACEHOLDER_PASSWORD
+    assert [(r["action"], r["outcome"]) for r in audit.records if r["system_id"] == vm.system_id] == [
+        ("reset-password", "ok")]
