@@ -31,7 +31,7 @@ from reconcile_helpers import (  # noqa: E402
     values_for,
 )
 
-from maas_kubevirt import identity, loop, maas, status  # noqa: E402
+from maas_kubevirt import doctor, identity, loop, maas, status  # noqa: E402
 from maas_kubevirt.maas import MAASClient, RetryPolicy, Signer  # noqa: E402
 from maas_kubevirt.reconcile import MAX_BACKOFF, Passwords, Reconciler, Settings  # noqa: E402
 
@@ -303,3 +303,33 @@ def test_no_secret_in_any_output_of_these_attacks(tmp_path, double, capsys):
     assert_no_secrets(double, out, err, (tmp_path / "audit.log").read_text())
     records = [json.loads(line) for line in (tmp_path / "audit.log").read_text().splitlines()]
     assert {r["action"] for r in records} >= {"suspect-address", "reset-password"}
+
+
+# --- no naming error stops a cycle (issue 21 item 4) -------------------------------------------
+
+# Every label valid, 262 characters in all: MAAS stores it (a host name with no "/"), but
+# <vm>.<namespace>.<domain> cannot be longer than a DNS name's 253.
+OVERLONG_VM = ".".join(["a" * 63, "b" * 63, "c" * 63, "d" * 50])
+OVERLONG = f"{OVERLONG_VM}.vms.{DOMAIN}"
+
+
+def test_an_overlong_address_is_a_suspect_and_the_cycle_status_and_doctor_complete(tmp_path, double, capsys):
+    assert len(OVERLONG) == 262
+    intruder = double.add_machine("long", power_type="redfish", power_address=OVERLONG, power_pass=WEB1)
+    web1 = double.add_vm("web1", "vms")
+    reconciler = reconciler_for(double)
+    result = reconciler.cycle()
+    assert not result.error and result.outcome.failed == 0
+    suspects = [a for a in result.actions if a.kind == "suspect-address"]
+    assert [(a.system_id, a.vm, a.namespace) for a in suspects] == [(intruder, OVERLONG_VM, "vms")]
+    assert double.power[web1]["power_pass"] == WEB1               # the rest of the cycle went on
+    values = values_for(tmp_path, double)
+    code = status.main(values, Args())
+    out = capsys.readouterr().out
+    assert code == 0 and intruder in out and "suspect" in out
+
+    def unresolvable(host: str) -> list[str]:
+        raise OSError(-2, "Name or service not known")
+
+    checks = {c.name: c for c in doctor.run(values, reconciler.client, None, doctor.Options(resolve=unresolvable))}
+    assert checks["maas.suspects"].status == "fail" and intruder in checks["maas.suspects"].found
