@@ -13,6 +13,7 @@ import json
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -282,11 +283,13 @@ def test_the_backoff_is_capped_at_an_hour_and_ends_when_maas_commissions(double)
     sid = double.add_vm("web1", "vms", hostname="web1-vms", pool="vms", password=WEB1)
     refuse_commissions(double)
     reconciler = reconciler_for(double, wall=wall, interval=60.0)
-    for _ in range(10):
+    for failures in range(1, 11):
         reconciler.cycle()
-        wall.now = reconciler.backoff.waits[sid].until
-    waits = reconciler.backoff.waits[sid]
-    assert waits.failures == 10 and waits.until - wall.now <= MAX_BACKOFF
+        waits = reconciler.backoff.waits[sid]
+        # Measured before the clock moves on: one interval, doubling, and never past the cap.
+        assert (waits.failures, waits.until - wall.now) == (failures, min(60.0 * 2 ** (failures - 1), MAX_BACKOFF))
+        wall.now = waits.until
+    assert waits.until - (wall.now - MAX_BACKOFF) == MAX_BACKOFF
     double.clear_faults()
     reconciler.cycle()
     assert double.commissions[-1] == (sid, True) and sid not in reconciler.backoff.waits
@@ -333,3 +336,64 @@ def test_an_overlong_address_is_a_suspect_and_the_cycle_status_and_doctor_comple
 
     checks = {c.name: c for c in doctor.run(values, reconciler.client, None, doctor.Options(resolve=unresolvable))}
     assert checks["maas.suspects"].status == "fail" and intruder in checks["maas.suspects"].found
+
+
+
+# --- rules that hold, each pinned (issue 21 item 9) ---------------------------------------------
+
+
+@pytest.mark.parametrize("address", HOSTILE, ids=[ascii(a) for a in HOSTILE])
+def test_each_hostile_address_is_a_suspect_of_the_identity_it_imitates(address):
+    imitated = ("kube", "vms") if address.startswith("\u212a") else ("web1", "vms")   # KELVIN SIGN reads as k
+    assert identity.suspect_identity(address, DOMAIN) == imitated
+
+
+def test_a_restart_finds_several_refusals_of_one_machine_and_keeps_the_newest():
+    from maas_kubevirt.reconcile import Backoff
+
+    backoff = Backoff(60.0, clock=Clock())
+    backoff.restore([
+        {"action": "commission", "system_id": "abc123", "outcome": "failed", "failures": 1,
+         "retry_at": "2026-12-01T10:01:00Z", "reason": "first"},
+        {"action": "commission", "system_id": "abc123", "outcome": "failed", "failures": 3,
+         "retry_at": "2026-12-01T10:09:00Z", "reason": "third"},
+        {"action": "commission", "system_id": "abc123", "outcome": "unknown", "failures": 2,
+         "retry_at": "2026-12-01T10:05:00Z", "reason": "second, written last"},
+    ])
+    wait = backoff.waits["abc123"]
+    assert (wait.failures, wait.reason) == (2, "second, written last")
+    assert wait.until == datetime(2026, 12, 1, 10, 5, tzinfo=timezone.utc).timestamp()
+
+
+def test_the_power_check_reads_the_power_parameters_of_our_machines_only(double):
+    """Reading a machine's power parameters fetches its BMC password: never another server's."""
+    clock = Clock()
+    ours = {double.add_vm(f"web{i}", "vms", status="Deployed") for i in range(2)}
+    others = {double.add_machine(power_type="redfish", power_address=f"bmc{i}.example.org", power_pass="S3CRET-x")
+              for i in range(3)}
+    reconciler = reconciler_for(double, clock=clock)
+    reconciler.cycle()
+    reconciler.cycle()
+    double.reset_counts()
+    clock.now += reconciler.settings.power_check_interval
+    reconciler.cycle()
+    asked = set()
+    for url in double.urls:
+        if "power_parameters" in url:
+            asked |= set(parse_qs(urlsplit(url).query).get("id", []))
+    assert asked == ours and not asked & others
+
+
+def test_a_machine_deleted_without_an_event_does_not_break_the_next_power_check(double):
+    clock = Clock()
+    gone = double.add_vm("web1", "vms", status="Deployed")
+    kept = double.add_vm("web2", "vms", status="Deployed")
+    reconciler = reconciler_for(double, clock=clock)
+    reconciler.cycle()
+    double.delete_machine(gone, via="api")
+    double.events[:] = [e for e in double.events if e.get("node") != gone]   # as if no event named it
+    double.set_power_address(kept, "bmc.elsewhere.example.org")
+    clock.now += reconciler.settings.power_check_interval
+    result = reconciler.cycle()
+    assert not result.error
+    assert double.power[kept]["power_pass"] == PLACEHOLDER

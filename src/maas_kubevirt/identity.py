@@ -128,20 +128,47 @@ def parse_redfish_address(address: object, domain: str) -> tuple[str, str] | Non
     return vm, namespace
 
 
-# What may stand before a host in an address (scheme, userinfo) or after it (port, path, ...).
-_HOST_BOUNDARY = re.compile(r"[/@:?#\\\[\]\s]")
+# After folding, anything that cannot be part of a host name ends one: a scheme, userinfo, port,
+# path, a comma or semicolon list, spaces, control and zero-width characters.
+_HOST_BOUNDARY = re.compile(r"[^a-z0-9.-]+")
+# Letters of other scripts drawn like Latin ones, and the dots of other scripts that IDNA reads
+# as "." (UTS 46): what NFKC leaves as it is but a reader, or a resolver, takes for the host.
+_LOOKALIKES = str.maketrans({
+    "\u0430": "a", "\u0441": "c", "\u0501": "d", "\u0435": "e", "\u0261": "g", "\u04bb": "h",
+    "\u0456": "i", "\u0458": "j", "\u043a": "k", "\u04cf": "l", "\u043e": "o", "\u0440": "p",
+    "\u051b": "q", "\u0455": "s", "\u0442": "t", "\u0443": "y", "\u0445": "x", "\u03bf": "o",
+    "\u03b1": "a", "\u03bd": "v", "\u03c1": "p", "\u03b9": "i", "\u0131": "i",
+    "\u3002": ".", "\uff0e": ".", "\uff61": ".",
+})
+
+
+def _fold(text: str) -> str:
+    """An address as a reader would take it: NFKC, case folded, look-alike letters and dots made
+    plain, and punycode labels (xn--) decoded."""
+    text = unicodedata.normalize("NFKC", text).casefold().translate(_LOOKALIKES)
+    labels = []
+    for label in text.split("."):
+        if label.startswith("xn--"):
+            try:
+                label = unicodedata.normalize("NFKC", label[4:].encode("ascii").decode("punycode"))
+                label = label.casefold().translate(_LOOKALIKES)
+            except (UnicodeError, ValueError):
+                pass
+        labels.append(label)
+    return ".".join(labels)
 
 
 def suspect_identity(address: object, domain: str) -> tuple[str, str] | None:
     """(vm, namespace) that an address which is not canonical still names, else None.
 
     Undoes what an attacker would use to make a look-alike (Unicode compatibility forms such
-    as KELVIN SIGN, case, percent-encoding, a scheme, userinfo, port, path, trailing dots,
-    spaces) and finds ``<vm>.<namespace>.<domain>`` in what is left.
+    as KELVIN SIGN, letters and dots of other scripts, punycode, case, percent-encoding, a
+    scheme, userinfo, port, path, a list, trailing dots, spaces, invisible characters) and
+    finds ``<vm>.<namespace>.<domain>`` in what is left.
     """
     if not isinstance(address, str) or parse_redfish_address(address, domain) is not None:
         return None
-    text = unicodedata.normalize("NFKC", urllib.parse.unquote(address)).casefold()
+    text = _fold(urllib.parse.unquote(address))
     suffix = "." + validate_domain(domain)
     for part in _HOST_BOUNDARY.split(text):
         part = part.strip(".")
