@@ -95,7 +95,7 @@ class Settings:
     interval: float = 60.0               # seconds between cycles: the first commission backoff
     # seconds between bulk re-reads of our machines' power parameters, which catch an address
     # edited by the API or the metadata API (MAAS records no event for either)
-    power_check_interval: float = 600.0
+    power_check_interval: float = 300.0
     # pools the reconciler may file VMs in although it did not create them
     adopt_pools: tuple[str, ...] = ()
 
