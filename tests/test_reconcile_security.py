@@ -397,3 +397,27 @@ def test_a_machine_deleted_without_an_event_does_not_break_the_next_power_check(
     result = reconciler.cycle()
     assert not result.error
     assert double.power[kept]["power_pass"] == PLACEHOLDER
+
+
+# --- pools the reconciler does not own stay closed (issue 21 item 6) ----------------------------
+
+
+def test_an_administrators_pool_named_like_a_namespace_never_receives_a_machine(tmp_path, double, capsys):
+    """An anonymous enlistment as x.gpu-prod: the namespace need not exist, the pool does."""
+    double.add_pool("gpu-prod", "GPU servers for production")
+    rogue = double.add_vm("x", "gpu-prod")
+    reconciler = reconciler_for(double)
+    for _ in range(2):
+        result = reconciler.cycle()
+    assert double.machines[rogue]["pool"]["name"] == "default"
+    assert not [a for a in result.actions if a.kind == "move-pool"]
+    assert double.counts[("POST", "resourcepools/")] == 0
+    values = values_for(tmp_path, double)
+    capsys.readouterr()
+    assert status.main(values, Args()) == 0
+    out = capsys.readouterr().out
+    assert f"{rogue} " in out and "'gpu-prod' exists but was not created by maas-kubevirt" in out
+    # Named in maas.adopt_pools, it is the operator's choice: then it is used.
+    adopting = reconciler_for(double, adopt_pools=("gpu-prod",))
+    adopting.cycle()
+    assert double.machines[rogue]["pool"]["name"] == "gpu-prod"

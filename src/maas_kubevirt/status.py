@@ -10,9 +10,12 @@ from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, seed
 from maas_kubevirt.audit import Audit
 from maas_kubevirt.console import error, escape_controls, table, warn
 from maas_kubevirt.maas import MAASAuthError, MAASError, client_from_values
-from maas_kubevirt.reconcile import Passwords, Reconciler, Settings, claims, duplicate_note, pool_of
+from maas_kubevirt.reconcile import (SKIP, Passwords, Reconciler, Settings, claims, duplicate_note, needs_pools,
+                                     plan, pool_of)
 
 SUSPECT_MARK = " (suspect: not the bare host)"
+# How the plan's skip note of a pool it will not move a machine into reads.
+POOL_REFUSED = "was not created by maas-kubevirt"
 
 
 def main(values: dict, args: Any) -> int:
@@ -28,7 +31,8 @@ def main(values: dict, args: Any) -> int:
         try:
             with client.within(settings.cycle_deadline):
                 reconciler.check_version()
-                _, power, matches = reconciler.observe()
+                machines, power, matches = reconciler.observe()
+                pools = client.pools() if needs_pools(matches) else []
         except MAASAuthError as failure:
             error(str(failure))
             return EXIT_USAGE
@@ -58,4 +62,7 @@ def main(values: dict, args: Any) -> int:
         print("commission backoffs are shown from maas.audit_log, which is not set", flush=True)
     for (vm, namespace), group in sorted(claims(matches)[1].items()):
         print(escape_controls(f"duplicate claim: {duplicate_note(vm, namespace, group)}"), flush=True)
+    for action in plan(machines, power, pools, settings):
+        if action.kind == SKIP and POOL_REFUSED in action.note:
+            print(escape_controls(f"{action.system_id} {action.hostname}: {action.note}"), flush=True)
     return EXIT_OK
