@@ -116,7 +116,8 @@ def test_a_healthy_site_passes_every_maas_and_network_check(site):
     checks = site.run()
     assert statuses(checks) == {
         "maas.version": "ok", "maas.admin": "ok", "maas.script": "ok", "maas.enlist_commissioning": "ok",
-        "maas.claims": "ok", "maas.suspects": "ok", "maas.power_password": "ok", "maas.commission": "ok",
+        "maas.claims": "ok", "maas.suspects": "ok", "maas.pools": "ok", "maas.power_password": "ok",
+        "maas.commission": "ok",
         "maas.seed_file": "ok", "cluster": "skip",
         "network.dns": "ok", "network.redfish": "ok",
     }
@@ -247,6 +248,16 @@ def test_a_vm_claimed_twice(site):
     assert "2 machine(s)" in checks["maas.power_password"].found
 
 
+def test_a_vm_kept_out_of_a_pool_maas_kubevirt_did_not_make(site):
+    site.double.add_pool("gpu-prod", "GPU servers for production")
+    rogue = site.add_vm("x", "gpu-prod")
+    check = site.run()["maas.pools"]
+    assert check.status == "warn" and rogue in check.found and "x.gpu-prod" in check.found
+    assert check.subjects == (rogue,) and "maas.adopt_pools" in check.fix
+    site.values["maas"]["adopt_pools"] = ["gpu-prod"]
+    assert site.run()["maas.pools"].status == "ok"
+
+
 def test_a_wrong_power_password_is_reported_but_never_printed(site, capsys):
     wrong = "not-the-derived-S3CRET"
     victim = site.add_vm("web9", "vms", password=wrong)
@@ -339,12 +350,12 @@ def test_doctor_command_table_and_json(site, monkeypatch, capsys):
     header = out.splitlines()[0].split()
     assert header == ["CHECK", "STATUS", "FOUND", "FIX"]
     assert table_statuses(out)["cluster"] == "skip"
-    assert out.rstrip().endswith("11 ok, 0 warn, 0 fail, 1 skip")
+    assert out.rstrip().endswith("12 ok, 0 warn, 0 fail, 1 skip")
     code = cli.main(["--values", str(site.values_file), "doctor", "--json"])
     out, err = capsys.readouterr()
     report = json.loads(out)
     assert code == 0
-    assert report["summary"] == {"ok": 11, "warn": 0, "fail": 0, "skip": 1}
+    assert report["summary"] == {"ok": 12, "warn": 0, "fail": 0, "skip": 1}
     assert all(set(c) == {"check", "status", "found", "fix", "subjects"} for c in report["checks"])
     assert report["checks"][0]["check"] == "maas.version"
     assert {c["check"]: c["status"] for c in report["checks"]} == table_statuses(table)

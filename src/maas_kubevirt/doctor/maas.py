@@ -24,7 +24,8 @@ from maas_kubevirt.maas import (
     parse_version,
 )
 from maas_kubevirt.paths import SCRIPT_NAME
-from maas_kubevirt.reconcile import RIGHT, Backoff, Match, Passwords, Wait, is_new, matching
+from maas_kubevirt.reconcile import (RIGHT, Backoff, Match, Passwords, Wait, in_default_pool, is_new, matching,
+                                     owned_pools, pool_of, trusted)
 # What upload-script checks before it uploads is what doctor checks in MAAS.
 from maas_kubevirt.render import REQUIRED_TAGS, rendering_problem
 from maas_kubevirt.values import ValuesError
@@ -192,6 +193,19 @@ def suspects_check(suspects: Mapping[str, tuple[str, str, str]], domain: str) ->
                  tuple(sorted(suspects)))
 
 
+def pools_check(kept: Mapping[str, tuple[str, str]]) -> Check:
+    """No VM is held in default because its namespace's pool is not the reconciler's (system_id -> (serial, pool))."""
+    name = "maas.pools"
+    if not kept:
+        return Check(name, OK, "every VM's namespace pool is maas-kubevirt's own, or adopted, or not there yet")
+    named = [f"{sid} ({serial}: pool {_clean(repr(pool))})" for sid, (serial, pool) in sorted(kept.items())]
+    return Check(name, WARN, f"{len(named)} VM machine(s) left in default because a pool named like their namespace "
+                 f"exists and was not created by maas-kubevirt: {_some(named)}",
+                 "if the pool is meant for these VMs, name it in maas.adopt_pools; otherwise rename that pool, or "
+                 "delete the machines if they are not your VMs (anyone on the PXE network can enlist as <vm>.<pool>)",
+                 tuple(sorted(kept)))
+
+
 def commission_check(waits: Mapping[str, Wait], hosts: Mapping[str, str], audit_log: str) -> Check:
     """No VM waits because MAAS refused its commission (the reconciler's backoff, from its audit log)."""
     name = "maas.commission"
@@ -209,7 +223,7 @@ def commission_check(waits: Mapping[str, Wait], hosts: Mapping[str, str], audit_
 
 
 MAAS_CHECKS = ("maas.version", "maas.admin", "maas.script", "maas.enlist_commissioning",
-               "maas.claims", "maas.suspects", "maas.power_password", "maas.commission")
+               "maas.claims", "maas.suspects", "maas.pools", "maas.power_password", "maas.commission")
 
 
 def maas_checks(values: Mapping[str, Any], client: MAASClient, seed: str | None, fixes: _Fixes,
@@ -264,6 +278,16 @@ def maas_checks(values: Mapping[str, Any], client: MAASClient, seed: str | None,
         addresses = {str(m.machine["system_id"]): m for m in matches}
         checks.append(suspects_check({sid: (m.vm, m.namespace, str(stored.get(sid)))
                                       for sid, m in addresses.items() if not m.canonical}, domain))
+        waiting_for_pool = [m for m in trusted(matches) if in_default_pool(m.machine)
+                            and pool_of(m.machine)[0] != identity.pool_name(m.namespace)]
+        pools = client.pools() if waiting_for_pool else []
+        owned = owned_pools(pools + [m.get("pool") for m in machines if isinstance(m, Mapping)],
+                            values["maas"].get("adopt_pools", []))
+        existing = {p.get("name") for p in pools if isinstance(p, Mapping)}
+        checks.append(pools_check({str(m.machine["system_id"]): (identity.format_serial(m.vm, m.namespace),
+                                                                  identity.pool_name(m.namespace))
+                                   for m in waiting_for_pool
+                                   if identity.pool_name(m.namespace) in existing - owned}))
         sole = {serial: ids[0] for serial, ids in claimed.items() if len(ids) == 1}
         chosen: set[tuple[str, str]] = set()      # (vm, namespace): one per namespace, for Redfish
         for serial in sorted(sole, key=lambda s: identity.parse_serial(s)[::-1]):
