@@ -245,7 +245,7 @@ def b64(text: str) -> str:
 
 def expected_secret_data(bundle: Bundle, name: str, namespace: str) -> dict:
     serial = identity.format_serial(name, namespace)
-    return {"username": b64(bundle.values["redfish"]["username"]),
+    return {"username": b64(identity.bmc_user(bundle.seed, serial)),
             "password": b64(identity.bmc_password(bundle.seed, serial))}
 
 
@@ -356,7 +356,7 @@ def test_generate_secret_vmbmc_and_ingress_with_exact_content(control_plane, bun
 
 
 def test_cluster_identity_equals_identity_py(control_plane, bundle, namespace):
-    """UUID and password as the cluster stores them, against identity.py's, for varied names."""
+    """UUID, user and password as the cluster stores them, against identity.py's, for varied names."""
     names = ["x", "n0de-7", "z" * 55]
     for name in names:
         create(control_plane, vm(name, namespace)).check_returncode()
@@ -367,6 +367,8 @@ def test_cluster_identity_equals_identity_py(control_plane, bundle, namespace):
                             f"Secret {name}-bmc")
         password = base64.b64decode(secret["data"]["password"]).decode()
         assert password == identity.bmc_password(bundle.seed, identity.format_serial(name, namespace))
+        user = base64.b64decode(secret["data"]["username"]).decode()
+        assert user == identity.bmc_user(bundle.seed, identity.format_serial(name, namespace))
 
 
 def test_synchronize_restores_deleted_or_edited_objects(control_plane, bundle, namespace):
@@ -748,6 +750,40 @@ def test_a_catch_all_ingress_of_the_bmc_class_is_refused(control_plane, bundle, 
         assert_denied(patched, "ingress-no-catch-all")
 
 
+def aliased(name: str, namespace: str, domain: str, alias: str) -> dict:
+    """An Ingress of the BMC class for a host of its own namespace, with ingress-nginx's server-alias."""
+    return catch_all_ingress(name, namespace, hosts=[f"web.{namespace}.{domain}"],
+                             annotations={"nginx.ingress.kubernetes.io/server-alias": alias})
+
+
+def test_no_annotation_adds_bmc_hosts(control_plane, bundle, make_namespace):
+    """Issue 21 item 5: a server-alias with a wildcard, a regex or another namespace's host, and
+    any raw-configuration snippet, are refused on the BMC class; an own-namespace alias is admitted."""
+    cp = control_plane
+    victim = make_namespace()
+    for where in (make_namespace(), make_namespace(labelled=False)):
+        for name, alias in (("wildcard", f"*.{bundle.domain}"),
+                            ("regex", "~^.+" + re.escape("." + bundle.domain) + "$"),
+                            ("both", f"*.{bundle.domain}, ~^.+$"),
+                            ("squat", f"web.{victim}.{bundle.domain}")):
+            assert_denied(create(cp, aliased(name, where, bundle.domain, alias)), "ingress-server-alias-in-its-own-namespace")
+        for snippet in ("server-snippet", "configuration-snippet", "stream-snippet"):
+            assert_denied(create(cp, catch_all_ingress(snippet, where, hosts=["www.example.org"], annotations={
+                f"nginx.ingress.kubernetes.io/{snippet}": f"server_name *.{bundle.domain};"})), "ingress-no-nginx-snippet")
+        own = create(cp, aliased("own", where, bundle.domain, f"web2.{where}.{bundle.domain}, db.primary.{where}.{bundle.domain}"))
+        assert own.returncode == 0, own.stderr
+        # An admitted Ingress cannot gain a wildcard later either.
+        patched = cp.kubectl("annotate", "--overwrite", "ingress", "own", "-n", where,
+                             f"nginx.ingress.kubernetes.io/server-alias=*.{bundle.domain}", check=False)
+        assert_denied(patched, "ingress-server-alias-in-its-own-namespace")
+        # Another class is not ingress-nginx's to serve: admitted.
+        other = catch_all_ingress("other", where, class_name="traefik", hosts=["www.example.org"], annotations={
+            "nginx.ingress.kubernetes.io/server-alias": f"*.{bundle.domain}",
+            "nginx.ingress.kubernetes.io/server-snippet": "return 200;"})
+        result = create(cp, other)
+        assert result.returncode == 0, result.stderr
+
+
 def test_allow_catch_all_admits_it(control_plane, bundle, site, namespace):
     cp = control_plane
     allowed = render_bundle(site[0], merged(bundle.values, {"ingress": {"allow_catch_all": True}}), bundle.seed)
@@ -764,7 +800,6 @@ VALUE_CHANGES = {
     "source_ranges": {"ingress": {"source_ranges": ["10.99.0.0/24"]}},
     "annotations": {"ingress": {"annotations": {"nginx.ingress.kubernetes.io/proxy-read-timeout": "120"}}},
     "tls": {"ingress": {"tls_secret": "bmc-wildcard-tls"}},
-    "username": {"redfish": {"username": "maasadmin"}},
 }
 
 
