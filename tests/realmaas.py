@@ -28,8 +28,8 @@ template, so MAAS accepts a new machine's architecture.
 The build: REAL_MAAS names the cache directory (the Makefile's `test` target sets it from
 `tools/build-maas`); without REAL_MAAS the fixture runs `tools/build-maas` itself (instant once
 cached). Where MAAS's source cannot be had (MAAS_SOURCE, by default the upstream repository)
-and nothing is cached, the tier skips with that reason, even under CI=true: the one tier that
-does. Any other missing prerequisite skips, and fails under CI=true, as elsewhere.
+and nothing is cached, the tier skips with that reason, even under CI=true (the one tier that
+does), unless MAAS_SOURCE is set: then, as under .ci/run, it fails. Any other missing prerequisite skips, and fails under CI=true, as elsewhere.
 
 REAL_MAAS_LOGS, when set, names a directory where the region's and PostgreSQL's logs are
 copied when the session ends.
@@ -92,8 +92,9 @@ def _failed_file() -> Path:
 
 
 def unavailable(status: int, reason: str) -> None:
-    """Skip; fail under CI=true, unless what is missing is MAAS's source (nothing cached)."""
-    if status == NO_SOURCE:
+    """Skip; fail under CI=true, unless what is missing is MAAS's source (nothing cached) and
+    no MAAS_SOURCE was given: a source named and not built is a failure like any other."""
+    if status == NO_SOURCE and not os.environ.get("MAAS_SOURCE"):
         pytest.skip(f"real-MAAS tier: {reason}")
     require(False, f"real-MAAS tier: {reason}")
 

@@ -31,3 +31,21 @@ def test_a_rare_branch_fails_the_property():
 
 def test_a_common_branch_passes():
     often_even()
+
+
+def test_a_share_asserting_property_draws_the_same_examples_on_every_run():
+    """Derandomized whatever the profile: the share cannot be met one run and missed the next."""
+    drawn = []
+
+    @branches_taken(any=0.0)
+    @settings(max_examples=20)
+    @given(st.integers())
+    def record(n):
+        branch("any", True)
+        drawn.append(n)
+
+    record()
+    first = list(drawn)
+    del drawn[:]
+    record()
+    assert drawn == first and len(first) == 20

@@ -400,7 +400,8 @@ def test_a_refused_commission_is_audited_kept_across_runs_and_shown_by_status(re
 
 def test_without_maas_source_the_build_says_why_and_the_tier_skips_even_in_ci(tmp_path, monkeypatch):
     """No source and nothing cached: tools/build-maas exits 3 with one line naming the source,
-    records it for the tier, and the tier skips (not fails) under CI=true."""
+    records it for the tier, and the tier skips (not fails) under CI=true, unless MAAS_SOURCE
+    was set."""
     import conftest
     import realmaas
 
@@ -416,7 +417,12 @@ def test_without_maas_source_the_build_says_why_and_the_tier_skips_even_in_ci(tm
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("REAL_MAAS", "")  # as make test passes it when the build failed
     monkeypatch.setattr(conftest, "IN_CI", True)
+    monkeypatch.delenv("MAAS_SOURCE", raising=False)
     with pytest.raises(pytest.skip.Exception, match="cannot get MAAS"):
+        realmaas.cache_dir()
+    # A source named (as .ci/run names the bundle beside the clone) and not built: a failure.
+    monkeypatch.setenv("MAAS_SOURCE", str(missing))
+    with pytest.raises(pytest.fail.Exception, match="cannot get MAAS"):
         realmaas.cache_dir()
 
 
