@@ -251,6 +251,8 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "resync_interval": _seconds(60, 604800),
         "power_check_interval": _seconds(60, 86400),
         "timeout": _seconds(1, 600),
+        "commission_timeout": _seconds(30, 3600),
+        "concurrency": _whole(1, 64, "requests at once"),
         "cycle_deadline": _seconds(10, 86400),
         "max_response_mib": _whole(1, 65536, "MiB"),
         "audit_log": _optional(_absolute_path),
