@@ -14,13 +14,28 @@ administrator), scripts parsed as MAAS's ScriptForm parses them (POST scripts/, 
 scripts/{name}, op=download) and version/.
 
 Power parameters are set as MAAS's machine form sets them: ``PUT machines/{id}/`` with
-``power_parameters_<name>=...`` fields; a name the power type does not have is refused (400
-``{"power_parameters": ["Unknown parameter(s): x."]}``, src/maasserver/config_forms.py,
+``power_parameters_<name>=...`` fields (and ``power_type``); a name the power type does not have is
+refused (400 ``{"power_parameters": ["Unknown parameter(s): x."]}``, src/maasserver/config_forms.py,
 DictCharField.clean_unknown_params), names left out keep their values
 (src/maasserver/forms/__init__.py, WithPowerTypeMixin._get_power_parameters) and a required one
 left empty is refused. ``op=commission`` records ``skip_bmc_config`` (read like Django's
 BooleanField, as src/maasserver/forms/ephemeral.py CommissionForm does); without it, a KubeVirt
 VM's bmc-config script runs again and writes the placeholder password back.
+
+Power is kept as MAAS keeps it (src/maasserver/models/bmc.py, node.py): on BMC rows. A row holds
+the BMC-scoped parameters (its JSON never a secret, the secret apart) and the machine its
+node-scoped ones (redfish: node_id). Redfish is a chassis type: machines whose address and user
+are the same share one row, and its password (get_or_create_bmc). Every write goes through one
+``set_power_config`` (Node.set_power_config): the admin PUT, anonymous enlistment and MAC
+enlistment (``POST machines/`` without authentication, AnonMachinesHandler.create: a machine in
+New or Commissioning holding one of the MACs is updated, with no event) and the machines' own
+metadata ``signal`` (``/MAAS/metadata/<version>/ op=signal`` with the token of ``op=get_preseed``;
+store_node_power_parameters). A form's parameters always carry power_pass, so the current row is
+updated in place and every machine on it follows; a signal's without it can move a machine, and
+every machine of its row, to another row; a row equal to another is refused as MAAS's unique
+index refuses it (409); a row no machine is on is deleted. ``double.power[sid]`` reads a machine's
+parameters as ``op=power_parameters`` does; writing one is a back door to where MAAS keeps it.
+``bmc_id``/``bmc_machines`` show the rows to tests (MAAS's API does not).
 
 Addresses as MAAS 3.6.5 stores them: a power address the power type's IP extractor hands whole
 to netaddr (Redfish and IPMI use the IDENTITY pattern) and that holds a "/" (any URL,
@@ -69,6 +84,7 @@ the bytes received and sent, and GET /_double/advance finishes every commissioni
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import email.parser
 import email.policy
@@ -82,12 +98,14 @@ import struct
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
-from maas_objects import machine_fields, machine_heavy_fields  # tests/ is on sys.path whenever this module is
+from maas_objects import _mac as interface_mac  # tests/ is on sys.path whenever this module is
+from maas_objects import machine_fields, machine_heavy_fields
 from loopback import LoopbackServer
 
 import yaml
@@ -119,21 +137,45 @@ EVENT_TYPES = {
     "NODE": ("Node", "AUDIT"),
     "NEW": ("New", "INFO"),
     "READY": ("Ready", "INFO"),
+    "FAILED_COMMISSIONING": ("Failed commissioning", "INFO"),
     "NODE_POWER_QUERY_FAILED": ("Failed to query node's BMC", "WARNING"),
     "SCRIPT_RESULT_CHANGED_STATUS": ("Script result", "DEBUG"),
 }
 MAX_EVENT_LOG_COUNT = 1000
 DEFAULT_EVENT_LOG_LIMIT = 100
 COMMISSION_FROM = ("New", "Failed commissioning", "Ready", "Broken")
-# Each power type's parameters, and which are required: the drivers' settings in
-# src/provisioningserver/drivers/power/redfish.py and ipmi.py.
-POWER_FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
-    "redfish": {"power_address": ("Redfish address", True), "power_user": ("Redfish user", True),
-                "power_pass": ("Redfish password", True), "node_id": ("Node ID", False)},
-    "ipmi": {name: (name, name == "power_address") for name in (
-        "power_driver", "power_boot_type", "power_address", "power_user", "power_pass", "k_g",
-        "cipher_suite_id", "privilege_level", "workaround_flags", "mac_address", "power_off_mode")},
+# Each power type's settings as its driver declares them (make_setting_field in
+# src/provisioningserver/drivers/__init__.py; the drivers in src/provisioningserver/drivers/power/
+# redfish.py, ipmi.py and manual.py): name -> (label, required, scope, secret, default). A setting is
+# BMC-scoped unless it says "node"; a secret one is kept apart from the row's JSON (SecretManager).
+# MAAS offers every registered driver; the double describes these three.
+POWER_SETTINGS: dict[str, dict[str, tuple[str, bool, str, bool, Any]]] = {
+    "redfish": {
+        "power_address": ("Redfish address", True, "bmc", False, None),
+        "power_user": ("Redfish user", True, "bmc", False, None),
+        "power_pass": ("Redfish password", True, "bmc", True, None),
+        "node_id": ("Node ID", False, "node", False, None),
+    },
+    "ipmi": {
+        "power_driver": ("Power driver", True, "bmc", False, "LAN_2_0"),
+        "power_boot_type": ("Power boot type", False, "bmc", False, "auto"),
+        "power_address": ("IP address", True, "bmc", False, None),
+        "power_user": ("Power user", False, "bmc", False, None),
+        "power_pass": ("Power password", False, "bmc", True, None),
+        "k_g": ("K_g BMC key", False, "bmc", True, None),
+        "cipher_suite_id": ("Cipher Suite ID", False, "bmc", False, "3"),
+        "privilege_level": ("Privilege Level", False, "bmc", False, "OPERATOR"),
+        "workaround_flags": ("Workaround Flags", False, "bmc", False, ["opensesspriv"]),
+        "mac_address": ("Power MAC", False, "node", False, None),
+        "power_off_mode": ("Power off mode", False, "bmc", False, "hard"),
+    },
+    "manual": {},
 }
+# The drivers' `chassis` attribute: the machines of a chassis share one BMC row (get_or_create_bmc).
+CHASSIS = {"redfish": True, "ipmi": False, "manual": False}
+POWER_FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
+    power_type: {name: (setting[0], setting[1]) for name, setting in settings.items()}
+    for power_type, settings in POWER_SETTINGS.items()}
 SKIP_CHECK = "power_parameters_skip_check"
 # src/provisioningserver/drivers/__init__.py: IP_EXTRACTOR_PATTERNS.IDENTITY, the pattern of
 # make_ip_extractor("power_address") that redfish.py and ipmi.py use.
@@ -175,6 +217,30 @@ _SCRIPT_DELIMITER = re.compile(r"\s*#\s*-+\s*(Start|End) MAAS (?P<version>\d+\.\
 _SCRIPT_FIELDS = ("name", "title", "description", "tags", "script_type", "hardware_type", "parallel",
                   "packages", "timeout", "destructive", "for_hardware", "may_reboot", "recommission",
                   "apply_configured_networking")
+# src/metadataserver/enum.py: SIGNAL_STATUS.
+SIGNAL_STATUSES = ("OK", "FAILED", "WORKING", "COMMISSIONING", "TESTING", "TIMEDOUT", "INSTALLING",
+                   "APPLYING_NETCONF", "RELEASING")
+# src/metadataserver/api.py VersionIndexHandler.signal: the statuses a machine may signal in; those
+# without a _process_* method answer OK and change nothing. Of the ones with a method the double
+# models New and, through _process_commissioning, Commissioning and Deployed; the others (Testing,
+# Deploying, Disk erasing, Entering rescue mode, Rescue mode, Releasing) answer OK and change
+# nothing here.
+SIGNALABLE = ("Broken", "Commissioning", "Failed commissioning", "Deploying", "Failed deployment", "Ready",
+              "Disk erasing", "Releasing", "Entering rescue mode", "Rescue mode",
+              "Failed to enter rescue mode", "Testing", "Failed testing", "New", "Deployed")
+# _process_commissioning's targets, and src/maasserver/node_status.py NODE_TRANSITIONS from the two
+# statuses it serves here (Node.update_status refuses any other: NodeStateViolation, 409).
+SIGNAL_TARGETS = {"OK": "Ready", "FAILED": "Failed commissioning", "TESTING": "Testing"}
+TRANSITIONS = {"Commissioning": ("Failed commissioning", "Ready", "Retired", "Missing", "New", "Broken", "Testing"),
+               "Deployed": ("Allocated", "Missing", "Broken", "Ready", "Disk erasing", "Releasing",
+                            "Entering rescue mode", "Testing")}
+# AnonMachinesHandler.create looks for a machine to update only among these.
+ENLISTABLE = ("New", "Commissioning")
+# The three input forms of src/maascommon/fields.py MAC_FIELD_RE (the double takes them whole).
+_MAC = re.compile(r"([0-9a-f]{1,2}:){5}[0-9a-f]{1,2}|([0-9a-f]{1,2}-){5}[0-9a-f]{1,2}|([0-9a-f]{3,4}\.){2}[0-9a-f]{3,4}",
+                  re.IGNORECASE)
+# formencode's StringBool, which get_optional_param applies to "commission".
+_TRUE, _FALSE = ("true", "t", "yes", "y", "on", "1"), ("false", "f", "no", "n", "off", "0")
 _HOSTNAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z", re.IGNORECASE)
 _POOL = re.compile(r"^\w[ \w-]*\Z")
 
@@ -195,6 +261,57 @@ def address_refused(power_type: str, params: dict[str, Any]) -> bool:
     if address.startswith("[") and address.endswith("]"):
         address = address[1:-1]
     return "/" in address
+
+
+def scope_power_parameters(power_type: str, params: dict[str, Any]) -> tuple[bool, dict, dict]:
+    """BMC.scope_power_parameters (src/maasserver/models/bmc.py): (chassis, the BMC-scoped
+    parameters, the node's). A type without settings keeps every parameter on the node."""
+    settings = POWER_SETTINGS.get(power_type) if power_type else None
+    if not settings:
+        return False, {}, dict(params or {})
+    bmc: dict[str, Any] = {}
+    node: dict[str, Any] = {}
+    for name, value in params.items():
+        setting = settings.get(name)
+        (bmc if setting is not None and setting[2] == "bmc" else node)[name] = value
+    return CHASSIS[power_type], bmc, node
+
+
+def sanitise_power_parameters(power_type: str, params: dict[str, Any]) -> tuple[dict, dict]:
+    """sanitise_power_parameters (src/provisioningserver/drivers/power/registry.py): (the
+    parameters but the driver's secret ones, the secret ones)."""
+    settings = POWER_SETTINGS.get(power_type, {})
+    kept = {name: value for name, value in params.items() if not (name in settings and settings[name][3])}
+    secrets = {name: value for name, value in params.items() if name not in kept}
+    return kept, secrets
+
+
+def normalise_mac(mac: str) -> str:
+    """src/maascommon/fields.py normalise_macaddress: lower case, colons, two digits a byte."""
+    tokens = re.split(r"[-:.]", mac.lower())
+    if len(tokens) == 3:
+        return ":".join(token.zfill(4)[i:i + 2] for token in tokens for i in (0, 2))
+    return ":".join(token.zfill(2) for token in tokens)
+
+
+class MaasRefused(Exception):
+    """What MAAS answers instead of doing it: raised by the double's model, answered by its handlers
+    (and raised to a test that asks a helper for what MAAS would refuse)."""
+
+    def __init__(self, status: int, body: Any, headers: dict[str, str] | None = None):
+        super().__init__(f"{status}: {body!r}")
+        self.status, self.body, self.headers = status, body, headers or {}
+
+
+@dataclass
+class BMCRow:
+    """One maasserver_bmc row: its power type, its JSON power_parameters (never a secret) and the
+    secret MAAS keeps for it apart (SecretManager's "power-parameters", src/maasserver/secrets.py)."""
+
+    id: int
+    power_type: str
+    parameters: dict
+    secrets: dict = field(default_factory=dict)
 
 
 def _status_constant(name: str) -> str:
@@ -222,6 +339,12 @@ class Request:
     query: dict[str, list[str]]
     fields: dict[str, str] = field(default_factory=dict)
     files: dict[str, bytes] = field(default_factory=dict)
+    lists: dict[str, list[str]] = field(default_factory=dict)   # every value of a repeated field
+    anonymous: bool = False                                     # sent without an Authorization header
+
+    def getlist(self, name: str) -> list[str]:
+        """Every value of a form field, as QueryDict.getlist gives them."""
+        return self.lists.get(name) or ([self.fields[name]] if name in self.fields else [])
 
     @property
     def op(self) -> str | None:
@@ -248,6 +371,66 @@ class _Machine(dict):
         return self.json
 
 
+class _NodePower(MutableMapping):
+    """One machine's power parameters as MAAS reads them (Node.get_power_parameters, src/maasserver/
+    models/node.py: its BMC row's, the row's secret, then its own). A write is a back door that goes
+    where MAAS keeps the parameter: a BMC-scoped one is the row's, so every machine on it sees it."""
+
+    def __init__(self, double: "MaasDouble", system_id: str):
+        self.double, self.system_id = double, system_id
+
+    def _read(self) -> dict:
+        return self.double.power_parameters(self.system_id)
+
+    def __getitem__(self, name: str) -> Any:
+        return self._read()[name]
+
+    def __iter__(self):
+        return iter(self._read())
+
+    def __len__(self) -> int:
+        return len(self._read())
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self.double._write_power(self.system_id, name, value)
+
+    def __delitem__(self, name: str) -> None:
+        if name not in self._read():
+            raise KeyError(name)
+        self.double._write_power(self.system_id, name, None, delete=True)
+
+    def __repr__(self) -> str:
+        return repr(self._read())
+
+    def __copy__(self) -> dict:
+        return self._read()
+
+    def __deepcopy__(self, memo: dict) -> dict:
+        return copy.deepcopy(self._read(), memo)
+
+
+class _PowerView(Mapping):
+    """system_id -> _NodePower for every machine. Assigning a whole dict is a back door MAAS has no
+    counterpart for: the machine alone gets a new row (of its power type) holding exactly that."""
+
+    def __init__(self, double: "MaasDouble"):
+        self.double = double
+
+    def __getitem__(self, system_id: str) -> _NodePower:
+        if system_id not in self.double.machines:
+            raise KeyError(system_id)
+        return _NodePower(self.double, system_id)
+
+    def __iter__(self):
+        return iter(list(self.double.machines))
+
+    def __len__(self) -> int:
+        return len(self.double.machines)
+
+    def __setitem__(self, system_id: str, params: dict) -> None:
+        self.double._replace_power(system_id, dict(params))
+
+
 class MaasDouble(LoopbackServer):
     def __init__(self, api_key: tuple[str, str, str] = DEFAULT_KEY, version: str = "3.6.5",
                  admin: bool = True, auto_advance: bool = False, seed: int = 0,
@@ -269,7 +452,19 @@ class MaasDouble(LoopbackServer):
         self.bytes_in = 0
         self.bytes_out = 0
         self._hostnames: dict[str, str] = {}   # lower-cased hostname -> system_id (an index)
-        self.power: dict[str, dict] = {}
+        # Power as MAAS keeps it (src/maasserver/models/bmc.py, node.py): BMC rows, each machine's
+        # row (maasserver_node.bmc_id), and each machine's own node-scoped parameters.
+        self.bmcs: dict[int, BMCRow] = {}
+        self._bmc_ids = itertools.count(1)
+        self._bmc_of: dict[str, int] = {}             # system_id -> row id; absent: no BMC
+        self._bmc_nodes: dict[int, set[str]] = {}     # row id -> its machines (BMC.node_set)
+        self._bmc_index: dict[tuple[str, str], set[int]] = {}   # (power_type, JSON) -> row ids
+        self.instance_power: dict[str, dict] = {}     # Node.instance_power_parameters
+        self.power = _PowerView(self)                  # what op=power_parameters reads, per machine
+        self.macs: dict[str, list[str]] = {}          # each machine's interfaces' MACs, normalised
+        self.enlisting: set[str] = set()              # NodeMetadata "enlisting" (commission=True)
+        self.tokens: dict[str, tuple[str, str, str]] = {}   # each machine's OAuth token (NodeKey)
+        self.architectures = ["amd64/generic"]        # usable: a synced boot resource's
         self.pools: dict[str, dict] = {"default": {"id": 0, "name": "default",
                                                    "description": "Default pool"}}
         self.scripts: dict[str, dict] = {}
@@ -326,7 +521,10 @@ class MaasDouble(LoopbackServer):
     def add_machine(self, hostname: str | None = None, *, power_type: str = "ipmi",
                     power_address: str | None = None, power_pass: str | None = None,
                     status: str = "New", pool: str = "default", tag_names: list[str] | None = None,
-                    power_user: str = "maas", system_id: str | None = None) -> str:
+                    power_user: str = "maas", system_id: str | None = None,
+                    mac_addresses: list[str] | None = None) -> str:
+        """A machine as MAAS holds it, its power on a BMC row as a new machine's would be (see
+        _attach_power); its MACs are its physical interfaces' unless given."""
         with self.lock:
             system_id = system_id or self.new_system_id()
             if hostname is None:
@@ -368,10 +566,12 @@ class MaasDouble(LoopbackServer):
                           "power_pass": power_pass or "", "power_driver": "LAN_2_0",
                           "power_boot_type": "auto", "cipher_suite_id": "3",
                           "privilege_level": "ADMIN", "k_g": "", "mac_address": "",
-                          "workaround_flags": ["opensesspriv"]}
+                          "workaround_flags": ["opensesspriv"], "power_off_mode": "hard"}
             elif power_address is not None:
                 params = {"power_address": power_address, "power_pass": power_pass or ""}
-            self.power[system_id] = params
+            self._attach_power(system_id, power_type, params)
+            self.macs[system_id] = [normalise_mac(mac) for mac in mac_addresses] if mac_addresses else \
+                [interface_mac(number, port) for port in range(1 if virtual else 2)]
             if status != "New":
                 # MAAS's status signal compares with the value at load: creating a machine in
                 # another status than the default New records the transition.
@@ -400,12 +600,13 @@ class MaasDouble(LoopbackServer):
         default the bare host; ``scheme`` makes it a URL, ``address`` gives it whole). An
         address MAAS refuses (``address_refused``: any "/") leaves what enlistment's retry
         without the BMC configuration makes: power type "" and no power parameters. Use
-        ``add_machine`` for a machine MAAS could not hold."""
+        ``add_machine`` for a machine MAAS could not hold. Two VMs with the same address and
+        power_user share one row and its password (the first's), as MAAS keeps them."""
         if address is None:
             address = f"{scheme}://{vm}.{namespace}.{domain}/redfish/v1/Systems/1" if scheme else \
                 f"{vm}.{namespace}.{domain}"
-        bmc = {"power_address": address, "power_user": "maas", "power_pass": PLACEHOLDER_PASSWORD,
-               "node_id": "1"}
+        bmc = {"power_address": address, "power_user": kw.get("power_user", "maas"),
+               "power_pass": PLACEHOLDER_PASSWORD, "node_id": "1"}
         if address_refused("redfish", bmc):
             system_id = self.add_machine(kw.pop("hostname", None), power_type="", **kw)
         else:
@@ -433,21 +634,547 @@ class MaasDouble(LoopbackServer):
 
     def advance(self) -> int:
         """Commissioning machines finish: Ready, recorded as the metadata signal does ("Ready"
-        INFO, then the status change: src/metadataserver/api.py), then powered off. Returns how
-        many moved."""
+        INFO, then the status change: src/metadataserver/api.py), then powered off; one still
+        enlisting goes back to New ("New" INFO). Returns how many moved."""
         with self.lock:
             moved = 0
             for system_id, machine in self.machines.items():
                 if machine["status_name"] == "Commissioning":
-                    self.record(system_id, "READY")
-                    self.set_status(system_id, "Ready")
+                    target = "New" if system_id in self.enlisting else "Ready"
+                    self.enlisting.discard(system_id)
+                    self.record(system_id, "NEW" if target == "New" else "READY")
+                    self.set_status(system_id, target)
                     machine["power_state"] = "off"
                     self.record(system_id, "NODE_POWERED_OFF")
                     moved += 1
             return moved
 
+    # --- power: BMC rows as MAAS keeps them ----------------------------------------------------
+    # src/maasserver/models/bmc.py and node.py: a machine's power type is its BMC row's; the row
+    # holds the BMC-scoped parameters (its JSON never a secret, the secret apart) and the machine
+    # its node-scoped ones. A chassis type's machines with the same non-secret BMC parameters share
+    # one row, password included.
+
+    def power_parameters(self, system_id: str) -> dict:
+        """What op=power_parameters answers: Node.get_power_parameters, the row's parameters and
+        secret overlaid with the machine's own."""
+        with self.lock:
+            row = self.bmcs.get(self._bmc_of.get(system_id, -1))
+            merged = {**row.parameters, **row.secrets} if row is not None else {}
+            return {**merged, **self.instance_power.get(system_id, {})}
+
+    def bmc_id(self, system_id: str) -> int | None:
+        """Inspection only: the machine's BMC row (maasserver_node.bmc_id), which MAAS's API does
+        not show; None for a machine without one."""
+        with self.lock:
+            return self._bmc_of.get(system_id)
+
+    def bmc_machines(self, row_id: int) -> list[str]:
+        """Inspection only: the machines on a BMC row (BMC.node_set), sorted; [] once deleted."""
+        with self.lock:
+            return sorted(self._bmc_nodes.get(row_id, ()))
+
+    def set_power_config(self, system_id: str, power_type: str, params: dict[str, Any]) -> None:
+        """Node.set_power_config (src/maasserver/models/node.py) with the parameters its caller
+        merged. Raises MaasRefused, having changed nothing, where MAAS's request would fail."""
+        with self.lock:
+            chassis, bmc_params, node_params = scope_power_parameters(power_type, params or {})
+            old = self._bmc_of.get(system_id)
+            current = self.bmcs[old].power_type if old is not None else ""
+            if power_type == current:
+                if old is None:
+                    # Node.bmc is None and this branch uses it: AttributeError, which
+                    # ExceptionMiddleware (src/maasserver/middleware.py) answers 500 with its text.
+                    missing = "node_set" if self._rows_matching(power_type, bmc_params) else "set_power_parameters"
+                    raise MaasRefused(500, f"'NoneType' object has no attribute '{missing}'")
+                if power_type == "manual":
+                    self._set_bmc_parameters(old, bmc_params)
+                else:
+                    # BMC.objects.filter(power_type=..., power_parameters=bmc_params): bmc_params
+                    # is not sanitised here, while no row's JSON holds a secret (create_bmc,
+                    # get_or_create_bmc and BMC.set_power_parameters all sanitise, and migration
+                    # 0290_migrate_node_power_parameters moved the older ones out); PostgreSQL's
+                    # jsonb equality is exact. So parameters that carry power_pass (every form's:
+                    # the field is in each cleaned DictCharField) never find a row, and the
+                    # current row is updated in place; only parameters without it (a metadata
+                    # signal's, store_node_power_parameters) can find another one.
+                    found = self._rows_matching(power_type, bmc_params)
+                    existing = found[0] if found else None   # .first(): the lowest id
+                    if existing is not None and existing != old:
+                        for other in sorted(self._bmc_nodes[old] - {system_id}):
+                            self._point(other, existing)
+                        self._point(system_id, existing)
+                    elif existing is None:
+                        self._set_bmc_parameters(old, bmc_params)
+            elif chassis:
+                self._point(system_id, self._get_or_create_bmc(power_type, bmc_params))
+            else:
+                self._point(system_id, self._create_bmc(power_type, bmc_params))
+            # Node.set_instance_power_parameters: the node's own are replaced (none of the types
+            # the double describes has a node-scoped secret).
+            self.instance_power[system_id] = dict(node_params)
+            if old is not None and self._bmc_of.get(system_id) != old:
+                self._drop_bmc_if_unused(old)
+
+    @staticmethod
+    def _row_key(power_type: str, parameters: dict) -> tuple[str, str]:
+        return power_type, json.dumps(parameters, sort_keys=True, separators=(",", ":"))
+
+    def _rows_matching(self, power_type: str, parameters: dict) -> list[int]:
+        """The rows whose power type and JSON equal these, lowest id first."""
+        return sorted(self._bmc_index.get(self._row_key(power_type, parameters), ()))
+
+    def _index_bmc(self, row: BMCRow, add: bool) -> None:
+        ids = self._bmc_index.setdefault(self._row_key(row.power_type, row.parameters), set())
+        (ids.add if add else ids.discard)(row.id)
+
+    def _new_bmc(self, power_type: str, parameters: dict, secrets: dict) -> int:
+        row = BMCRow(next(self._bmc_ids), power_type, dict(parameters), dict(secrets))
+        self.bmcs[row.id] = row
+        self._bmc_nodes[row.id] = set()
+        self._index_bmc(row, True)
+        return row.id
+
+    def _check_unique(self, power_type: str, parameters: dict, row_id: int | None = None) -> None:
+        """maasserver_bmc_power_type_parameters_idx (src/maasserver/migrations/maasserver/
+        0245_bmc_power_parameters_index_hash.py): unique (power_type, md5(power_parameters)) but for
+        manual. A unique violation is a retryable failure (is_retryable_failure in src/maasserver/
+        utils/orm.py): WebApplicationHandler.get_response (src/maasserver/utils/views.py) runs the
+        request again, 10 times over about 20 s, then answers 409 with Retry-After. The double
+        answers that 409 at once."""
+        if power_type != "manual" and any(other != row_id for other in self._rows_matching(power_type, parameters)):
+            raise MaasRefused(409, CONFLICT_PAGE.encode(), {"Content-Type": "text/html; charset=utf-8",
+                                                           "Retry-After": RETRY_AFTER["409"]})
+
+    def _create_bmc(self, power_type: str, bmc_params: dict, unique: bool = True) -> int:
+        """create_bmc (src/maasserver/models/bmc.py): a new row, secrets apart."""
+        parameters, secrets = sanitise_power_parameters(power_type, bmc_params)
+        if unique:
+            self._check_unique(power_type, parameters)
+        return self._new_bmc(power_type, parameters, secrets)
+
+    def _get_or_create_bmc(self, power_type: str, bmc_params: dict) -> int:
+        """get_or_create_bmc (src/maasserver/models/bmc.py): the row with these non-secret
+        parameters, or a new one. Only a new row gets the secrets: a machine that joins a row
+        holds the row's password, and the one it gave is dropped."""
+        parameters, secrets = sanitise_power_parameters(power_type, bmc_params)
+        found = self._rows_matching(power_type, parameters)
+        if len(found) > 1:   # only a back door can make two (QuerySet.get's MultipleObjectsReturned)
+            raise MaasRefused(500, f"get() returned more than one BMC -- it returned {len(found)}!")
+        return found[0] if found else self._new_bmc(power_type, parameters, secrets)
+
+    def _set_bmc_parameters(self, row_id: int, bmc_params: dict) -> None:
+        """BMC.set_power_parameters, then save: the JSON is replaced, the secret only when the
+        parameters hold one (otherwise the row keeps its password)."""
+        row = self.bmcs[row_id]
+        parameters, secrets = sanitise_power_parameters(row.power_type, bmc_params)
+        if parameters != row.parameters:
+            self._check_unique(row.power_type, parameters, row_id)
+        self._index_bmc(row, False)
+        row.parameters = dict(parameters)
+        self._index_bmc(row, True)
+        if secrets:
+            row.secrets = dict(secrets)   # SecretManager.set_composite_secret replaces it whole
+
+    def _point(self, system_id: str, row_id: int | None) -> None:
+        """The machine's BMC becomes this row; its power type is the row's (Node.power_type)."""
+        old = self._bmc_of.pop(system_id, None)
+        if old is not None:
+            self._bmc_nodes[old].discard(system_id)
+        if row_id is not None:
+            self._bmc_of[system_id] = row_id
+            self._bmc_nodes[row_id].add(system_id)
+        power_type = self.bmcs[row_id].power_type if row_id is not None else ""
+        machine = self.machines[system_id]
+        if machine["power_type"] != power_type:
+            machine["power_type"] = power_type
+
+    def _drop_bmc_if_unused(self, row_id: int) -> None:
+        """Deleted once no node is on it (Node.set_power_config, Node.delete)."""
+        if row_id in self.bmcs and not self._bmc_nodes[row_id]:
+            self._index_bmc(self.bmcs.pop(row_id), False)
+            del self._bmc_nodes[row_id]
+
+    def _attach_power(self, system_id: str, power_type: str, params: dict) -> None:
+        """A new machine's power, as set_power_config gives it to a machine without a BMC; but a
+        second identical row of a type that is no chassis is let through (MAAS's unique index
+        would answer 409), so that tests can add many IPMI machines with the same defaults."""
+        chassis, bmc_params, node_params = scope_power_parameters(power_type, params)
+        if power_type:
+            row_id = self._get_or_create_bmc(power_type, bmc_params) if chassis else \
+                self._create_bmc(power_type, bmc_params, unique=False)
+            self._point(system_id, row_id)
+        self.instance_power[system_id] = dict(node_params)
+
+    def _write_power(self, system_id: str, name: str, value: Any, delete: bool = False) -> None:
+        """A back door: one parameter written where MAAS keeps it (the row's for a BMC-scoped one,
+        so every machine on the row sees it), with no check."""
+        with self.lock:
+            row = self.bmcs.get(self._bmc_of.get(system_id, -1))
+            _, bmc, _ = scope_power_parameters(row.power_type if row else "", {name: value})
+            if row is None or not bmc:
+                target = self.instance_power.setdefault(system_id, {})
+            elif sanitise_power_parameters(row.power_type, bmc)[1]:
+                target = row.secrets
+            else:
+                self._index_bmc(row, False)
+                if delete:
+                    row.parameters.pop(name, None)
+                else:
+                    row.parameters[name] = value
+                self._index_bmc(row, True)
+                return
+            if delete:
+                target.pop(name, None)
+            else:
+                target[name] = value
+
+    def _replace_power(self, system_id: str, params: dict) -> None:
+        """A back door (``double.power[sid] = {...}``): the machine alone gets a new row of its power
+        type holding exactly these BMC-scoped parameters, and these as its own."""
+        with self.lock:
+            old = self._bmc_of.get(system_id)
+            power_type = self.bmcs[old].power_type if old is not None else ""
+            _, bmc_params, node_params = scope_power_parameters(power_type, params)
+            if old is not None:
+                self._point(system_id, self._create_bmc(power_type, bmc_params, unique=False))
+                self._drop_bmc_if_unused(old)
+            self.instance_power[system_id] = dict(node_params)
+
+    def _form_power_parameters(self, power_type: str, current: dict, given: dict) -> tuple[dict, list[str]]:
+        """The power parameters a machine form hands to set_power_config, and its errors: every
+        setting of the type, from the request, else the machine's, else the driver's default
+        (WithPowerTypeMixin._get_power_parameters and set_up_power_fields in src/maasserver/forms/
+        __init__.py, get_overridden_query_dict in src/maasserver/api/utils.py, DictCharField in
+        src/maasserver/config_forms.py); a required one left empty is refused."""
+        settings = POWER_SETTINGS.get(power_type, {})
+        if settings and not any(given.get(n) is not None or current.get(n) is not None for n in settings):
+            # DictCharField.clean_global_empty: nothing at all for a type with a required field.
+            required = any(setting[1] for setting in settings.values())
+            return {}, ["This field is required."] if required else []
+        merged: dict[str, Any] = {}
+        errors = []
+        for name, (label, required, _scope, _secret, default) in settings.items():
+            value = given[name] if given.get(name) is not None else current.get(name)
+            if value is None:
+                value = default if default is not None else ""
+            if required and value in ("", []):
+                errors.append(f"{label}: This field is required.")
+            merged[name] = value
+        return merged, errors
+
+    # --- the machines' own requests: anonymous enlistment and the metadata API ---------------------
+
+    def anonymous_enlist(self, fields: dict[str, Any]) -> tuple[int, Any]:
+        """An anonymous POST machines/ with these form fields (a list for a repeated one, such as
+        mac_addresses), as the HTTP path answers it: (status, body)."""
+        lists = {k: list(v) for k, v in fields.items() if isinstance(v, (list, tuple))}
+        single = {k: (v[-1] if v else "") if isinstance(v, (list, tuple)) else str(v) for k, v in fields.items()}
+        status, body, _ = self._anonymous_create(Request("POST", "machines/", {}, single, {}, lists, True))
+        return status, json.loads(body) if isinstance(body, bytes) else body
+
+    def _anonymous_create(self, request: Request) -> tuple[int, Any, dict[str, str]]:
+        """AnonMachinesHandler.create (src/maasserver/api/machines.py): BMC enlistment (IPMI only),
+        then MAC enlistment, updates a machine in New or Commissioning; otherwise create_machine
+        makes one (MachineWithPowerAndMACAddressesForm). What the update changes is
+        _update_new_node's: architecture and power, nothing else, and no event."""
+        with self.lock:
+            fields = request.fields
+            architecture = fields.get("architecture")
+            power_type = fields.get("power_type")
+            power_parameters = fields.get("power_parameters")
+            macs = request.getlist("mac_addresses")
+            commission = fields.get("commission")
+            if commission is not None and commission.lower() not in _TRUE + _FALSE + ("",):
+                # get_optional_param(..., validator=StringBool): MAASAPIValidationError, text.
+                return 400, "Invalid commission: Value should be 'true' or 'false'", {}
+            commission = commission is not None and commission.lower() in _TRUE
+            try:
+                system_id = None
+                if power_type == "ipmi" and power_parameters:
+                    # BMC enlistment: a machine whose row's JSON has this power_address.
+                    address = json.loads(power_parameters).get("power_address", "")
+                    system_id = next((sid for sid, m in self.machines.items() if m["status_name"] in ENLISTABLE
+                                      and self.bmcs.get(self._bmc_of.get(sid, -1)) is not None
+                                      and self.bmcs[self._bmc_of[sid]].parameters.get("power_address", None) == address),
+                                     None)
+                if system_id is None and macs and all(_MAC.fullmatch(mac) for mac in macs):
+                    # MAC enlistment: Interface.objects.filter(mac_address__in=the MACs as given),
+                    # against MACs stored normalised, among machines in New or Commissioning.
+                    system_id = next((sid for sid, m in self.machines.items() if m["status_name"] in ENLISTABLE
+                                      and set(macs) & set(self.macs.get(sid, ()))), None)
+                if system_id is not None:
+                    self._update_new_node(system_id, architecture, power_type, power_parameters)
+                else:
+                    system_id = self._create_machine(request, commission)
+            except (ValueError, AttributeError) as problem:   # ExceptionMiddleware: 500, its text
+                return 500, str(problem), {}
+            except MaasRefused as refused:
+                return refused.status, refused.body, refused.headers
+            return 200, self._anon_json(system_id), {}
+
+    def _anon_json(self, system_id: str) -> dict:
+        """A machine as AnonMachineHandler emits it (DISPLAYED_ANON_MACHINE_FIELDS)."""
+        machine = self.machines[system_id]
+        names = ("system_id", "hostname", "domain", "fqdn", "architecture", "status", "power_type",
+                 "power_state", "zone", "status_action", "status_message", "status_name", "node_type")
+        return {**{name: machine[name] for name in names}, "resource_uri": f"/MAAS/api/2.0/machines/{system_id}/"}
+
+    def _architecture_errors(self, architecture: str | None) -> dict[str, list[str]]:
+        """MachineForm.set_up_architecture_field with requires_arch: required, one of the usable."""
+        if not architecture:
+            return {"architecture": ["This field is required."]}
+        if architecture not in self.architectures:
+            choices = ", ".join(f"'{arch}'" for arch in self.architectures)
+            return {"architecture": [f"'{architecture}' is not a valid architecture.  It should be one of: {choices}."]}
+        return {}
+
+    @staticmethod
+    def _fix_architecture(architecture: str | None, subarchitecture: str | None) -> str | None:
+        """fix_architecture (src/maasserver/api/machines.py): "amd64" is "amd64/generic"."""
+        if architecture and "/" in architecture:
+            if subarchitecture:
+                raise MaasRefused(400, "Subarchitecture cannot be specified twice.")
+            return architecture
+        if architecture:
+            return f"{architecture}/{subarchitecture or 'generic'}"
+        return architecture
+
+    def _json_power_parameters(self, text: str | None) -> dict:
+        """WithPowerTypeMixin._get_power_parameters: the JSON power_parameters, refused (400, text)
+        when it does not parse."""
+        if text is None or text.strip() == "":
+            return {}
+        try:
+            parameters = json.loads(text)
+        except json.JSONDecodeError:
+            raise MaasRefused(400, "Failed to parse JSON power_parameters") from None
+        return parameters if isinstance(parameters, dict) else {}
+
+    def _update_new_node(self, system_id: str, architecture: str | None, power_type: str | None,
+                         power_parameters: str | None) -> None:
+        """AnonMachinesHandler._update_new_node: without power, MachineForm sets the architecture;
+        with, AdminMachineForm sets it and the power through set_power_config, the JSON's values
+        over the machine's (a password left out is kept). A power_parameters without power_type
+        leaves the form's power_type "" (the request's None), so check_driver empties the
+        parameters and the machine's type is saved with none. Unknown keys are dropped
+        (get_overridden_query_dict carries only the type's settings). Raises MaasRefused."""
+        architecture = self._fix_architecture(architecture, None)
+        errors = self._architecture_errors(architecture)
+        machine = self.machines[system_id]
+        if not power_type and not power_parameters:
+            if errors:
+                raise MaasRefused(400, errors)
+            machine["architecture"] = architecture
+            return
+        given = self._json_power_parameters(power_parameters)
+        current_type = machine["power_type"]
+        form_type = power_type if power_type in POWER_SETTINGS else current_type
+        if power_type is not None and power_type != "" and power_type not in POWER_SETTINGS:
+            errors["power_type"] = [f"Select a valid choice. {power_type} is not one of the available choices."]
+        merged, problems = self._form_power_parameters(form_type, self.power_parameters(system_id), given)
+        if problems:
+            errors["power_parameters"] = problems
+        if errors:
+            raise MaasRefused(400, errors)
+        if power_type is None or power_type not in POWER_SETTINGS:
+            merged = {}   # check_driver: the cleaned power_type is ""
+        new_type = current_type if power_type is None else power_type   # set_values
+        if new_type and address_refused(new_type, merged):
+            raise MaasRefused(500, NETMASK_ERROR)
+        if new_type != current_type or new_type:
+            self.set_power_config(system_id, new_type, merged)
+        machine["architecture"] = architecture
+
+    def _create_machine(self, request: Request, commission: bool) -> str:
+        """create_machine (src/maasserver/api/machines.py) with MachineWithPowerAndMACAddressesForm
+        (src/maasserver/forms/__init__.py): the architecture, the MACs (required unless IPMI; one
+        another node has is refused), the power type and its parameters validated whole; then the
+        machine, in Commissioning when ``commission`` (with NodeMetadata "enlisting"), its power
+        through set_power_config. Raises MaasRefused."""
+        fields = request.fields
+        architecture = self._fix_architecture(fields.get("architecture"), fields.get("subarchitecture"))
+        given = self._json_power_parameters(fields.get("power_parameters"))
+        power_type = fields.get("power_type")
+        errors = self._architecture_errors(architecture)
+        hostname = fields.get("hostname")
+        if hostname:
+            if not _HOSTNAME.match(hostname):
+                errors["hostname"] = [f"Invalid hostname: {hostname}"]
+            elif self.hostname_holder(hostname) is not None:
+                errors["hostname"] = ["Node with this Hostname already exists."]
+        macs = [mac for mac in request.getlist("mac_addresses") if mac]
+        mac_errors = [f"'{mac}' is not a valid MAC address." for mac in macs if not _MAC.fullmatch(mac)]
+        if not mac_errors:
+            # WithMACAddressesMixin.clean_mac_addresses: a MAC another node's interface has.
+            macs = [normalise_mac(mac) for mac in macs]
+            holders = {mac: sid for sid, held in self.macs.items() for mac in held}
+            mac_errors = [f"MAC address {mac} already in use on {self.machines[holders[mac]]['hostname']}."
+                          for mac in macs if mac in holders]
+        if not macs and power_type != "ipmi":   # requires_macs_and_architecture
+            mac_errors = ["This field is required."]
+        if mac_errors:
+            errors["mac_addresses"] = mac_errors if len(macs) <= 1 else [
+                "One or more MAC addresses is invalid. (" + " \u2014 ".join(mac_errors[:10]) +
+                (f" and {len(mac_errors) - 10} more error{'s' if len(mac_errors) > 11 else ''}"
+                 if len(mac_errors) > 10 else "") + ")"]
+        typed = power_type in POWER_SETTINGS
+        if power_type not in (None, "") and not typed:
+            errors["power_type"] = [f"Select a valid choice. {power_type} is not one of the available choices."]
+        elif typed and power_type != "ipmi" and (mac_errors or not macs):
+            # MachineForm.clean: a new machine has no interface but the MACs that validated.
+            errors["power_type"] = [f"Can't set power type to {power_type} without network interfaces"]
+        merged: dict = {}
+        if typed:
+            merged, problems = self._form_power_parameters(power_type, {}, given)
+            if problems:
+                errors["power_parameters"] = problems
+        if errors:
+            raise MaasRefused(400, errors)
+        if typed and address_refused(power_type, merged):
+            raise MaasRefused(500, NETMASK_ERROR)   # BMC.clean; the request's transaction rolls back
+        if typed and not CHASSIS[power_type]:
+            self._check_unique(power_type, sanitise_power_parameters(power_type, scope_power_parameters(
+                power_type, merged)[1])[0])        # create_bmc's row, before anything is kept
+        system_id = self.add_machine(hostname or None, power_type="", status="Commissioning" if commission else "New",
+                                     mac_addresses=macs or None)
+        if not macs:
+            self.macs[system_id] = []
+        self.machines[system_id]["architecture"] = architecture
+        if commission:
+            self.enlisting.add(system_id)
+        if typed:
+            self.set_power_config(system_id, power_type, merged)
+        return system_id
+
+    def machine_key(self, system_id: str) -> str:
+        """The machine's OAuth token, "consumer:token:secret", as its preseed gives it (NodeKey;
+        MAAS makes it anew when commissioning starts, the double keeps one)."""
+        with self.lock:
+            if system_id not in self.tokens:
+                self.tokens[system_id] = tuple("".join(self._random.choice("abcdefghjkmnpqrstuvwxyz23456789")
+                                                       for _ in range(size)) for size in (18, 18, 32))
+            return ":".join(self.tokens[system_id])
+
+    def signal(self, system_id: str, status: str = "OK", *, power_type: str | None = None,
+               power_parameters: dict | str | None = None, error: str = "") -> tuple[int, Any]:
+        """The machine's own metadata signal (VersionIndexHandler.signal, src/metadataserver/api.py):
+        (status, body). In New only COMMISSIONING counts (_process_new); in Commissioning and
+        Deployed (_process_commissioning) power_type and power_parameters are stored
+        (store_node_power_parameters), then OK makes it Ready (New while enlisting), FAILED Failed
+        commissioning, TESTING Testing, each with its event and a status change MAAS allows."""
+        with self.lock:
+            if status not in SIGNAL_STATUSES:
+                return 400, f"Unknown status: '{status}'"
+            machine = self.machines[system_id]
+            current = machine["status_name"]
+            if current not in SIGNALABLE:
+                return 409, f"Machine status isn't valid (status is {current})"
+            target = None
+            if current == "New":
+                target = "Commissioning" if status == "COMMISSIONING" else None
+            elif current in ("Commissioning", "Deployed"):
+                target = SIGNAL_TARGETS.get(status)
+                enlisting = system_id in self.enlisting and target in ("Ready", "Failed commissioning")
+                if enlisting and target == "Ready":
+                    target = "New"
+                if target not in (None, current) and target not in TRANSITIONS[current]:
+                    # Node.update_status: NodeStateViolation, and the transaction (the power stored
+                    # first included) rolls back.
+                    return 409, f"Invalid transition: {current} -> {target}."
+                try:
+                    self._store_node_power_parameters(system_id, power_type, power_parameters)
+                except MaasRefused as refused:
+                    return refused.status, refused.body
+                if enlisting:
+                    self.enlisting.discard(system_id)
+            else:
+                return 200, "OK"   # signalable; its _process_* is not modelled (see SIGNALABLE)
+            event = {"Ready": "READY", "Failed commissioning": "FAILED_COMMISSIONING", "New": "NEW"}.get(target)
+            if event:
+                self.record(system_id, event)
+            if target in (None, current):
+                return 200, "OK"
+            self.set_status(system_id, target)
+            machine["error_description"] = error
+            return 200, "OK"
+
+    def _store_node_power_parameters(self, system_id: str, power_type: str | None,
+                                     power_parameters: dict | str | None) -> None:
+        """store_node_power_parameters (src/metadataserver/api.py): a redfish machine stays redfish;
+        the JSON parameters (none: the machine's) over the machine's own node-scoped ones for
+        redfish, cut to node_id, power_address, power_pass and power_user, go to set_power_config
+        as they are: not merged with the row's, so a signal without power_pass keeps the row's
+        password or finds another row. Raises MaasRefused."""
+        if power_type is None:
+            return
+        if self.machines[system_id]["power_type"] == "redfish":
+            power_type = "redfish"
+        if power_type not in POWER_SETTINGS and power_type != "":
+            raise MaasRefused(400, f"Bad power_type '{power_type}'")
+        if isinstance(power_parameters, str) and power_parameters:
+            try:
+                params = json.loads(power_parameters)
+            except ValueError:
+                raise MaasRefused(400, "Failed to parse JSON power_parameters") from None
+        else:
+            params = dict(power_parameters) if power_parameters else self.power_parameters(system_id)
+        if not isinstance(params, dict):   # {**..., **params} raises TypeError: 500
+            raise MaasRefused(500, f"'{type(params).__name__}' object is not a mapping")
+        if power_type == "redfish":
+            params = {**self.instance_power.get(system_id, {}), **params}
+            params = {k: params[k] for k in ("node_id", "power_address", "power_pass", "power_user") if k in params}
+        if address_refused(power_type, params):
+            raise MaasRefused(500, NETMASK_ERROR)   # BMC.clean, as for the PUT
+        self.set_power_config(system_id, power_type, params)
+
+    def _metadata(self, method: str, path: str, query: dict[str, list[str]], fields: dict[str, str],
+                  authorization: str | None) -> tuple[int, Any, dict[str, str]]:
+        """/MAAS/metadata/ (src/metadataserver/urls.py): a machine's preseed by id (anonymous
+        op=get_preseed, AnonMetaDataHandler) and its signal (op=signal, its own OAuth token)."""
+        op = (query.get("op") or [fields.get("op")])[0]
+        match = re.fullmatch(r"/*latest/by-id/([^/]+)/", path)
+        if match and method == "GET" and op == "get_preseed":
+            if match[1] not in self.machines:
+                return 404, "No Node matches the given query.", {}
+            consumer, token, secret = self.machine_key(match[1]).split(":")
+            preseed = {"datasource": {"MAAS": {"metadata_url": "http://127.0.0.1/MAAS/metadata/",
+                                               "consumer_key": consumer, "token_key": token,
+                                               "token_secret": secret}}}
+            return 200, yaml.safe_dump(preseed), {}
+        if re.fullmatch(r"/*[^/]+/", path) and method == "POST" and op == "signal":
+            system_id, problem = self._node_for(authorization)
+            if system_id is None:
+                return 401, problem, {}
+            if "status" not in fields:
+                return 400, "No provided status!", {}
+            status, body = self.signal(system_id, fields["status"], power_type=fields.get("power_type"),
+                                       power_parameters=fields.get("power_parameters"), error=fields.get("error", ""))
+            return status, body, {}
+        return 404, "Not Found", {}
+
+    def _node_for(self, header: str | None) -> tuple[str | None, str]:
+        """(the machine whose token signs this PLAINTEXT header, or None and why not)."""
+        if not header or not header.startswith("OAuth "):
+            return None, "Authorization header missing"
+        params = {}
+        for part in header[6:].split(","):
+            key, _, value = part.strip().partition("=")
+            params[key] = unquote(value.strip('"'))
+        with self.lock:
+            owner = next((sid for sid, (consumer, token, _) in self.tokens.items()
+                          if consumer == params.get("oauth_consumer_key") and token == params.get("oauth_token")), None)
+            if owner is None or params.get("oauth_signature") != f"&{self.tokens[owner][2]}":
+                return None, "Invalid consumer or access token"
+            nonce = params.get("oauth_nonce")
+            if not nonce or nonce in self.nonces:
+                return None, "Nonce already used"
+            self.nonces.add(nonce)
+        return owner, ""
+
     # --- changes behind the reconciler's back ------------------------------------------------
-    def enlist(self, vm: str, namespace: str, domain: str = "bmc.example.com", **kw: Any) -> str:
+    def enlist(self, vm: str, namespace: str, domain: str = "bmc.example.com", *, mac: str | None = None,
+               **kw: Any) -> str:
         """A KubeVirt VM PXE-boots and enlists as maas_run_remote_scripts.py's enlist() does it
         (src/metadataserver/user_data/templates/snippets/maas_run_remote_scripts.py): an
         anonymous POST machines/ with commission=True and its BMC configuration creates it in
@@ -456,12 +1183,40 @@ class MaasDouble(LoopbackServer):
         src/metadataserver/api.py), as the real-MAAS tier recorded.
         An address MAAS refuses (any "/", URLs included) gets 500 and the script enlists again
         without the BMC configuration: the machine ends with power type "" and no power
-        parameters (see ``add_vm``)."""
+        parameters (see ``add_vm``).
+        With ``mac`` (and then only scheme, address, password and power_user) it is that anonymous
+        POST itself, so a machine in New or Commissioning holding the MAC is updated instead
+        (AnonMachinesHandler.create, "MAC enlistment"), and a redfish row with the same address
+        and user is joined; without, the VM gets a MAC of its own."""
         with self.lock:
+            if mac is not None:
+                return self._enlist_by_mac(vm, namespace, domain, mac, **kw)
             system_id = self.add_vm(vm, namespace, domain, status="Commissioning", **kw)
-            self.record(system_id, "NEW")
-            self.set_status(system_id, "New")
+            self.enlisting.add(system_id)
+            self.signal(system_id, "OK")
             return system_id
+
+    def _enlist_by_mac(self, vm: str, namespace: str, domain: str, mac: str, *, scheme: str | None = None,
+                       password: str | None = None, address: str | None = None,
+                       power_user: str = "maas") -> str:
+        """enlist(mac=...): the anonymous POST itself (anonymous_enlist), again without the BMC
+        configuration on a 500, then the OK signal."""
+        if address is None:
+            address = f"{scheme}://{vm}.{namespace}.{domain}/redfish/v1/Systems/1" if scheme else \
+                f"{vm}.{namespace}.{domain}"
+        bmc = {"power_address": address, "power_user": power_user,
+               "power_pass": password or PLACEHOLDER_PASSWORD, "node_id": "1"}
+        fields: dict[str, Any] = {"architecture": "amd64/generic", "mac_addresses": [mac], "commission": "True"}
+        status, body = self.anonymous_enlist({**fields, "power_type": "redfish",
+                                              "power_parameters": json.dumps(bmc)})
+        if status == 500:
+            status, body = self.anonymous_enlist(fields)
+        if status != 200:
+            raise MaasRefused(status, body)
+        system_id = body["system_id"]
+        self.bmc_config[system_id] = {**bmc, "power_pass": PLACEHOLDER_PASSWORD}
+        self.signal(system_id, "OK")
+        return system_id
 
     def rename(self, system_id: str, hostname: str) -> None:
         """An operator renames a machine (API or UI edit: MAAS records no event)."""
@@ -483,17 +1238,35 @@ class MaasDouble(LoopbackServer):
                             username="admin")
 
     def set_power_address(self, system_id: str, address: str) -> None:
-        """An operator edits the power address (PUT machines/{id}/: MAAS records no event)."""
+        """An operator edits the power address (PUT machines/{id}/ power_parameters_power_address:
+        MAAS records no event): the form's parameters through set_power_config, so the machine's
+        row is updated in place and every machine on it follows; raises MaasRefused (409) where the
+        row would equal another. An address MAAS would refuse (any "/") is stored all the same, a
+        back door for tests of what MAAS cannot hold; so is one of a type without settings."""
         with self.lock:
-            self.power[system_id]["power_address"] = address
+            power_type = self.machines[system_id]["power_type"]
+            if not POWER_SETTINGS.get(power_type):
+                self.power[system_id]["power_address"] = address
+                return
+            merged, _ = self._form_power_parameters(power_type, self.power_parameters(system_id),
+                                                    {"power_address": address})
+            self.set_power_config(system_id, power_type, merged)
 
     def delete_machine(self, system_id: str, *, via: str = "api") -> None:
         """An operator deletes a machine; its events are detached (node NULL), as MAAS does."""
         with self.lock:
             if via == "ui":
                 self.record(system_id, "NODE", "Deleted the machine.", username="admin")
+            # Node.delete deletes the machine's BMC row when no other node is on it.
+            row_id = self._bmc_of.pop(system_id, None)
+            if row_id is not None:
+                self._bmc_nodes[row_id].discard(system_id)
+                self._drop_bmc_if_unused(row_id)
             machine = self.machines.pop(system_id)
-            self.power.pop(system_id, None)
+            self.instance_power.pop(system_id, None)
+            self.macs.pop(system_id, None)
+            self.enlisting.discard(system_id)
+            self.tokens.pop(system_id, None)
             self.bmc_config.pop(system_id, None)
             if self._hostnames.get(machine["hostname"].lower()) == system_id:
                 del self._hostnames[machine["hostname"].lower()]
@@ -681,11 +1454,13 @@ class MaasDouble(LoopbackServer):
                         return 403, RESERVED_ADMIN, {}
                     ids = request.query.get("id")
                     chosen = ids if ids is not None else list(self.machines)
-                    return 200, {sid: self.power[sid] for sid in chosen if sid in self.machines}, {}
+                    return 200, {sid: self.power_parameters(sid) for sid in chosen if sid in self.machines}, {}
                 if method == "GET" and op is None:
                     if self.auto_advance:
                         self.advance()
                     return 200, self._encode(self._list_machines(request.query), self.extra_records), {}
+                if method == "POST" and op is None and request.anonymous:
+                    return self._anonymous_create(request)
                 return 400, f"Unrecognised signature: method={method} op={op}", {}
             match = re.fullmatch(r"machines/([^/]+)/", path)
             if match:
@@ -788,7 +1563,7 @@ class MaasDouble(LoopbackServer):
         if admin_only and not self.admin:
             return 403, "", {}
         if method == "GET" and op == "power_parameters":
-            return 200, self.power[system_id], {}
+            return 200, self.power_parameters(system_id), {}
         if method == "GET" and op is None:
             return 200, machine.encoded(), {}
         if method == "PUT" and op is None:
@@ -803,14 +1578,13 @@ class MaasDouble(LoopbackServer):
                     errors["hostname"] = ["Node with this Hostname already exists."]
             if pool is not None and pool not in self.pools:
                 errors["pool"] = ["Select a valid choice. That choice is not one of the available choices."]
-            power, problem = self._power_update(system_id, request.fields)
-            if problem:
-                errors["power_parameters"] = [problem]
+            power_type, power, problems = self._power_update(system_id, request.fields)
+            errors.update(problems)
             if errors:
                 return 400, errors, {}
             given = {key[len("power_parameters_"):]: value for key, value in request.fields.items()
                      if key.startswith("power_parameters_")}
-            if power is not None and address_refused(machine["power_type"], given):
+            if power is not None and address_refused(power_type, given):
                 # Raised while saving the BMC (BMC.clean, src/maasserver/models/bmc.py); the
                 # request's transaction rolls back: nothing of this PUT is kept. MAAS judges the
                 # merged parameters, but a stored address with "/" exists only through the
@@ -819,7 +1593,13 @@ class MaasDouble(LoopbackServer):
                 # back-door machine's other parameters writable for the tests that make one.
                 return 500, NETMASK_ERROR, {}
             if power is not None:
-                self.power[system_id] = power
+                # WithPowerTypeMixin.set_values: one set_power_config with the form's parameters
+                # (MAAS calls it for a PUT without power fields too, with the machine's own: a
+                # no-op the double skips).
+                try:
+                    self.set_power_config(system_id, power_type, power)
+                except MaasRefused as refused:
+                    return refused.status, refused.body, refused.headers
             if hostname is not None:
                 self._hostnames.pop(machine["hostname"].lower(), None)
                 self._hostnames[hostname.lower()] = system_id
@@ -863,31 +1643,53 @@ class MaasDouble(LoopbackServer):
             machine["power_state"] = "on"
             self.record(system_id, "NODE_POWERED_ON")
             bmc = self.bmc_config.get(system_id)
-            if not skip_bmc_config and bmc is not None and not address_refused(machine["power_type"], bmc):
-                # The script's upload is the machine's metadata signal; an address MAAS refuses
-                # gets 500 there too and is not stored (src/maasserver/models/bmc.py).
-                self.power[system_id] = {**self.power[system_id], **bmc}
+            if not skip_bmc_config and bmc is not None:
+                # The script's upload is the machine's metadata signal (WORKING, with power_type
+                # and power_parameters: maas_run_remote_scripts.py bmc_config); what MAAS refuses
+                # there (an address with "/": 500) is not stored, and the double goes on.
+                try:
+                    self._store_node_power_parameters(system_id, "redfish", bmc)
+                except MaasRefused:
+                    pass
             return 200, machine.encoded(), {}
         return 400, f"Unrecognised signature: method={method} op={op}", {}
 
-    def _power_update(self, system_id: str, fields: dict[str, str]) -> tuple[dict | None, str]:
-        """(the new power parameters or None when none are given, MAAS's message when refused)."""
+    def _power_update(self, system_id: str, fields: dict[str, str]) -> tuple[str, dict | None, dict[str, list[str]]]:
+        """(the power type, the parameters AdminMachineForm hands to set_power_config or None when
+        the PUT changes no power, the field errors) for PUT machines/{id}/ (src/maasserver/forms/
+        __init__.py, WithPowerTypeMixin): power_type among the drivers, power_parameters_<name>
+        merged with the machine's (see _form_power_parameters)."""
+        current_type = self.machines[system_id]["power_type"]
+        power_type = fields.get("power_type", current_type)
         given = {key[len("power_parameters_"):]: value for key, value in fields.items()
                  if key.startswith("power_parameters_") and key != SKIP_CHECK}
-        if not given:
-            return None, ""
-        current = dict(self.power.get(system_id, {}))
+        if power_type != "" and power_type not in POWER_SETTINGS:
+            return current_type, None, {"power_type": [
+                f"Select a valid choice. {power_type} is not one of the available choices."]}
+        changed = power_type != current_type
+        if not given and not changed:
+            return power_type, None, {}
+        if changed and power_type not in ("", "ipmi") and not self.macs.get(system_id):
+            # MachineForm.clean: a machine without interfaces keeps its power type.
+            return current_type, None, {"power_type": [
+                f"Can't set power type to {power_type} without network interfaces"]}
+        current = self.power_parameters(system_id)
+        settings = POWER_SETTINGS.get(power_type, {})
         if fields.get(SKIP_CHECK) == "true":
-            return {**current, **given}, ""
-        known = POWER_FIELDS.get(self.machines[system_id]["power_type"], {})
-        unknown = sorted(set(given) - set(known))
-        if unknown:
-            return None, f"Unknown parameter(s): {', '.join(unknown)}."
-        merged = {**current, **given}
-        missing = [label for name, (label, required) in known.items() if required and not merged.get(name)]
-        if missing:
-            return None, " ".join(f"{label}: This field is required." for label in missing)
-        return merged, ""
+            # DictCharField with skip_check: every power_parameters_ field, unchecked, over the
+            # machine's values of the type's settings.
+            merged = {**{k: v for k, v in current.items() if k in settings}, **given}
+        else:
+            unknown = sorted(set(given) - set(settings))
+            if unknown:
+                return power_type, None, {"power_parameters": [f"Unknown parameter(s): {', '.join(unknown)}."]}
+            merged, problems = self._form_power_parameters(power_type, current, given)
+            if problems:
+                return power_type, None, {"power_parameters": problems}
+        if power_type == "":
+            # check_driver empties the parameters of no power type; set_values saves only a change.
+            return power_type, ({} if changed else None), {}
+        return power_type, merged, {}
 
     def _script_write(self, request: Request, name: str | None) -> tuple[int, Any, dict[str, str]]:
         """POST scripts/ (name None) or PUT scripts/{name}, as src/maasserver/api/scripts.py hands
@@ -1017,11 +1819,13 @@ _ADJ = ["able", "brave", "calm", "eager", "fair", "gentle", "happy", "jolly", "k
 _NOUN = ["ant", "bee", "cat", "dog", "eel", "fox", "gnu", "hen", "ibis", "jay"]
 
 
-def _parse_body(content_type: str, body: bytes) -> tuple[dict[str, str], dict[str, bytes]]:
+def _parse_body(content_type: str, body: bytes) -> tuple[dict[str, str], dict[str, bytes], dict[str, list[str]]]:
+    """(each field's last value, the files, every field's values)."""
     fields: dict[str, str] = {}
     files: dict[str, bytes] = {}
+    lists: dict[str, list[str]] = {}
     if not body:
-        return fields, files
+        return fields, files, lists
     if content_type.startswith("multipart/form-data"):
         message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
             b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body
@@ -1033,10 +1837,12 @@ def _parse_body(content_type: str, body: bytes) -> tuple[dict[str, str], dict[st
                 files[name] = payload
             else:
                 fields[name] = payload.decode("utf-8")
+                lists.setdefault(name, []).append(fields[name])
     elif content_type.startswith("application/x-www-form-urlencoded"):
         for key, values in parse_qs(body.decode("utf-8"), keep_blank_values=True).items():
             fields[key] = values[-1]
-    return fields, files
+            lists[key] = values
+    return fields, files, lists
 
 
 class _QuietServer(ThreadingHTTPServer):
@@ -1111,13 +1917,21 @@ class _Handler(BaseHTTPRequestHandler):
             return
         with double.lock:
             double.bytes_in += len(self.raw_requestline) + len(bytes(self.headers)) + len(body)
+        if split.path.startswith("/MAAS/metadata/"):
+            # The machines' own traffic (src/metadataserver/urls.py), not a client's: not counted.
+            fields, files, _ = _parse_body(self.headers.get("Content-Type", ""), body)
+            status, payload, headers = double._metadata(
+                method, split.path[len("/MAAS/metadata/"):], parse_qs(split.query, keep_blank_values=True),
+                fields, self.headers.get("Authorization"))
+            self._send(status, payload, {"Content-Type": "text/plain", **headers} if isinstance(payload, str) else headers)
+            return
         if not split.path.startswith(API_PREFIX):
             self._send(404, "Not Found")
             return
         path = split.path[len(API_PREFIX):]
         query = parse_qs(split.query, keep_blank_values=True)
-        fields, files = _parse_body(self.headers.get("Content-Type", ""), body)
-        request = Request(method, path, query, fields, files)
+        fields, files, lists = _parse_body(self.headers.get("Content-Type", ""), body)
+        request = Request(method, path, query, fields, files, lists, self.headers.get("Authorization") is None)
         op = request.op
         with double.lock:
             double.log.append((method, path, op))
@@ -1131,7 +1945,9 @@ class _Handler(BaseHTTPRequestHandler):
             return self._fault(fault)
         # version/ is an OperationsResource without authentication (src/maasserver/urls_api.py,
         # "Allow anon."): whatever the Authorization header says, it answers.
-        problem = None if path == "version/" else double.check_auth(self.headers.get("Authorization"))
+        # machines/ has an anonymous handler (AnonMachinesHandler) for a request without one.
+        anonymous = request.anonymous and method == "POST" and path == "machines/" and request.op is None
+        problem = None if path == "version/" or anonymous else double.check_auth(self.headers.get("Authorization"))
         if problem:
             self._send(401, problem)
             return

@@ -8,6 +8,7 @@ that what is pinned is the double's answer (status, headers, body) as MAAS's wou
 
 from __future__ import annotations
 
+import json
 import secrets
 import sys
 import time
@@ -15,10 +16,11 @@ from pathlib import Path
 
 import pytest
 import requests
+import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from maas_double import NETMASK_ERROR, MaasDouble  # noqa: E402
+from maas_double import NETMASK_ERROR, MaasDouble, MaasRefused  # noqa: E402
 
 from maas_kubevirt.identity import PLACEHOLDER_PASSWORD  # noqa: E402
 
@@ -140,7 +142,7 @@ def test_addresses_without_a_slash_are_stored(double, address):
     sid = double.enlist("web2", "vms", address=address)
     assert double.machines[sid]["power_type"] == "redfish"
     assert double.power[sid]["power_address"] == address
-    other = double.add_vm("web7", "vms")
+    other = double.add_vm("web7", "vms", power_user="web7-user")   # another row: see section 6
     answer = api(double, "PUT", f"machines/{other}/", {"power_parameters_power_address": address})
     assert answer.status_code == 200, answer.text
     assert double.power[other]["power_address"] == address
@@ -274,3 +276,255 @@ def test_the_end_of_commissioning_records_ready_then_the_status_change(double):
     assert [e[:2] for e in events(double, sid)[start:start + 2]] == [
         ("Ready", "INFO"), ("Node changed status", "DEBUG")]
     assert events(double, sid)[start + 1][2] == "From 'Commissioning' to 'Ready'"
+
+
+# --- 6. BMC rows: a chassis type's machines share one --------------------------------------------
+# src/maasserver/models/bmc.py: BMC.scope_power_parameters splits by each setting's scope (redfish:
+# power_address, power_user and the secret power_pass are the row's, node_id the node's);
+# get_or_create_bmc keys a row by its non-secret parameters and gives the secret only to a row it
+# creates. src/maasserver/models/node.py Node.set_power_config: same power type, a row matching the
+# parameters as given (secret included, so never when power_pass is given) takes this machine and
+# every machine of its old row; none matching, the current row is updated in place; the old row is
+# deleted once no node is on it. Measured on MAAS 3.6.5's region (FIELD-NOTES).
+
+
+def anonymous(double: MaasDouble, params: dict) -> requests.Response:
+    """An anonymous POST machines/ (no Authorization header), form-encoded; a list repeats a field."""
+    return requests.post(f"{double.url}api/2.0/machines/", data=params, timeout=10)
+
+
+def enlisting(double: MaasDouble, address: str, user: str = "maas", password: str | None = "a-guess",
+              mac: str | None = None, **extra: str) -> requests.Response:
+    """What maas_run_remote_scripts.py enlist() sends, with this BMC configuration."""
+    power = {"power_address": address, "power_user": user, "node_id": "1"}
+    if password is not None:
+        power["power_pass"] = password
+    return anonymous(double, {"architecture": "amd64/generic", "mac_addresses": mac or fresh_mac(),
+                              "commission": "True", "power_type": "redfish",
+                              "power_parameters": json.dumps(power), **extra})
+
+
+_MACS = iter(range(1, 1000))
+
+
+def fresh_mac() -> str:
+    return "52:54:00:ee:%02x:%02x" % divmod(next(_MACS), 256)
+
+
+def signal(double: MaasDouble, system_id: str, status: str, **fields: str) -> requests.Response:
+    """The machine's own signal with the token its preseed gives (as maas_run_remote_scripts.py)."""
+    preseed = requests.get(f"{double.url}metadata/latest/by-id/{system_id}/", params={"op": "get_preseed"},
+                           timeout=10)
+    assert preseed.status_code == 200
+    config = yaml.safe_load(preseed.text)["datasource"]["MAAS"]
+    header = ('OAuth oauth_version="1.0", oauth_signature_method="PLAINTEXT", '
+              f'oauth_consumer_key="{config["consumer_key"]}", oauth_token="{config["token_key"]}", '
+              f'oauth_signature="&{config["token_secret"]}", oauth_nonce="{secrets.token_hex(8)}", '
+              f'oauth_timestamp="{int(time.time())}"')
+    form = {"op": (None, "signal"), "status": (None, status), **{k: (None, v) for k, v in fields.items()}}
+    return requests.post(f"{double.url}metadata/2012-03-01/", files=form, headers={"Authorization": header},
+                         timeout=10)
+
+
+def power(double: MaasDouble, system_id: str) -> dict:
+    answer = api(double, "GET", f"machines/{system_id}/", {"op": "power_parameters"})
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+VM = f"web1.vms.{DOMAIN}"
+OTHER = f"web2.vms.{DOMAIN}"
+
+
+def test_an_impostor_with_a_vms_address_and_user_joins_its_row_and_reads_its_password(double):
+    """get_or_create_bmc: the row exists, so the impostor's own password is dropped."""
+    vm = double.add_vm("web1", "vms", password="derived-secret")
+    answer = enlisting(double, VM, password="a-guess")
+    assert answer.status_code == 200, answer.text
+    impostor = answer.json()["system_id"]
+    assert impostor != vm and double.bmc_id(impostor) == double.bmc_id(vm)
+    assert double.bmc_machines(double.bmc_id(vm)) == sorted([vm, impostor])
+    assert power(double, impostor) == {"power_address": VM, "power_user": "maas", "power_pass": "derived-secret",
+                                       "node_id": "1"}
+    bulk = api(double, "GET", "machines/", {"op": "power_parameters", "id": [vm, impostor]}).json()
+    assert bulk[vm]["power_pass"] == bulk[impostor]["power_pass"] == "derived-secret"
+    assert double.power[impostor] == power(double, impostor)
+
+
+def test_with_another_user_the_impostor_gets_a_row_of_its_own(double):
+    vm = double.add_vm("web1", "vms", password="derived-secret")
+    impostor = enlisting(double, VM, user="maas-enlist-0123", password="its-own").json()["system_id"]
+    assert double.bmc_id(impostor) != double.bmc_id(vm)
+    assert power(double, impostor)["power_pass"] == "its-own"
+    assert power(double, vm)["power_pass"] == "derived-secret"
+
+
+def test_a_signal_from_a_machine_on_a_shared_row_moves_every_machine_on_it(double):
+    """store_node_power_parameters (src/metadataserver/api.py): without power_pass no row matches
+    the new address, so the shared row is updated in place and keeps its password; with one, in
+    place again, password included."""
+    vm = double.add_vm("web1", "vms", password="derived-secret")
+    impostor = enlisting(double, VM).json()["system_id"]
+    assert double.machines[impostor]["status_name"] == "Commissioning"   # commission=True
+    row = double.bmc_id(vm)
+    moved = {"power_address": "harvest.example.org", "power_user": "maas"}
+    answer = signal(double, impostor, "WORKING", power_type="redfish", power_parameters=json.dumps(moved))
+    assert answer.status_code == 200, answer.text
+    assert power(double, vm) == {**moved, "power_pass": "derived-secret", "node_id": "1"}
+    assert double.bmc_id(vm) == double.bmc_id(impostor) == row
+    answer = signal(double, impostor, "WORKING", power_type="redfish",
+                    power_parameters=json.dumps({**moved, "power_pass": "chosen"}))
+    assert answer.status_code == 200
+    assert power(double, vm)["power_pass"] == "chosen" and double.bmc_id(vm) == row
+
+
+def test_a_re_point_to_a_matching_row_takes_the_old_rows_other_machines_along(double):
+    """Node.set_power_config: the signal's parameters (no power_pass) equal the other VM's row, so
+    the impostor and every machine of its old row are moved to it; the old row is deleted."""
+    vm = double.add_vm("web1", "vms", password="derived-secret")
+    other = double.add_vm("web2", "vms", password="other-secret")
+    impostor = enlisting(double, VM).json()["system_id"]
+    old, target = double.bmc_id(vm), double.bmc_id(other)
+    answer = signal(double, impostor, "WORKING", power_type="redfish",
+                    power_parameters=json.dumps({"power_address": OTHER, "power_user": "maas"}))
+    assert answer.status_code == 200, answer.text
+    assert double.bmc_machines(target) == sorted([vm, other, impostor])
+    assert old not in double.bmcs and double.bmc_machines(old) == []
+    assert power(double, vm) == {"power_address": OTHER, "power_user": "maas", "power_pass": "other-secret",
+                                 "node_id": "1"}
+
+
+def test_an_admin_put_of_user_and_password_updates_the_row_in_place(double):
+    """AdminMachineForm hands set_power_config every redfish setting, power_pass included (the
+    machine's when the PUT gives none): no row ever matches, the current one is updated."""
+    vm = double.add_vm("web1", "vms", password="derived-secret")
+    impostor = enlisting(double, VM).json()["system_id"]
+    row = double.bmc_id(vm)
+    answer = api(double, "PUT", f"machines/{impostor}/", {"power_parameters_power_user": "derived-user",
+                                                           "power_parameters_power_pass": "placeholder"})
+    assert answer.status_code == 200, answer.text
+    assert power(double, vm) == {"power_address": VM, "power_user": "derived-user", "power_pass": "placeholder",
+                                 "node_id": "1"}
+    assert double.bmc_id(vm) == double.bmc_id(impostor) == row
+
+
+def test_a_put_that_would_make_two_rows_equal_answers_409_and_changes_nothing(double):
+    """maasserver_bmc_power_type_parameters_idx (migration 0245) is unique; the violation is
+    retried (src/maasserver/utils/views.py) and ends in 409 with Retry-After 5 (measured)."""
+    vm = double.add_vm("web1", "vms", password="derived-secret")
+    other = double.add_vm("web2", "vms")
+    before = power(double, vm)
+    answer = api(double, "PUT", f"machines/{vm}/", {"power_parameters_power_address": OTHER, "hostname": "moved"})
+    assert answer.status_code == 409
+    assert answer.headers["Retry-After"] == "5"
+    assert power(double, vm) == before and double.machines[vm]["hostname"] != "moved"
+    assert double.bmc_id(vm) != double.bmc_id(other)
+    with pytest.raises(MaasRefused):
+        double.set_power_address(vm, OTHER)
+
+
+def test_a_row_is_deleted_when_its_last_node_leaves(double):
+    """Node.delete and Node.set_power_config delete a row no node is on."""
+    vm = double.add_vm("web1", "vms", password="derived-secret")
+    impostor = enlisting(double, VM).json()["system_id"]
+    row = double.bmc_id(vm)
+    double.delete_machine(impostor)
+    assert double.bmc_machines(row) == [vm]
+    answer = api(double, "PUT", f"machines/{vm}/", {"power_type": "manual"})
+    assert answer.status_code == 200, answer.text
+    assert row not in double.bmcs
+    assert double.machines[vm]["power_type"] == "manual" and double.bmcs[double.bmc_id(vm)].power_type == "manual"
+    assert power(double, vm) == {}
+
+
+def test_a_machine_given_redfish_joins_a_row_and_keeps_no_password_of_its_own(double):
+    """Another power type, a chassis one: get_or_create_bmc, as at enlistment."""
+    vm = double.add_vm("web1", "vms", password="derived-secret")
+    manual = double.add_machine(power_type="manual")
+    answer = api(double, "PUT", f"machines/{manual}/", {
+        "power_type": "redfish", "power_parameters_power_address": VM, "power_parameters_power_user": "maas",
+        "power_parameters_power_pass": "mine"})
+    assert answer.status_code == 200, answer.text
+    assert double.bmc_id(manual) == double.bmc_id(vm)
+    assert power(double, manual)["power_pass"] == "derived-secret"
+
+
+# --- 7. MAC enlistment -------------------------------------------------------------------------
+# src/maasserver/api/machines.py AnonMachinesHandler.create: a machine in New or Commissioning with
+# an interface holding one of the MACs (as given: stored MACs are normalised) is updated by
+# _update_new_node (AdminMachineForm: architecture and power, the JSON over the machine's own, so a
+# password left out is kept) and no event is recorded. A MAC of a machine in any other status is
+# no match: create_machine's form refuses it (400, "already in use"). Measured on MAAS 3.6.5.
+
+
+@pytest.mark.parametrize("status", ["New", "Commissioning"])
+def test_mac_enlistment_updates_the_machine_holding_the_mac(double, status):
+    mac = "52:54:00:ab:cd:ef"
+    sid = double.add_vm("web1", "vms", status=status, password="derived-secret", mac_addresses=[mac])
+    before = list(double.events)
+    answer = enlisting(double, f"moved.vms.{DOMAIN}", password=None, mac=mac)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["system_id"] == sid and len(double.machines) == 1
+    assert power(double, sid) == {"power_address": f"moved.vms.{DOMAIN}", "power_user": "maas",
+                                  "power_pass": "derived-secret", "node_id": "1"}
+    assert double.machines[sid]["status_name"] == status
+    assert double.events == before, "MAC enlistment records no event"
+    answer = enlisting(double, f"moved.vms.{DOMAIN}", password="given", mac=mac.upper())
+    assert answer.status_code == 400, "as given, the MAC matches no stored one; the form normalises it"
+    answer = enlisting(double, f"moved.vms.{DOMAIN}", password="given", mac=mac)
+    assert answer.status_code == 200 and power(double, sid)["power_pass"] == "given"
+
+
+def test_mac_enlistment_with_parameters_but_no_power_type_leaves_only_the_password(double):
+    """check_driver: the form's power_type is "" (the request's None), so the parameters saved are
+    none; the row's secret stays (measured)."""
+    sid = double.add_vm("web1", "vms", password="derived-secret")
+    answer = anonymous(double, {"architecture": "amd64/generic", "mac_addresses": double.macs[sid][0],
+                                "power_parameters": json.dumps({"power_address": "elsewhere.example.org"})})
+    assert answer.status_code == 200, answer.text
+    assert power(double, sid) == {"power_pass": "derived-secret"}
+    assert double.machines[sid]["power_type"] == "redfish"
+
+
+@pytest.mark.parametrize("status", ["Ready", "Deployed", "Failed commissioning"])
+def test_a_mac_of_a_machine_in_another_status_is_refused(double, status):
+    sid = double.add_vm("web1", "vms", status=status, password="derived-secret")
+    mac = double.macs[sid][0]
+    before = power(double, sid)
+    answer = enlisting(double, f"moved.vms.{DOMAIN}", mac=mac)
+    assert answer.status_code == 400
+    hostname = double.machines[sid]["hostname"]
+    assert answer.json() == {"mac_addresses": [f"MAC address {mac} already in use on {hostname}."],
+                             "power_type": ["Can't set power type to redfish without network interfaces"]}
+    assert power(double, sid) == before and len(double.machines) == 1
+    two = anonymous(double, {"architecture": "amd64/generic", "mac_addresses": [mac, fresh_mac()],
+                             "commission": "True"})
+    assert two.json() == {"mac_addresses": [
+        f"One or more MAC addresses is invalid. (MAC address {mac} already in use on {hostname}.)"]}
+
+
+def test_enlistment_drops_keys_redfish_does_not_have(double):
+    """get_overridden_query_dict carries only the type's settings from the JSON (measured)."""
+    answer = enlisting(double, VM, power_driver="ignored")
+    assert answer.status_code == 200
+    extra = anonymous(double, {"architecture": "amd64/generic", "mac_addresses": fresh_mac(), "commission": "True",
+                               "power_type": "redfish", "power_parameters": json.dumps({
+                                   "power_address": OTHER, "power_user": "maas", "power_pass": "p",
+                                   "power_driver": "LAN_2_0"})})
+    assert extra.status_code == 200, extra.text
+    assert power(double, extra.json()["system_id"]) == {"power_address": OTHER, "power_user": "maas",
+                                                        "power_pass": "p", "node_id": ""}
+
+
+def test_enlist_by_mac_twice_is_one_machine(double):
+    """The double's enlist(mac=...) is the anonymous POST: a VM whose MAC persists (KubeMacPool)
+    enlists again onto its own machine, which stays New."""
+    first = double.enlist("web1", "vms", mac="52:54:00:12:34:56")
+    assert double.machines[first]["status_name"] == "New"
+    assert events(double, first) == ENLISTED
+    again = double.enlist("web1", "vms", mac="52:54:00:12:34:56", address=f"web1b.vms.{DOMAIN}")
+    assert again == first and len(double.machines) == 1
+    assert double.power[first]["power_address"] == f"web1b.vms.{DOMAIN}"
+    assert events(double, first) == ENLISTED
+    url = double.enlist("web3", "vms", mac="52:54:00:12:34:57", scheme="https")
+    assert double.machines[url]["power_type"] == ""
