@@ -195,13 +195,21 @@ def _as_sysfs(value):
     return "" if value == "Not Specified" else value
 
 
-def expected_config(serial: str, *, domain="bmc.example.com", user="maas") -> dict:
+# The power_user the script writes: a fresh random user at every run, so a test can only
+# check its form. Spelled out here rather than built from identity.ENLIST_USER_PREFIX, so a
+# change to the prefix shows up as a failing test.
+ENLIST_USER = re.compile(r"maas-enlist-[0-9a-f]{32}")
+
+
+def assert_enlisted(config: dict, serial: str, *, domain="bmc.example.com") -> None:
+    """config is what the script writes for serial: a random enlistment user, the rest exact."""
+    assert isinstance(config.get("power_user"), str) and ENLIST_USER.fullmatch(config["power_user"]), config
     vm, namespace = identity.parse_serial(serial)
-    return {
+    assert config == {
         "power_type": "redfish",
         # The bare host, the one form MAAS stores and the reconciler trusts.
         "power_address": identity.redfish_host(vm, namespace, domain),
-        "power_user": user,
+        "power_user": config["power_user"],
         "power_pass": identity.PLACEHOLDER_PASSWORD,
         "node_id": "1",
     }
@@ -286,7 +294,7 @@ def test_render_changes_only_the_settings_line(rendered):
 ])
 def test_render_injects_values_no_value_can_break_out_of(hostile, tmp_path):
     values = copy.deepcopy(VALUES)
-    values["redfish"].update(domain=hostile, username=hostile, check=hostile)
+    values["redfish"].update(domain=hostile, check=hostile)
     values["smbios"]["manufacturer"] = hostile
     path = render_to(tmp_path, values)
     tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -294,7 +302,7 @@ def test_render_injects_values_no_value_can_break_out_of(hostile, tmp_path):
     assert [ast.dump(n) for n in tree.body if not _is_settings(n)] == [
         ast.dump(n) for n in original.body if not _is_settings(n)]
     assert load_script(path, "hostile").SETTINGS == {
-        **{key: hostile for key in ("domain", "username", "check", "manufacturer")}, "rendered": True}
+        **{key: hostile for key in ("domain", "check", "manufacturer")}, "rendered": True}
 
 
 def _is_settings(node: ast.stmt) -> bool:
@@ -350,22 +358,76 @@ def test_what_is_written_does_not_depend_on_the_environment(machine, rendered, e
     """Only BMC_CONFIG_PATH (where) and RESULT_PATH come from the environment; never what is written."""
     machine.smbios("KubeVirt", "web1.vms")
     assert machine.run(rendered, env=env).status == 0
-    assert machine.written() == expected_config("web1.vms")
+    assert_enlisted(machine.written(), "web1.vms")
 
 
 def test_kubevirt_vm_gets_redfish_power(machine, rendered):
     machine.smbios("KubeVirt", "web1.vms")
     result = machine.run(rendered)
     assert result.status == 0, result.output
-    assert machine.written() == expected_config("web1.vms")
+    assert_enlisted(machine.written(), "web1.vms")
     assert machine.written()["power_address"] == "web1.vms.bmc.example.com"  # bare: MAAS stores no URL
     assert machine.written()["power_pass"] == identity.PLACEHOLDER_PASSWORD
     assert one_line(result.stdout) == (
-        f"{SCRIPT_NAME}: wrote Redfish power for web1.vms: web1.vms.bmc.example.com (user maas, "
-        f"placeholder password for the maas-kubevirt reconciler to replace) to {machine.config}\n")
+        f"{SCRIPT_NAME}: wrote Redfish power for web1.vms: web1.vms.bmc.example.com (a random enlistment "
+        f"user and a placeholder password, for the maas-kubevirt reconciler to replace) to {machine.config}\n")
     assert result.stderr == ""
     assert dmidecode_calls(machine.bin) == [MANUFACTURER, SERIAL]
     assert not machine.result.exists()  # configured, not skipped: MAAS shows Passed
+
+
+def test_each_run_writes_a_new_user(tmp_path, rendered):
+    """MAAS puts machines with the same Redfish address and user on one BMC row, password
+    included: a user that repeated would let another machine claiming the address join it."""
+    users = []
+    for run in ("first", "second"):
+        (tmp_path / run).mkdir()
+        machine = Machine(tmp_path / run).smbios("KubeVirt", "web1.vms")
+        assert machine.run(rendered).status == 0
+        users.append(machine.written()["power_user"])
+    assert users[0] != users[1]
+
+
+def test_user_is_only_in_the_bmc_config(machine, rendered, tmp_path):
+    """The user keeps the VM's BMC row its own until the reconciler replaces it, so the
+    script shows it nowhere: MAAS users can read a script's output."""
+    machine.smbios("KubeVirt", "web1.vms")
+    result = machine.run(rendered)
+    assert result.status == 0
+    user = machine.written()["power_user"]
+    assert user not in result.stdout and user not in result.stderr
+    holding = [path for path in tmp_path.rglob("*") if path.is_file() and user.encode() in path.read_bytes()]
+    assert holding == [machine.config]
+
+
+def test_user_comes_from_the_secrets_module(machine, rendered, monkeypatch):
+    """128 bits from secrets (the kernel's random source), not from random or anything a
+    guest could predict."""
+    machine.smbios("KubeVirt", "web1.vms")
+    module = load_script(rendered, "rendered_token")
+    asked = []
+
+    def token_hex(nbytes):
+        asked.append(nbytes)
+        return "0123456789abcdef" * 2
+
+    monkeypatch.setattr(module.secrets, "token_hex", token_hex)
+    assert machine.run_inprocess(module, monkeypatch).status == 0
+    assert asked == [16]
+    assert machine.written()["power_user"] == "maas-enlist-0123456789abcdef0123456789abcdef"
+
+
+def test_stale_username_setting_is_ignored(machine, rendered, monkeypatch):
+    """A SETTINGS line rendered before redfish.username was retired still carries it: the
+    script runs, and the user it writes is random all the same, never the old fixed one."""
+    machine.smbios("KubeVirt", "web1.vms")
+    module = load_script(rendered, "rendered_stale")
+    stale = {**module.SETTINGS, "username": "maas"}
+    assert module.check_settings(stale) == stale
+    monkeypatch.setattr(module, "SETTINGS", stale)
+    result = machine.run_inprocess(module, monkeypatch)
+    assert result.status == 0 and result.stderr == ""
+    assert_enlisted(machine.written(), "web1.vms")
 
 
 def test_placeholder_can_never_be_a_derived_password():
@@ -385,22 +447,22 @@ def test_dotted_vm_name_splits_on_the_last_dot(machine, rendered):
     machine.smbios("KubeVirt", "web.frontend-1.team-a")
     assert machine.run(rendered).status == 0
     config = machine.written()
-    assert config == expected_config("web.frontend-1.team-a")
+    assert_enlisted(config, "web.frontend-1.team-a")
     assert config["power_address"] == "web.frontend-1.team-a.bmc.example.com"
 
 
 def test_site_values_reach_the_file(machine, tmp_path):
-    values = values_with(domain="lab.example.org", username="redfish.admin", manufacturer="Acme Cloud")
+    values = values_with(domain="lab.example.org", manufacturer="Acme Cloud")
     script = render_to(tmp_path, values)
     machine.smbios("Acme Cloud", "db-0.prod")
     assert machine.run(script).status == 0
-    assert machine.written() == expected_config("db-0.prod", domain="lab.example.org", user="redfish.admin")
+    assert_enlisted(machine.written(), "db-0.prod", domain="lab.example.org")
 
 
 def test_whitespace_around_values_is_not_part_of_them(machine, rendered):
     machine.smbios(b"  KubeVirt  \n", b"web1.vms   \n", sysfs_vendor="KubeVirt", sysfs_serial="web1.vms")
     assert machine.run(rendered).status == 0
-    assert machine.written() == expected_config("web1.vms")
+    assert_enlisted(machine.written(), "web1.vms")
 
 
 def test_longest_serial_that_still_forms_a_host(machine, rendered):
@@ -409,7 +471,7 @@ def test_longest_serial_that_still_forms_a_host(machine, rendered):
     assert len(f"{serial}.bmc.example.com") == 253
     machine.smbios("KubeVirt", serial)
     assert machine.run(rendered).status == 0
-    assert machine.written() == expected_config(serial)
+    assert_enlisted(machine.written(), serial)
 
 
 # --- Machines that are not ours: exit 0, nothing written, one line why ------------------
@@ -503,7 +565,7 @@ def test_configured_manufacturer_with_surrounding_spaces_still_matches(machine, 
     machine.smbios("KubeVirt", "web1.vms")
     result = machine.run(script)
     assert result.status == 0, result.output
-    assert machine.written() == expected_config("web1.vms")
+    assert_enlisted(machine.written(), "web1.vms")
 
 
 def test_existing_bmc_config_is_left_untouched(machine, rendered):
@@ -663,7 +725,7 @@ def test_temporary_file_is_created_beside_the_target(machine, rendered, monkeypa
     [(source, destination)] = renames
     assert destination == machine.config
     assert source.parent == machine.config.parent and source.name.startswith(f".{machine.config.name}.")
-    assert machine.written() == expected_config("web1.vms")
+    assert_enlisted(machine.written(), "web1.vms")
 
 
 def test_file_that_does_not_read_back_is_an_error(machine, rendered, monkeypatch):
@@ -795,7 +857,7 @@ def test_dmidecode_that_never_stops_printing_is_cut_short(machine, rendered):
     result = machine.run(rendered)
     assert time.monotonic() - started < 5
     assert result.status == 0, result.output
-    assert machine.written() == expected_config("web1.vms")
+    assert_enlisted(machine.written(), "web1.vms")
 
 
 def test_flood_alone_is_reported_not_waited_for(machine, rendered):
@@ -818,13 +880,13 @@ def test_sysfs_alone_is_enough(machine, rendered, monkeypatch, dmidecode):
     else:
         result = machine.run(rendered)
     assert result.status == 0, result.output
-    assert machine.written() == expected_config("web1.vms")
+    assert_enlisted(machine.written(), "web1.vms")
 
 
 def test_dmidecode_alone_is_enough(machine, rendered):
     machine.smbios("KubeVirt", "web1.vms", sysfs=False)
     assert machine.run(rendered).status == 0
-    assert machine.written() == expected_config("web1.vms")
+    assert_enlisted(machine.written(), "web1.vms")
 
 
 def test_sysfs_says_not_ours_without_dmidecode(machine, rendered):
@@ -941,7 +1003,6 @@ def test_invalid_settings_are_a_configuration_error(machine, monkeypatch):
 SETTINGS_PROBLEMS = {
     "domain": ("bmc", "domain is not a DNS name"),
     "check": ("sometimes", "check is not off, advisory or strict"),
-    "username": ("maas admin", "username is not 1-64 letters, digits, '.', '_' or '-'"),
     "manufacturer": (" \t", "manufacturer is empty"),
     "rendered": ("yes", "rendered is not True or False"),
 }
@@ -970,7 +1031,7 @@ def test_every_wrong_setting_is_named_at_once(machine, monkeypatch):
     assert one_line(result.stderr) == f"{SCRIPT_NAME}: error: SETTINGS: {problems}: render the script again\n"
 
 
-@pytest.mark.parametrize("missing", ["username", "manufacturer"])
+@pytest.mark.parametrize("missing", SETTINGS_PROBLEMS)
 def test_missing_setting_is_named(machine, monkeypatch, missing):
     """A key the line lacks is wrong, not a crash."""
     machine.smbios("KubeVirt", "web1.vms")
@@ -995,7 +1056,7 @@ def test_settings_that_are_not_a_mapping(machine, monkeypatch):
 @pytest.mark.parametrize("check", ["off", "advisory", "strict"])
 def test_every_documented_setting_is_accepted(check):
     module = load_script(name="settings_accepted")
-    settings = {**module.SETTINGS, "check": check, "rendered": True, "username": "a" * 64}
+    settings = {**module.SETTINGS, "check": check, "rendered": True}
     assert module.check_settings(settings) == settings
 
 
@@ -1048,7 +1109,7 @@ def test_pyudev_failing_falls_back_to_the_files(machine, rendered, monkeypatch):
     module = load_script(rendered, "rendered_pyudev_broken")
     monkeypatch.setattr(module, "pyudev", types.SimpleNamespace(Context=broken, Devices=None))
     assert machine.run_inprocess(module, monkeypatch).status == 0
-    assert machine.written() == expected_config("web1.vms")
+    assert_enlisted(machine.written(), "web1.vms")
 
 
 def files_only(rendered: Path, name: str, machine: Machine, monkeypatch) -> types.ModuleType:
@@ -1122,7 +1183,7 @@ def test_without_pyudev_the_files_are_read(machine, rendered, monkeypatch):
     module = load_script(rendered, "rendered_no_pyudev")
     monkeypatch.setattr(module, "pyudev", None)
     assert machine.run_inprocess(module, monkeypatch).status == 0
-    assert machine.written() == expected_config("web1.vms")
+    assert_enlisted(machine.written(), "web1.vms")
 
 
 # --- Secrets --------------------------------------------------------------------------------
@@ -1252,7 +1313,7 @@ def test_check_that_passes_writes(machine, tmp_path, monkeypatch, bmc, check):
     assert result.status == 0, result.output
     assert "answered 200" in result.stdout
     assert asked == [("web1.vms.bmc.example.com", 443)]
-    assert machine.written() == expected_config("web1.vms")
+    assert_enlisted(machine.written(), "web1.vms")
     [request] = double.requests
     assert request["path"] == "/redfish/v1/"  # the service root, public in Redfish and kubevirtBMC
     assert request["host"] == "web1.vms.bmc.example.com"
@@ -1273,7 +1334,7 @@ def test_check_refused_by_the_allowlist(machine, tmp_path, monkeypatch, bmc, che
                                            "not writing BMC_CONFIG_PATH\n")
         machine.nothing_written()
     else:
-        assert machine.written() == expected_config("web1.vms")
+        assert_enlisted(machine.written(), "web1.vms")
 
 
 def test_check_with_nothing_listening_is_reported(machine, tmp_path, monkeypatch):
@@ -1284,7 +1345,7 @@ def test_check_with_nothing_listening_is_reported(machine, tmp_path, monkeypatch
     module, _ = checking_script(tmp_path, "advisory", port=free)
     result = machine.run_inprocess(module, monkeypatch)
     assert result.status == 0 and "cannot connect" in result.stdout
-    assert machine.written() == expected_config("web1.vms")
+    assert_enlisted(machine.written(), "web1.vms")
 
 
 def test_check_against_plain_http_reports_tls(machine, tmp_path, monkeypatch, bmc):
@@ -1294,7 +1355,7 @@ def test_check_against_plain_http_reports_tls(machine, tmp_path, monkeypatch, bm
     result = machine.run_inprocess(module, monkeypatch)
     assert result.status == 0 and "TLS failed" in result.stdout
     assert asked == [("web1.vms.bmc.example.com", 443)]
-    assert machine.written() == expected_config("web1.vms")
+    assert_enlisted(machine.written(), "web1.vms")
 
 
 def test_check_over_https_does_not_verify_the_certificate(machine, tmp_path, monkeypatch, bmc, certificate):
@@ -1324,7 +1385,7 @@ def test_check_that_hangs_in_dns_is_bounded_to_5_seconds(machine, tmp_path, monk
     elapsed = time.monotonic() - started
     assert module.CHECK_TIMEOUT - 0.5 <= elapsed < module.CHECK_TIMEOUT + 1
     assert result.status == 0 and "no answer within 5 s" in result.stdout
-    assert machine.written() == expected_config("web1.vms")
+    assert_enlisted(machine.written(), "web1.vms")
 
 
 def test_strict_check_with_a_bmc_that_never_answers(machine, tmp_path, monkeypatch, bmc):
@@ -1358,7 +1419,7 @@ def test_advisory_check_as_maas_runs_it(machine, tmp_path):
     assert time.monotonic() - started < 10
     assert result.status == 0, result.output
     assert result.stdout.startswith("Redfish check: https://web1.vms.bmc.invalid/redfish/v1/: ")
-    assert machine.written() == expected_config("web1.vms", domain="bmc.invalid")
+    assert_enlisted(machine.written(), "web1.vms", domain="bmc.invalid")
 
 
 @pytest.mark.parametrize("check", ["advisory", "strict"])
@@ -1410,7 +1471,7 @@ def test_check_failures_are_reported_with_their_reason(machine, tmp_path, monkey
         machine.nothing_written()
     else:
         assert result.status == 0 and result.stdout.startswith(report) and result.stderr == ""
-        assert machine.written() == expected_config("web1.vms")
+        assert_enlisted(machine.written(), "web1.vms")
 
 
 def wrapped(tmp_path: Path, script: Path, setup: str) -> Path:
@@ -1439,7 +1500,7 @@ def test_lookup_still_hanging_does_not_keep_the_script_running(machine, tmp_path
     assert time.monotonic() - started < 10
     assert result.status == 0, result.output
     assert result.stdout.startswith("Redfish check: https://web1.vms.bmc.example.com/redfish/v1/: no answer within 0.5 s\n")
-    assert machine.written() == expected_config("web1.vms")
+    assert_enlisted(machine.written(), "web1.vms")
 
 
 def test_check_report_comes_before_the_refusal_it_caused(machine, tmp_path):

@@ -20,11 +20,11 @@ from conftest import require
 from maas_kubevirt import identity, render
 from maas_kubevirt.paths import SCRIPT_NAME
 from maas_kubevirt.values import load_values
+from test_commissioning import assert_enlisted
 
 VM, NAMESPACE = "web1", "vms"
 SERIAL = identity.format_serial(VM, NAMESPACE)
 DOMAIN = "bmc.guest-test.example.org"
-USERNAME = "maas-guest"
 CONFIG_NAME = "bmc-config.yaml"
 RESULT_NAME = f"{SCRIPT_NAME}.yaml"
 SKIPPED = yaml.safe_dump({"status": "skipped"}).encode()  # what MAAS's built-in bmc-config writes
@@ -35,7 +35,6 @@ SCRIPT_TIMEOUT = 60  # the script's own dmidecode calls are bounded at 10 s each
 def rendered() -> str:
     values = copy.deepcopy(load_values(None))
     values["redfish"]["domain"] = DOMAIN
-    values["redfish"]["username"] = USERNAME
     return render.render_commissioning(values)
 
 
@@ -106,15 +105,11 @@ def test_rendered_script_writes_redfish_power_in_a_kubevirt_guest(firmware, rend
     # Only the power settings: no temporary file left, and no Skipped result (MAAS shows Passed).
     assert list(result.files) == [CONFIG_NAME], describe(result)
     written = yaml.safe_load(result.files[CONFIG_NAME].decode("utf-8"))
-    vm, namespace = identity.parse_serial(SERIAL)
-    assert written == {
-        "power_type": "redfish",
-        "power_address": identity.redfish_host(vm, namespace, DOMAIN),
-        "power_user": USERNAME,
-        "power_pass": identity.PLACEHOLDER_PASSWORD,  # the reconciler sets the real one
-        "node_id": "1",
-    }
+    # A random enlistment user and the placeholder: the reconciler sets the real ones.
+    assert_enlisted(written, SERIAL, domain=DOMAIN)
     assert_no_password_shown(result)
+    for channel in ("stdout", "stderr", "console"):
+        assert written["power_user"] not in getattr(result, channel), f"power_user shown on the guest's {channel}"
 
 
 def test_rendered_script_leaves_a_dell_alone(rendered):

@@ -1,12 +1,13 @@
 """Properties of the commissioning script, in-process so the CI profile's examples run fast.
 
 1. Its copy of the identity rules equals maas_kubevirt.identity for arbitrary text, and its
-   placeholder password is identity.PLACEHOLDER_PASSWORD.
+   placeholder password and enlistment user prefix are identity's.
 2. For any SMBIOS serial and any values it writes a file that parses (yaml.safe_load) to
-   exactly the five keys with the right values (the placeholder the only password), or
+   exactly the five keys with the right values (the placeholder the only password, a random
+   enlistment user), or
    writes nothing and, when it exits 0, records Skipped; and when everything is in order it
    does write. Whatever it prints is one line of printable ASCII that never contains the
-   password it writes nor a long SMBIOS string whole.
+   password or user it writes nor a long SMBIOS string whole.
 3. render_commissioning injects any text as a literal and changes nothing else.
 
 Guarded assertions count how often their branch ran (tests/branches.py), and the test fails
@@ -19,7 +20,6 @@ import ast
 import io
 import json
 import os
-import re
 import stat
 import tempfile
 from contextlib import redirect_stderr, redirect_stdout
@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from branches import branch, branches_taken
 from maas_kubevirt import identity
 from maas_kubevirt.render import render_commissioning, script_settings
-from test_commissioning import SCRIPT, SKIPPED, VALUES, load_script
+from test_commissioning import SCRIPT, SKIPPED, VALUES, assert_enlisted, load_script
 
 CI = os.environ.get("HYPOTHESIS_PROFILE") == "ci"
 # The main property runs at least 10,000 examples under the ci profile (DESIGN.md section 7).
@@ -113,8 +113,10 @@ def test_redfish_host_agrees(vm, namespace, text):
         identity.redfish_host, identity.IdentityError, vm, namespace, text)
 
 
-def test_placeholder_password_agrees_and_no_password_rule_is_left():
+def test_copied_constants_agree_and_no_password_rule_is_left():
     assert script.PLACEHOLDER_PASSWORD == identity.PLACEHOLDER_PASSWORD
+    # The reconciler knows a machine still on the script's random user by this prefix.
+    assert script.ENLIST_USER_PREFIX == identity.ENLIST_USER_PREFIX
     assert not hasattr(script, "bmc_password")  # the password rule lives only on the MAAS host and in the cluster
 
 
@@ -154,7 +156,6 @@ def test_anything_else_does_not_read_back(config, data):
 
 # --- 2. Any serial, any values: exactly the five right keys, or nothing ----------------------
 
-USERNAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 VENDOR_NAMES = ["Dell Inc.", "HPE", "QEMU", "Not Specified", "", "KubeVirt", "kubevirt"]
 
 
@@ -172,14 +173,12 @@ GOOD = {
     "domain": st.one_of(
         st.sampled_from(["bmc.example.com", "BMC.Example.COM.", "lab.example.org", "bmc.exampl\u212a.com"]),
         st.lists(GOOD_LABEL, min_size=2, max_size=4).map(".".join)),
-    "username": st.one_of(st.just("maas"), st.from_regex(USERNAME, fullmatch=True)),
     "check": st.sampled_from(["off", "advisory", "strict"]),
     "manufacturer": st.sampled_from(["KubeVirt", "Acme Cloud", "ünïcødé VMs", " KubeVirt\t"]),
     "rendered": st.just(True),
 }
 ANY = {
     "domain": domain,
-    "username": st.text(max_size=70),
     "check": st.text(max_size=6),
     "manufacturer": st.text(max_size=20),
     "rendered": st.one_of(st.booleans(), st.none(), st.text(max_size=3)),
@@ -285,7 +284,6 @@ def in_order(machine: dict) -> bool:
         return False
     return (
         values["rendered"] is True and bool(values["manufacturer"].strip())
-        and USERNAME.fullmatch(values["username"]) is not None
         and (values["check"] in ("off", "advisory") or (values["check"] == "strict" and machine["check_ok"]))
         and machine["bmc_config_path"] and not machine["existing"]
     )
@@ -352,13 +350,9 @@ def test_writes_exactly_the_five_keys_or_nothing(machine):
     vm, namespace = identity.parse_serial(the_serial)
     # The script writes exactly the one address identity.py trusts, naming this VM.
     assert identity.parse_redfish_address(written["power_address"], values["domain"]) == (vm, namespace)
-    assert written == {
-        "power_type": "redfish",
-        "power_address": identity.redfish_host(vm, namespace, values["domain"]),
-        "power_user": values["username"],
-        "power_pass": identity.PLACEHOLDER_PASSWORD,  # the only password the script ever writes
-        "node_id": "1",
-    }
+    # The placeholder the only password it ever writes, the user a random enlistment user.
+    assert_enlisted(written, the_serial, domain=values["domain"])
+    assert written["power_user"] not in stdout + stderr
     assert in_order(machine)
 
 
@@ -380,11 +374,11 @@ ORIGINAL_LINES = SCRIPT.read_text(encoding="utf-8").split("\n")
 
 
 @settings(max_examples=min(settings.default.max_examples, 300))  # each render parses the whole script
-@given(st.fixed_dictionaries({key: st.text() for key in ("domain", "username", "check", "manufacturer")}))
+@given(st.fixed_dictionaries({key: st.text() for key in ("domain", "check", "manufacturer")}))
 def test_render_injects_any_text_as_a_literal(values):
     given_values = {
         **VALUES,
-        "redfish": {key: values[key] for key in ("domain", "username", "check")},
+        "redfish": {key: values[key] for key in ("domain", "check")},
         "smbios": {"manufacturer": values["manufacturer"]},
     }
     rendered = render_commissioning(given_values).split("\n")

@@ -239,9 +239,9 @@ def test_the_unrendered_template_is_named_as_such():
 def test_other_values_are_named_by_key_never_by_value():
     theirs = copy.deepcopy(DEFAULTS)
     theirs["redfish"]["domain"] = "bmc.secret-site.example"
-    theirs["redfish"]["username"] = "operator-x"
+    theirs["smbios"]["manufacturer"] = "operator-x Cloud"
     problem = render.rendering_problem(render.render_commissioning(theirs), DEFAULTS, SOURCE)
-    assert problem == (f"{SOURCE}: rendered from other values (domain, username differ from these): "
+    assert problem == (f"{SOURCE}: rendered from other values (domain, manufacturer differ from these): "
                        f"{RENDER_AGAIN}")
     assert "secret-site" not in problem and "operator-x" not in problem
 
@@ -249,6 +249,13 @@ def test_other_values_are_named_by_key_never_by_value():
 def test_a_setting_only_one_side_has_is_named():
     script = render.render_commissioning(DEFAULTS).replace("'rendered': True", "'rendered': True, 'extra': 1")
     assert "(extra differ from these)" in render.rendering_problem(script, DEFAULTS, SOURCE)
+
+
+def test_a_script_rendered_before_username_was_retired_is_named_by_it():
+    """Such a script (in MAAS, or in an old bundle) writes the one fixed user every VM shares."""
+    script = render.render_commissioning(DEFAULTS).replace("'rendered': True", "'rendered': True, 'username': 'maas'")
+    assert render.rendering_problem(script, DEFAULTS, SOURCE) == (
+        f"{SOURCE}: rendered from other values (username differ from these): {RENDER_AGAIN}")
 
 
 def test_edited_code_with_the_right_settings_is_named_as_edited():

@@ -33,7 +33,7 @@ def test_defaults_cover_exactly_the_schema():
 def test_overrides_merge_over_defaults(tmp_path):
     values = load_values(write(tmp_path, {"redfish": {"domain": "BMC.Lab.Example.org"}}))
     assert values["redfish"]["domain"] == "bmc.lab.example.org"
-    assert values["redfish"]["username"] == DEFAULTS["redfish"]["username"]
+    assert values["redfish"] == {**DEFAULTS["redfish"], "domain": "bmc.lab.example.org"}
     assert values["maas"] == DEFAULTS["maas"]
 
 
@@ -50,7 +50,7 @@ def test_bare_off_means_off(tmp_path):
     [
         ({"redfish": {"domain": "not a domain"}}, "redfish.domain: expected a DNS name such as bmc.example.com, found 'not a domain'"),
         ({"redfish": {"check": "maybe"}}, "redfish.check: expected one of off, advisory, strict, found 'maybe'"),
-        ({"redfish": {"colour": "blue"}}, "redfish.colour: unknown key; expected one of domain, username, check"),
+        ({"redfish": {"colour": "blue"}}, "redfish.colour: unknown key; expected one of domain, check"),
         ({"smbios": {"manufacturer": ""}}, "smbios.manufacturer: expected a non-empty printable string, found an empty string"),
         ({"kubernetes": {"opt_in_label": "bad key/with/slashes"}}, "kubernetes.opt_in_label: expected a Kubernetes label key"),
         ({"kubernetes": {"system_namespace": "Kube_System"}}, "kubernetes.system_namespace: expected a Kubernetes namespace name"),
@@ -74,25 +74,38 @@ def test_each_bad_key_is_named_with_expected_and_found(tmp_path, override, probl
 
 def test_every_problem_is_reported_at_once(tmp_path):
     with pytest.raises(ValuesError) as raised:
-        load_values(write(tmp_path, {"redfish": {"username": "a b", "check": 1}, "maas": {"interval": -1}}))
+        load_values(write(tmp_path, {"redfish": {"domain": "a b", "check": 1}, "maas": {"interval": -1}}))
     assert len(raised.value.problems) == 3
 
 
-@pytest.mark.parametrize("scheme", ["https", "http", "ftp", None])
-def test_redfish_scheme_is_refused_with_its_reason(tmp_path, scheme):
-    """MAAS keeps a Redfish address only as a bare host and its driver adds https:// itself."""
+# Retired keys, whatever value they are given: ignoring one would let an operator believe it
+# still has an effect, so each is refused with the reason it went.
+RETIRED_KEYS = {
+    # MAAS keeps a Redfish address only as a bare host and its driver adds https:// itself.
+    "scheme": "MAAS stores the Redfish address as a bare host and always reaches it over https://",
+    # One user for every VM put them all on one BMC row in MAAS, password included.
+    "username": ("each VM's BMC user is derived from the seed like its password, so that no other "
+                 "machine can share its BMC row in MAAS"),
+}
+
+
+@pytest.mark.parametrize("key, value", [
+    ("scheme", "https"), ("scheme", "http"), ("scheme", "ftp"), ("scheme", None),
+    ("username", "maas"), ("username", "maas-kubevirt-0123"), ("username", None),
+])
+def test_retired_redfish_keys_are_refused_with_their_reason(tmp_path, key, value):
     with pytest.raises(ValuesError) as raised:
-        load_values(write(tmp_path, {"redfish": {"scheme": scheme}}))
-    assert raised.value.problems == [
-        "redfish.scheme: no longer supported: MAAS stores the Redfish address as a bare host and always "
-        "reaches it over https://; remove the key"]
+        load_values(write(tmp_path, {"redfish": {key: value}}))
+    assert raised.value.problems == [f"redfish.{key}: no longer supported: {RETIRED_KEYS[key]}; remove the key"]
 
 
-def test_a_values_file_setting_redfish_scheme_exits_2(tmp_path, capsys):
+@pytest.mark.parametrize("line", ["scheme: https", "username: maas"])
+def test_a_values_file_setting_a_retired_key_exits_2(tmp_path, capsys, line):
     output = tmp_path / "out"
-    code = cli.main(["--values", write(tmp_path, "redfish:\n  scheme: https\n"), "render", "--output", str(output)])
+    code = cli.main(["--values", write(tmp_path, f"redfish:\n  {line}\n"), "render", "--output", str(output)])
     assert code == 2 and not output.exists()
-    assert "redfish.scheme: no longer supported" in capsys.readouterr().err
+    key = line.split(":")[0]
+    assert f"redfish.{key}: no longer supported" in capsys.readouterr().err
 
 
 def test_invalid_yaml_names_the_line(tmp_path):
@@ -183,7 +196,6 @@ def test_cli_bad_values_exit_2_and_render_nothing(tmp_path, capsys):
         ("smbios", "manufacturer", "Kube\x1b[2JVirt", False),
         ("smbios", "manufacturer", "Kube\tVirt", False),
         ("smbios", "manufacturer", "   ", False),
-        ("redfish", "username", "maas\n", False),
         ("maas", "approval_tag", "approved\x00", False),
         ("maas", "api_key_file", "/etc/maas-kubevirt/api\x00key", False),
         ("ingress", "tls_secret", None, False),
@@ -222,7 +234,7 @@ def test_boundaries_types_and_control_characters(section, key, value, accepted):
 @pytest.mark.parametrize(
     "section, key, value, problem",
     [
-        ("redfish", "username", "a b", "expected a user name of 1-64 letters, digits, '.', '_' or '-', found 'a b'"),
+        ("maas", "adopt_pools", "lab", "expected a list of MAAS resource pool names (may be empty), found 'lab'"),
         ("redfish", "check", True, "expected one of off, advisory, strict, found true"),
         ("seed", "file", 5, "expected a file path, found 5"),
         ("seed", "file", "/etc/\0seed", "expected a file path, found '/etc/\\x00seed'"),
@@ -263,6 +275,26 @@ def test_collection_problems_name_the_item():
         "ingress.source_ranges[2]: expected a CIDR such as 10.0.0.0/8, found '10.0.0.1/8'",
         "ingress.annotations['bad key']: expected an annotation key ([prefix/]name), found 'bad key'",
         "ingress.annotations['ok/key']: expected a string value (quote it), found 1",
+    ]
+
+
+def test_adopt_pools_name_each_bad_pool_by_its_index():
+    """MAAS's own rule for a pool name (src/maasserver/models/resourcepool.py: ^\\w[ \\w-]*$)."""
+    values = copy.deepcopy(DEFAULTS)
+    values["maas"]["adopt_pools"] = ["lab", "", " lab", "-lab", "a/b", "lab\n", "a\tb", 5, None, "p" * 257, "ok"]
+    with pytest.raises(ValuesError) as raised:
+        validate(values)
+    expected = "expected a MAAS resource pool name (a letter, digit or '_', then those, '-' and spaces), found"
+    assert raised.value.problems == [
+        f"maas.adopt_pools[1]: {expected} an empty string",
+        f"maas.adopt_pools[2]: {expected} ' lab'",
+        f"maas.adopt_pools[3]: {expected} '-lab'",
+        f"maas.adopt_pools[4]: {expected} 'a/b'",
+        f"maas.adopt_pools[5]: {expected} 'lab\\n'",
+        f"maas.adopt_pools[6]: {expected} 'a\\tb'",
+        f"maas.adopt_pools[7]: {expected} 5",
+        f"maas.adopt_pools[8]: {expected} nothing",
+        f"maas.adopt_pools[9]: {expected} {'p' * 257!r}",  # MAAS keeps at most 256 characters
     ]
 
 
@@ -323,9 +355,13 @@ def test_unreadable_and_undecodable_files_say_so(tmp_path):
         ("maas", "approval_tag", "t", True),
         ("maas", "approval_tag", "t" * 256, True),
         ("maas", "approval_tag", "t" * 257, False),
-        ("redfish", "username", "MAAS-Admin_1.x", True),
-        ("redfish", "username", "u" * 64, True),
-        ("redfish", "username", "u" * 65, False),
+        ("maas", "adopt_pools", [], True),  # the default: only the reconciler's own pools
+        ("maas", "adopt_pools", ["lab"], True),
+        ("maas", "adopt_pools", ["Lab Pool-2", "_x", "9", "a  b--"], True),
+        ("maas", "adopt_pools", ["p" * 256], True),
+        ("maas", "adopt_pools", "lab", False),  # one name, not a list
+        ("maas", "adopt_pools", None, False),
+        ("maas", "adopt_pools", {"lab": True}, False),
         ("ingress", "source_ranges", ["10.0.0.0/8", "fd00::/8"], True),
         ("ingress", "source_ranges", [], False),
     ],
