@@ -434,8 +434,9 @@ def test_a_pool_created_meanwhile_by_someone_else_receives_nothing(tmp_path, dou
     outcome = reconcile.apply(client, actions, Audit(""), passwords=PASSWORDS)
     out = capsys.readouterr().out
     assert (outcome.ok, outcome.skipped, outcome.failed) == (1, 2, 0)
+    # The move is held back, and recorded so, before its machine's PUT goes.
     assert [(r["action"], r["outcome"]) for r in audit_records(out)] == [
-        (CREATE_POOL, "skipped"), (SET_PASSWORD, "ok"), (MOVE_POOL, "skipped")]
+        (CREATE_POOL, "skipped"), (MOVE_POOL, "skipped"), (SET_PASSWORD, "ok")]
     assert double.machines[a]["pool"]["name"] == "default"
     # The next cycle reads whose pool it is, and leaves the machine in default with a note.
     later = Reconciler(client, SETTINGS, passwords=PASSWORDS).make_plan()

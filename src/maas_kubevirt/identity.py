@@ -129,8 +129,9 @@ def parse_redfish_address(address: object, domain: str) -> tuple[str, str] | Non
 
 
 # After folding, anything that cannot be part of a host name ends one: a scheme, userinfo, port,
-# path, a comma or semicolon list, spaces, control and zero-width characters.
-_HOST_BOUNDARY = re.compile(r"[^a-z0-9.-]+")
+# path, a comma or semicolon list, spaces, control and zero-width characters. An underscore
+# stays: a name holding one imitates no identity.
+_HOST_BOUNDARY = re.compile(r"[^a-z0-9._-]+")
 # Letters of other scripts drawn like Latin ones, and the dots of other scripts that IDNA reads
 # as "." (UTS 46): what NFKC leaves as it is but a reader, or a resolver, takes for the host.
 _LOOKALIKES = str.maketrans({

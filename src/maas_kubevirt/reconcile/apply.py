@@ -1,0 +1,172 @@
+"""Carrying out a plan: one request per change (a machine's password, rename and pool move in one
+PUT), one audit record per change, a refused commission backed off."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from maas_kubevirt import identity
+from maas_kubevirt.audit import Audit
+from maas_kubevirt.maas import MAASAuthError, MAASClient, MAASError
+from maas_kubevirt.reconcile.backoff import Backoff, _wall
+from maas_kubevirt.reconcile.plan import (
+    COMMISSION, CREATE_POOL, MOVE_POOL, RENAME, RESET_PASSWORD, SET_PASSWORD, UPDATES, Action, Passwords,
+    pool_description,
+)
+
+
+@dataclass
+class Outcome:
+    ok: int = 0
+    skipped: int = 0
+    failed: int = 0
+    interrupted: bool = False
+    done: list[Action] = field(default_factory=list)
+
+
+def _classify(action: Action, failure: MAASError) -> str:
+    """"skipped" when MAAS moved on (the next cycle re-plans), "unknown" when the request may have
+    been carried out (the next cycle reads it back), else "failed"."""
+    if failure.in_flight:
+        return "unknown"
+    if failure.status == 404 or (action.kind in (SET_PASSWORD, RESET_PASSWORD) and failure.status == 409):
+        return "skipped"
+    if action.kind in (COMMISSION, RENAME) and failure.status in (400, 409):
+        return "skipped"
+    if action.kind == CREATE_POOL and failure.status == 400 and "already exist" in failure.message.lower():
+        return "skipped"
+    return "failed"
+
+
+def _fields(action: Action, passwords: Passwords | None) -> dict[str, str]:
+    """The PUT machines/{id}/ fields of one update (the client withholds power_pass from messages)."""
+    if action.kind == SET_PASSWORD:
+        if passwords is None:
+            raise ValueError("set-password needs the seed: pass apply(..., passwords=Passwords(seed))")
+        if not action.address:
+            raise ValueError("set-password needs the canonical address it is written with")
+        # The three BMC-row fields together: MAAS then updates the VM's own row in place
+        # (Node.set_power_config, src/maasserver/models/node.py), a row no other machine can join.
+        return {"power_parameters_power_address": action.address,
+                "power_parameters_power_user": passwords.user(action.vm, action.namespace),
+                "power_parameters_power_pass": passwords.password(action.vm, action.namespace)}
+    if action.kind == RENAME:
+        return {"hostname": action.after}
+    return {"pool": action.after}
+
+
+def _perform(client: MAASClient, actions: Sequence[Action], passwords: Passwords | None) -> None:
+    """One request: one of each kind, or the password, rename and pool move of one machine together."""
+    action = actions[0]
+    if action.kind in UPDATES:
+        fields: dict[str, str] = {}
+        for each in actions:
+            fields.update(_fields(each, passwords))
+        client.update_machine(action.system_id, **fields)
+    elif action.kind == RESET_PASSWORD:
+        client.update_machine(action.system_id, power_parameters_power_pass=identity.PLACEHOLDER_PASSWORD)
+    elif action.kind == CREATE_POOL:
+        client.create_pool(action.after, pool_description(action.namespace))
+    elif action.kind == COMMISSION:
+        client.commission(action.system_id, skip_bmc_config=True)
+    else:  # pragma: no cover - plan makes no other kind that changes
+        raise ValueError(f"unknown action {action.kind}")
+
+
+
+def _batches(actions: Sequence[Action]) -> list[list[Action]]:
+    """The changing actions in order, a machine's consecutive password, rename and pool move as one."""
+    batches: list[list[Action]] = []
+    for action in actions:
+        if not action.changes:
+            continue
+        last = batches[-1] if batches else None
+        if (last and action.kind in UPDATES and last[-1].kind in UPDATES
+                and last[-1].system_id == action.system_id):
+            last.append(action)
+        else:
+            batches.append([action])
+    return batches
+
+
+def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
+          stop: threading.Event | None = None, passwords: Passwords | None = None,
+          backoff: Backoff | None = None) -> Outcome:
+    """Carry out the changing actions; one audit record per attempted change.
+
+    A machine's password, rename and pool move go in one PUT; when MAAS refuses it (400) each is
+    sent on its own, so that a taken name never holds back the password. A move waits for its
+    pool and a commission for its machine's password. A commission MAAS refuses starts or
+    lengthens that machine's backoff, named in its audit record.
+    """
+    outcome = Outcome()
+    failed_pools: set[str] = set()
+    other_pools: set[str] = set()   # refused as existing (someone else's, as far as is known) or unknown
+    no_password: set[str | None] = set()
+
+    def record(action: Action, result: str, reason: str = "") -> None:
+        if result == "ok":
+            outcome.ok += 1
+            outcome.done.append(action)
+        elif result == "skipped":
+            outcome.skipped += 1
+        else:
+            outcome.failed += 1
+        if action.kind == SET_PASSWORD and result != "ok":
+            no_password.add(action.system_id)
+        if action.kind == CREATE_POOL and result != "ok":
+            (failed_pools if result == "failed" else other_pools).add(action.after)
+        if action.kind == COMMISSION and backoff is not None:
+            if result == "ok":
+                backoff.clear(action.system_id)
+            elif result in ("failed", "unknown"):
+                wait = backoff.failed(action.system_id, reason)
+                audit.record(action, result, reason, retry_at=_wall(wait.until), failures=wait.failures)
+                return
+        if action.kind in (SET_PASSWORD, RESET_PASSWORD):  # restored after a restart (Reconciler.restore)
+            audit.record(action, result, reason, identity=f"{action.vm}.{action.namespace}")
+            return
+        audit.record(action, result, reason)
+
+    def send(batch: list[Action]) -> bool:
+        """Carry out one batch; False when the cycle must stop (a signal, the deadline)."""
+        try:
+            _perform(client, batch, passwords)
+        except MAASAuthError:
+            raise
+        except MAASError as failure:
+            if len(batch) > 1 and failure.status == 400:
+                return all(send([action]) for action in batch)
+            stopped = failure.kind in ("interrupted", "deadline")  # every later request fails alike
+            for action in batch:
+                record(action, ("unknown" if failure.in_flight else "failed") if stopped
+                       else _classify(action, failure), str(failure))
+            return not stopped
+        for action in batch:
+            record(action, "ok")
+        return True
+
+    for batch in _batches(list(actions)):
+        if stop is not None and stop.is_set():
+            outcome.interrupted = True
+            break
+        ready = []
+        for action in batch:
+            if action.kind == MOVE_POOL and action.after in failed_pools:
+                record(action, "failed", f"the pool {action.after} could not be created")
+            elif action.kind == MOVE_POOL and action.after in other_pools:
+                # Made by someone else meanwhile, perhaps: never filled until a re-read shows whose.
+                record(action, "skipped", f"the pool {action.after} was not created by this cycle: "
+                       "moved only once the next cycle has read whose it is")
+            elif action.kind == COMMISSION and action.system_id in no_password:
+                record(action, "skipped", "the BMC password is not in place: not commissioned")
+            else:
+                ready.append(action)
+        if ready and not send(ready):
+            outcome.interrupted = True
+            break
+    return outcome
+
+

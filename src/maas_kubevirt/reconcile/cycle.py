@@ -1,0 +1,395 @@
+"""The cycle: observe MAAS (the event log, the machines it names, their power parameters), plan,
+apply; what a restart must keep comes back from the audit log."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from maas_kubevirt import events, identity
+from maas_kubevirt.audit import NAME_LIMIT, Audit, cap
+from maas_kubevirt.console import error, note, warn
+from maas_kubevirt.maas import MAASAuthError, MAASClient, MAASError, MAASVersionError, check_version, valid_system_id
+from maas_kubevirt.reconcile.apply import Outcome, apply
+from maas_kubevirt.reconcile.backoff import Backoff
+from maas_kubevirt.reconcile.plan import (
+    DUPLICATE, NEW, PLACEHOLDER, REREAD_STATUSES, RESET_PASSWORD, RIGHT, SET_PASSWORD, SKIP, SUSPECT,
+    Action, Match, Passwords, Power, Settings, claim_of, is_new, machine_problem, matching, names_to_check,
+    needs_pools, plan,
+)
+
+
+def _as_audited(value: Any) -> Any:
+    """A MAAS-supplied string as an audit record keeps it."""
+    return cap(value, NAME_LIMIT) if isinstance(value, str) else value
+
+
+@dataclass
+class Cycle:
+    actions: list[Action] = field(default_factory=list)
+    outcome: Outcome = field(default_factory=Outcome)
+    error: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.error) or self.outcome.failed > 0
+
+
+class Reconciler:
+    """Cycles against one MAAS, remembering of each redfish machine its address and whether its
+    password was right (never the password).
+
+    With ``settings.resync_interval`` (the default) a cycle follows MAAS's event log
+    (``events.EventLog``) and reads only the machines named in new events, those it planned
+    changes for in the last cycle and those it watches (``watched``); it lists every machine
+    at start, every resync_interval seconds and whenever the log cannot be trusted. Without it
+    every cycle lists every machine and reads every redfish machine's power parameters.
+    """
+
+    def __init__(self, client: MAASClient, settings: Settings, audit: Audit | None = None,
+                 stop: threading.Event | None = None, *, passwords: Passwords,
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time):
+        self.client = client
+        self.settings = settings
+        self.passwords = passwords
+        self.audit = audit or Audit()
+        self.stop = stop or threading.Event()
+        # system_id -> (status_name when read, Power). Never power_pass.
+        self.known: dict[str, tuple[Any, Power]] = {}
+        self.version: str | None = None
+        self._reported: set[tuple[str | None, str]] = set()
+        self._malformed: set[tuple[str, str]] = set()
+        self._duplicates: dict[tuple[str | None, str | None], Any] = {}
+        self.log = (events.EventLog(settings.resync_interval, clock)
+                    if settings.resync_interval is not None else None)
+        # Machines with changes planned in the last cycle: read again to see them through.
+        self.pending: set[str] = set()
+        self.resyncs = 0
+        self.partial = False   # whether the last plan saw only some machines (event-driven)
+        self.clock = clock
+        self.backoff = Backoff(settings.interval, clock=wall)
+        self._suspects: dict[str, Any] = {}
+        self.last_power_check: float | None = None
+        # system_id -> the identity whose derived password was set on it (or may have been: an
+        # outcome unknown), kept across restarts through the audit log: a password left behind
+        # an address that moved while the reconciler was down is still recognised.
+        self.credited: dict[str, tuple[str, str]] = {}
+
+    def restore(self, records: Iterable[Mapping[str, Any]]) -> None:
+        """Take back, from earlier audit records (oldest first), what a restart would forget: the
+        commission backoffs, and which suspect addresses were already reported."""
+        records = list(records)
+        self.backoff.restore(records)
+        for record in records:
+            system_id, action = record.get("system_id"), record.get("action")
+            if not isinstance(system_id, str):
+                continue
+            if action == SUSPECT:
+                self._suspects[system_id] = record.get("before")
+            elif action == SET_PASSWORD and record.get("outcome") in ("ok", "unknown"):
+                self._credit(system_id, record.get("identity"))
+            elif action == RESET_PASSWORD and record.get("outcome") == "ok":
+                self.credited.pop(system_id, None)
+
+    def _credit(self, system_id: Any, serial: Any) -> None:
+        """Remember an identity read back from an audit record, when both parts are well formed."""
+        if not (isinstance(system_id, str) and valid_system_id(system_id) and isinstance(serial, str)):
+            return
+        try:
+            self.credited[system_id] = identity.parse_serial(serial)
+        except identity.IdentityError:
+            pass
+
+    def check_version(self) -> None:
+        """MAAS's version, and that the key is an administrator's, once: either wrong stops the service."""
+        if self.version is None:
+            version = self.client.version()
+            for message in check_version(version):
+                warn(message)
+            self.client.require_administrator()
+            self.version = version
+
+    def _judge(self, parameters: Mapping[str, Any], previous: tuple[str, str] | None = None) -> Power:
+        return self.passwords.judge(parameters, self.settings.domain, previous)
+
+    def _ours(self, power: Power) -> bool:
+        """Whether a machine concerns the reconciler: its address names an identity, or it holds a
+        derived password its address no longer names."""
+        return claim_of(power.address, self.settings.domain)[0] is not None or power.held is not None
+
+    def read_power(self, system_ids: Iterable[str]) -> dict[str, Power]:
+        """Power of these machines in bulk, each judged against the identity it named before too
+        (so a derived password left behind an address that changed is recognised)."""
+        system_ids = list(system_ids)
+        hints = {}
+        for system_id in system_ids:
+            entry = self.known.get(system_id)
+            before = None
+            if entry is not None:
+                power = entry[1]
+                claimed, canonical = claim_of(power.address, self.settings.domain)
+                before = claimed if canonical and power.password == RIGHT else power.held
+            before = before or self.credited.get(system_id)
+            if before is not None:
+                hints[system_id] = before
+        fetched = self.client.power_parameters(system_ids, self._judge, hints)
+        for system_id, power in fetched.items():
+            claimed, canonical = claim_of(power.address, self.settings.domain)
+            if canonical and power.password == RIGHT:
+                self.credited[system_id] = claimed
+        return fetched
+
+    def power_facts(self, machines: Sequence[Mapping[str, Any]], complete: bool = True,
+                    everything: bool = False) -> dict[str, Power]:
+        """Power of every redfish machine. One bulk request for those not seen before, whose
+        status changed, or that are ours and in Commissioning or Testing.
+
+        complete: machines is every machine (the others are forgotten). Otherwise they are the
+        few an event-driven cycle is about to plan for: all of them are read (an edit of the
+        power address alone is no event) and the others are kept.
+        """
+        current: dict[str, tuple[Any, Power]] = {}
+        wanted: list[str] = []
+        statuses: dict[str, Any] = {}
+        for machine in machines:
+            if machine.get("power_type") != "redfish":
+                continue
+            system_id = machine["system_id"]  # a string: every caller passes well_formed records
+            status = statuses[system_id] = machine.get("status_name")
+            entry = self.known.get(system_id) if complete and not everything else None
+            if entry is not None and entry[0] == status and not (
+                    status in REREAD_STATUSES and self._ours(entry[1])):
+                current[system_id] = entry
+            else:
+                wanted.append(system_id)
+        if wanted:
+            fetched = self.read_power(wanted)  # bulk: one op=power_parameters
+            for system_id in wanted:
+                if system_id in fetched:
+                    current[system_id] = (statuses[system_id], fetched[system_id])
+        if complete:
+            self.known = current
+            self.credited = {sid: who for sid, who in self.credited.items() if sid in current}
+        else:
+            for machine in machines:
+                self.known.pop(machine["system_id"], None)
+            self.known.update(current)
+        return {system_id: entry[1] for system_id, entry in current.items()}
+
+    def well_formed(self, records: Sequence[Any]) -> list[dict]:
+        """The usable machine records; each unusable one is skipped with one warning naming it."""
+        usable = []
+        for index, record in enumerate(records):
+            problem = machine_problem(record)
+            if problem is None:
+                usable.append(record)
+                continue
+            system_id = record.get("system_id") if isinstance(record, Mapping) else None
+            name = system_id if isinstance(system_id, str) and system_id else \
+                f"record {index + 1} of {len(records)} (no system_id)"
+            if (name, problem) not in self._malformed:
+                self._malformed.add((name, problem))
+                warn(f"machine {name}: skipped, MAAS sent a malformed record ({problem})")
+        return usable
+
+    def observe(self, everything: bool = False) -> tuple[list[dict], dict[str, Power], list[Match]]:
+        """Every machine; the power parameters of those new, changed or (everything) all redfish."""
+        machines = self.well_formed(self.client.machines())
+        power = self.power_facts(machines, everything=everything)
+        return machines, power, matching(machines, power, self.settings.domain)
+
+    def watched(self) -> set[str]:
+        """Our machines read every cycle because what ends their wait is not an event.
+
+        Commissioning and Testing (REREAD_STATUSES): a commissioning script can write the power
+        parameters back mid-run. New under ``maas.commission: approved``: the approval tag is
+        audited without the machine (src/maasserver/api/tags.py). The claimants of a duplicate
+        claim: deleting one (the usual fix) detaches its events. A machine whose backoff is over.
+        """
+        statuses = set(REREAD_STATUSES) | ({NEW} if self.settings.commission == "approved" else set())
+        disputed = {sid for claimants in self._duplicates.values() if claimants for sid in claimants.split(",")}
+        return {system_id for system_id, (status, power) in self.known.items()
+                if status in statuses and self._ours(power)} | (
+            (self.backoff.due() | disputed) & set(self.known))
+
+    def power_check_due(self) -> bool:
+        if self.last_power_check is None:
+            self.last_power_check = self.clock()
+            return False
+        return self.clock() - self.last_power_check >= self.settings.power_check_interval
+
+    def check_power(self) -> set[str]:
+        """The machines of ours whose power address changed since read: one bulk read of our
+        machines only, every maas.power_check_interval, because MAAS records no event for an API
+        or metadata-API edit of power parameters (src/maasserver/api/machines.py update,
+        src/metadataserver/api.py store_node_power_parameters)."""
+        self.last_power_check = self.clock()
+        ours = sorted(sid for sid, (_, power) in self.known.items() if self._ours(power))
+        if not ours:
+            return set()
+        fresh = self.read_power(ours)
+        return {sid for sid in ours if sid not in fresh or fresh[sid] != self.known[sid][1]}
+
+    def make_plan(self) -> list[Action]:
+        self.partial = False
+        if self.log is None:  # no event log to follow, nor power checks: every cycle reads it all
+            return self.plan_for(*self.observe(everything=True))
+        reason = self.log.resync_due()
+        if not reason:
+            try:
+                followed = self.log.follow(self.client.events)
+                changed = self.check_power() if self.power_check_due() else set()
+            except (MAASAuthError, MAASVersionError):
+                raise
+            except MAASError as failure:
+                if failure.kind == "interrupted":
+                    raise
+                reason = f"the event query failed: {failure}"
+                self.log.request_resync(reason)
+            else:
+                reason = followed.resync
+                if not reason:
+                    self.partial = True
+                    return self.plan_for(*self.observe_changed(followed.system_ids | changed))
+        return self.resync(reason)
+
+    def resync(self, reason: str) -> list[Action]:
+        """List every machine and re-read every redfish machine's power parameters."""
+        assert self.log is not None
+        if self.log.reason:  # beyond the schedule: worth a line in the journal
+            note(f"full resync: {reason}")
+        self.log.begin_resync(self.log.newest(self.client.events))  # before listing: no gap
+        actions = self.plan_for(*self.observe(everything=True))
+        self.last_power_check = self.clock()
+        self.log.end_resync()
+        self.resyncs += 1
+        return actions
+
+    def observe_changed(self, changed: set[str]) -> tuple[list[dict], dict[str, Power], list[Match]]:
+        """The machines named in new events, pending or watched, read by id, with every other
+        machine known to claim the same ``<vm>.<namespace>`` (a duplicate claim must be seen)."""
+        machines = self.read_by_id(changed | self.pending | self.watched())
+        power = self.power_facts(machines, complete=False)
+        claimed = {claim_of(p.address, self.settings.domain)[0] for p in power.values()}
+        read = {m["system_id"] for m in machines}
+        others = {system_id for system_id, (_, p) in self.known.items() if system_id not in read
+                  and claim_of(p.address, self.settings.domain)[0] in claimed - {None}}
+        if others:
+            more = self.read_by_id(others)
+            machines += more
+            power.update(self.power_facts(more, complete=False))
+        return machines, power, matching(machines, power, self.settings.domain)
+
+    def read_by_id(self, wanted: set[str]) -> list[dict]:
+        """The usable records of these machines; a machine gone from MAAS is forgotten."""
+        machines = self.well_formed(self.client.machines_by_id(wanted)) if wanted else []
+        for system_id in wanted - {m["system_id"] for m in machines}:
+            self.known.pop(system_id, None)
+        return machines
+
+    def plan_for(self, machines: list[dict], power: dict[str, Power], matches: list[Match]) -> list[Action]:
+        pools: list[Any] = self.client.pools() if needs_pools(matches) else []
+        # Only when a rename is possible: an idle cycle asks nothing more.
+        wanted = names_to_check(matches)
+        taken = self.client.taken_hostnames(wanted) if wanted else {}
+        for machine in machines:
+            if not is_new(machine):
+                self.backoff.clear(machine["system_id"])
+        actions = plan(machines, power, pools, self.settings, taken, self.backoff.waiting())
+        # Read again next cycle, even when the re-read below makes the plan leave them alone.
+        self.pending = {a.system_id for a in actions if a.changes and a.system_id}
+        return self.refresh(machines, power, pools, taken, actions)
+
+    def refresh(self, machines: Sequence[Mapping[str, Any]], power: Mapping[str, Power],
+                pools: Sequence[Any], taken: Mapping[str, str], actions: list[Action]) -> list[Action]:
+        """Re-read, in one bulk request, the power parameters of the machines about to change.
+
+        A machine whose address no longer names the VM it was planned for is left alone this
+        cycle; for the others the plan is made again with what was just read (a password set
+        meanwhile, or written back by a commissioning script).
+        """
+        planned = {a.system_id: (a.vm, a.namespace) for a in actions if a.changes and a.system_id}
+        if not planned:
+            return actions
+        fresh = self.read_power(sorted(planned))
+        statuses = {m.get("system_id"): m.get("status_name") for m in machines}
+        updated = dict(power)
+        moved: list[Action] = []
+        for system_id, claimed in planned.items():
+            now = fresh.get(system_id)
+            parsed = None if now is None else (claim_of(now.address, self.settings.domain)[0] or now.held)
+            if parsed != claimed:
+                updated.pop(system_id, None)
+                self.known.pop(system_id, None)
+                hostname = next((a.hostname for a in actions if a.system_id == system_id), None)
+                moved.append(Action(SKIP, system_id, hostname, *claimed, note=(
+                    "power address changed since it was read: left alone until the next cycle")))
+            else:
+                updated[system_id] = now
+                self.known[system_id] = (statuses.get(system_id), now)
+        if not moved and all(updated[sid] == power.get(sid) for sid in planned):
+            return actions
+        again = plan(machines, updated, pools, self.settings, taken, self.backoff.waiting())
+        return [a for a in again if not a.changes or a.system_id is None or a.system_id in planned] + moved
+
+    def report_duplicates(self, actions: Sequence[Action]) -> None:
+        """One audit record and one warning per duplicate claim and per suspect address, again
+        only when the claim's set of machines (or the suspect's address) changes."""
+        current = {(a.vm, a.namespace): a.after for a in actions if a.kind == DUPLICATE}
+        # As the audit record keeps it (capped), so that a restart compares like with like.
+        suspects = {a.system_id: _as_audited(a.before) for a in actions if a.kind == SUSPECT}
+        for action in actions:
+            if action.kind == DUPLICATE and self._duplicates.get((action.vm, action.namespace)) != action.after:
+                self.audit.record(action, "refused")
+                warn(action.note)
+            if action.kind == SUSPECT and self._suspects.get(action.system_id) != suspects[action.system_id]:
+                self.audit.record(action, "refused")
+                warn(f"{action.system_id} {action.hostname}: {action.note}")
+        if self.partial:  # the claims of machines not read this cycle stand as they were
+            considered = {(a.vm, a.namespace) for a in actions if a.vm is not None}
+            current = {**{k: v for k, v in self._duplicates.items() if k not in considered}, **current}
+            seen = {a.system_id for a in actions}
+            suspects = {**{k: v for k, v in self._suspects.items() if k not in seen}, **suspects}
+        self._duplicates = current
+        self._suspects = suspects
+
+    def cycle(self, dry_run: bool = False) -> Cycle:
+        """One cycle, all of its requests within settings.cycle_deadline."""
+        with self.client.within(self.settings.cycle_deadline):
+            return self._cycle(dry_run)
+
+    def _cycle(self, dry_run: bool) -> Cycle:
+        result = Cycle()
+        try:
+            self.check_version()
+            result.actions = self.make_plan()
+        except (MAASAuthError, MAASVersionError):
+            raise
+        except MAASError as failure:
+            result.error = str(failure)
+            if failure.kind != "interrupted":
+                error(f"cycle failed: {failure}")
+            return result
+        if dry_run:
+            return result
+        self.report_duplicates(result.actions)
+        for action in result.actions:
+            if action.kind == SKIP and (action.system_id, action.note) not in self._reported:
+                self._reported.add((action.system_id, action.note))
+                note(f"{action.system_id} {action.hostname}: {action.note}")
+        result.outcome = apply(self.client, result.actions, self.audit, self.stop, self.passwords,
+                               self.backoff)
+        for action in result.outcome.done:
+            if action.kind == SET_PASSWORD:
+                self.credited[action.system_id] = (action.vm, action.namespace)
+                if action.system_id in self.known:
+                    status, _ = self.known[action.system_id]
+                    self.known[action.system_id] = (status, Power(action.address, RIGHT, user=RIGHT))
+            elif action.kind == RESET_PASSWORD:
+                self.credited.pop(action.system_id, None)
+                if action.system_id in self.known:
+                    status, power = self.known[action.system_id]
+                    self.known[action.system_id] = (status, Power(power.address, PLACEHOLDER, user=power.user))
+        return result
