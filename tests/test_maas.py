@@ -1408,7 +1408,7 @@ def test_retry_after_on_another_status_does_not_make_it_retried():
 
 def test_backoff_jitter_adds_at_most_a_tenth(double, monkeypatch):
     for pick, expected in ((lambda low, high: low, [1.0, 2.0, 3.0]), (lambda low, high: high, [1.1, 2.2, 3.3])):
-        monkeypatch.setattr(maas.random, "uniform", pick)
+        monkeypatch.setattr(maas.client.random, "uniform", pick)
         double.inject("503", retry_after=None, count=3)
         sleep = Recorder()
         client = client_for(double, sleep=sleep, retry=RetryPolicy(attempts=4, backoff=1.0, max_backoff=3))
@@ -1682,7 +1682,7 @@ class Clock:
 
 
 def test_a_deadline_reached_exactly_sends_nothing(monkeypatch):
-    monkeypatch.setattr(maas.time, "monotonic", Clock(100.0))
+    monkeypatch.setattr(maas.client.time, "monotonic", Clock(100.0))
     transport = Recording()
     client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=transport, retry=FAST)
     with client.within(0), pytest.raises(MAASError) as caught:
@@ -1697,7 +1697,7 @@ def test_a_request_running_when_the_deadline_is_reached_exactly_is_abandoned(mon
             return Response(200, {}, b"[]")
 
     # within() reads 100 (deadline 101), the attempt 100 (1 s left), the first poll 101.
-    monkeypatch.setattr(maas.time, "monotonic", Clock(100.0, 100.0, 101.0))
+    monkeypatch.setattr(maas.client.time, "monotonic", Clock(100.0, 100.0, 101.0))
     client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=Slow(), retry=FAST)
     with client.within(1), pytest.raises(MAASError) as caught:
         client.machines()
@@ -1705,7 +1705,7 @@ def test_a_request_running_when_the_deadline_is_reached_exactly_is_abandoned(mon
 
 
 def test_a_retry_due_exactly_at_the_deadline_is_not_made(monkeypatch):
-    monkeypatch.setattr(maas.time, "monotonic", Clock(100.0))
+    monkeypatch.setattr(maas.client.time, "monotonic", Clock(100.0))
     client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=ThenOK("5"), sleep=Recorder(),
                         retry=RetryPolicy(attempts=3, max_retry_after=60))
     with client.within(5), pytest.raises(MAASError) as caught:

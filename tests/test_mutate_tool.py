@@ -34,6 +34,8 @@ def test_function_names_from_mutant_names():
     assert mutate.function_of("maas_kubevirt.identity.x_validate_domain__mutmut_9") == "validate_domain"
     assert mutate.function_of("kubevirt_bmc_config.x__text__mutmut_2") == "_text"
     assert mutate.function_of("maas_kubevirt.maas.xǁMAASClientǁcall__mutmut_3") == "MAASClient.call"
+    assert mutate.function_of("maas_kubevirt.maas.client.xǁMAASClientǁcall__mutmut_3") == "MAASClient.call"
+    assert mutate.function_of("maas_kubevirt.maas.x_client_from_values__mutmut_1") == "client_from_values"
 
 
 def test_changed_lines_of_a_diff():
@@ -44,12 +46,12 @@ def test_changed_lines_of_a_diff():
 @pytest.mark.parametrize("module", sorted(mutate.TARGETS))
 def test_each_equivalent_mutant_is_explained_and_still_in_the_code(module):
     """An entry whose line left the code is stale: make mutate would list it; this says so sooner."""
-    target = ROOT / (mutate.SCRIPT if module == "script" else mutate.TARGETS[module][0])
-    source = " ".join(target.read_text(encoding="utf-8").split())
+    files = [mutate.SCRIPT] if module == "script" else mutate.target_files(module)
+    source = " ".join(" ".join((ROOT / name).read_text(encoding="utf-8").split()) for name in files)
     for (function, before, after), reason in mutate.load_equivalents(module).items():
         assert len(reason.split()) >= 4, (function, before)
         assert function.rsplit(".", 1)[-1] in source and " ".join(before.split(" / ")[0].split()) in source, (
-            f"{module}: {function}: {before!r} is no longer in {target.name}"
+            f"{module}: {function}: {before!r} is no longer in {mutate.TARGETS[module][0]}"
         )
         assert before != after
 
@@ -72,3 +74,37 @@ def test_report_puts_back_the_files_a_stopped_re_run_left_mutated(tmp_path):
     mutate.restore_targets(tmp_path, ["render", "script"])
     assert (tmp_path / mutate.TARGETS["render"][0]).read_text() == (ROOT / mutate.TARGETS["render"][0]).read_text()
     assert (tmp_path / mutate.SCRIPT_AS_MODULE).read_text() == mutate.script_as_module((ROOT / mutate.SCRIPT).read_text())
+
+
+def test_a_package_target_is_every_python_file_in_it():
+    assert mutate.target_files("render") == ["src/maas_kubevirt/render.py"]
+    files = mutate.target_files("maas")
+    assert "src/maas_kubevirt/maas/__init__.py" in files and "src/maas_kubevirt/maas/client.py" in files
+    assert files == sorted(files) and all(name.endswith(".py") for name in files)
+    assert {Path(name).name for name in files} == {path.name for path in (ROOT / "src/maas_kubevirt/maas").glob("*.py")}
+
+
+def test_a_package_target_is_scored_and_cleared_over_all_its_files(tmp_path, monkeypatch):
+    package = tmp_path / "src" / "pkg"
+    package.mkdir(parents=True)
+    for name in ("__init__.py", "a.py", "b.py"):
+        (package / name).write_text("def f():\n    return 1\n")
+    monkeypatch.setattr(mutate, "ROOT", tmp_path)
+    monkeypatch.setitem(mutate.TARGETS, "pkg", ("src/pkg/", []))
+    codes = {"src/pkg/__init__.py": {}, "src/pkg/a.py": {"pkg.a.x_f__mutmut_1": 1, "pkg.a.x_f__mutmut_2": 0},
+             "src/pkg/b.py": {"pkg.b.x_f__mutmut_1": None}}
+    for name, results in codes.items():
+        meta = tmp_path / "mutants" / f"{name}.meta"
+        meta.parent.mkdir(parents=True, exist_ok=True)
+        meta.write_text(json.dumps({"exit_code_by_key": results}))
+    assert mutate.results("pkg", tmp_path) == [("src/pkg/a.py", "pkg.a.x_f__mutmut_1", 1),
+                                                ("src/pkg/a.py", "pkg.a.x_f__mutmut_2", 0),
+                                                ("src/pkg/b.py", "pkg.b.x_f__mutmut_1", None)]
+    assert mutate.forget("pkg", tmp_path, ["pkg.a.x_f__mutmut_2"]) == 1
+    assert json.loads((tmp_path / "mutants/src/pkg/a.py.meta").read_text())["exit_code_by_key"] == {
+        "pkg.a.x_f__mutmut_1": 1, "pkg.a.x_f__mutmut_2": None}
+    tree = tmp_path / "tree"
+    (tree / "src" / "pkg").mkdir(parents=True)
+    (tree / "src" / "pkg" / "a.py").write_text("a mutant left behind\n")
+    mutate.restore_targets(tree, ["pkg"])
+    assert all((tree / name).read_text() == (tmp_path / name).read_text() for name in codes)

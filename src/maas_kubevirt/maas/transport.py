@@ -1,0 +1,146 @@
+"""One HTTP request over requests, its body capped, and why a connection failed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+import requests
+
+# A response body larger than this is refused. A real MAAS machine object is tens of KB, so
+# 10,000 machines make a list of several hundred MB: the default (maas.max_response_mib) is
+# 1 GiB.
+DEFAULT_MAX_RESPONSE = 1024 * 1024 * 1024
+
+
+@dataclass
+class Response:
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+
+class TransportError(Exception):
+    """No response: ``kind`` is "connection" or "timeout"; the message names no secret.
+
+    ``sent`` is False only when the request certainly never left (no connection was made).
+    """
+
+    def __init__(self, kind: str, message: str, sent: bool = True):
+        super().__init__(message)
+        self.kind = kind
+        self.sent = sent
+
+
+class Transport:
+    """One HTTP request over a requests Session (keep-alive), TLS verified by default.
+
+    The body is read in chunks and refused past ``max_body`` bytes (counted after decoding, so
+    a compressed answer cannot grow past the cap either).
+    """
+
+    def __init__(self, verify: bool | str = True, max_body: int = DEFAULT_MAX_RESPONSE):
+        self.verify = verify
+        self.max_body = max_body
+        self.session = self._session()
+
+    @staticmethod
+    def _session() -> requests.Session:
+        session = requests.Session()
+        session.trust_env = True
+        return session
+
+    def send(
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        files: Mapping[str, Any] | None,
+        timeout: float,
+    ) -> Response:
+        try:
+            with self.session.request(
+                method,
+                url,
+                headers=dict(headers),
+                files=files or None,
+                timeout=(min(timeout, 10.0), timeout),
+                allow_redirects=False,
+                verify=self.verify,
+                stream=True,
+            ) as reply:
+                body = self._read(reply)
+        except requests.ConnectTimeout:
+            raise TransportError("timeout", "no connection in time", sent=False) from None
+        except requests.Timeout:
+            raise TransportError("timeout", "no answer in time") from None
+        except requests.ConnectionError as error:
+            raise TransportError("connection", _connection_reason(error), sent=not _never_sent(error)) from None
+        except requests.RequestException as error:
+            raise TransportError("connection", type(error).__name__) from None
+        return Response(reply.status_code, reply.headers, body)
+
+    def _read(self, reply: requests.Response) -> bytes:
+        declared = reply.headers.get("Content-Length", "")
+        if declared.isdigit() and int(declared) > self.max_body:
+            raise TransportError("too-large", _too_large(self.max_body, int(declared)))
+        chunks, size = [], 0
+        for chunk in reply.iter_content(256 * 1024):
+            size += len(chunk)
+            if size > self.max_body:
+                raise TransportError("too-large", _too_large(self.max_body))
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def abandon(self) -> None:
+        """Leave a request still in flight to its worker thread; later requests get a new session."""
+        self.session = self._session()
+
+    def close(self) -> None:
+        self.session.close()
+
+
+def _too_large(limit: int, size: int | None = None) -> str:
+    found = f"{size / 2**20:.0f} MiB" if size is not None else "more"
+    return (f"response body larger than maas.max_response_mib ({limit / 2**20:g} MiB; found {found}): "
+            "raise maas.max_response_mib if this MAAS really has that much to say")
+
+
+def _causes(error: BaseException | None) -> Iterable[BaseException]:
+    """error and its causes, outermost first, each once: urllib3 and requests link them by
+    args, raise-from, implicit context or ``.reason``, differently from one version to the next."""
+    seen = set()
+    while isinstance(error, BaseException) and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        nested = error.args[0] if error.args and isinstance(error.args[0], BaseException) else None
+        error = nested or error.__cause__ or error.__context__ or getattr(error, "reason", None)
+
+
+def _connection_reason(error: BaseException) -> str:
+    """A short reason without URLs or headers (the exception text can be long)."""
+    for cause in _causes(error):
+        name = type(cause).__name__
+        if name == "ConnectionRefusedError":
+            return "connection refused"
+        if name in ("ConnectionResetError", "RemoteDisconnected", "ConnectionAbortedError",
+                    "IncompleteRead", "ProtocolError", "BrokenPipeError"):
+            return "connection closed by the server"
+        if name == "SSLError":
+            return "TLS error"
+        if name in ("NameResolutionError", "gaierror"):
+            return "cannot resolve the MAAS host name"
+    return "connection failed"
+
+
+# Failures that happen before a connection exists, so before any byte of the request left:
+# urllib3 raises NewConnectionError (NameResolutionError is one) and ConnectTimeoutError only
+# from making the connection, and a certificate is refused during the TLS handshake.
+_BEFORE_SENDING = {"ConnectionRefusedError", "gaierror", "NewConnectionError", "ConnectTimeoutError",
+                   "ConnectTimeout", "SSLCertVerificationError", "CertificateError"}
+
+
+def _never_sent(error: BaseException) -> bool:
+    """True when the failure certainly came before the request was sent; anything else (a
+    reset, a closed connection, another TLS error) may have come after MAAS read it."""
+    return any(kind.__name__ in _BEFORE_SENDING for cause in _causes(error) for kind in type(cause).__mro__)
