@@ -110,7 +110,8 @@ from loopback import LoopbackServer
 
 import yaml
 
-from maas_kubevirt.identity import PLACEHOLDER_PASSWORD
+from maas_kubevirt.identity import ENLIST_USER_PREFIX, PLACEHOLDER_PASSWORD
+from maas_kubevirt.reconcile import pool_description
 
 API_PREFIX = "/MAAS/api/2.0/"
 DEFAULT_KEY = ("dblConsumerKey1", "dblTokenKey0001", "dblTokenSecretXyZ9876543210")
@@ -530,7 +531,9 @@ class MaasDouble(LoopbackServer):
             if hostname is None:
                 hostname = f"{self._random.choice(_ADJ)}-{self._random.choice(_NOUN)}-{system_id}"
             if pool not in self.pools:
-                self.add_pool(pool)
+                # A pool a test files a machine in without making it first stands for one the
+                # reconciler made in an earlier cycle, so it carries that description.
+                self.add_pool(pool, "" if pool == "default" else pool_description(pool))
             number = next(self._numbers)
             virtual = power_type == "redfish"
             self.machines[system_id] = _Machine({
@@ -600,12 +603,15 @@ class MaasDouble(LoopbackServer):
         default the bare host; ``scheme`` makes it a URL, ``address`` gives it whole). An
         address MAAS refuses (``address_refused``: any "/") leaves what enlistment's retry
         without the BMC configuration makes: power type "" and no power parameters. Use
-        ``add_machine`` for a machine MAAS could not hold. Two VMs with the same address and
-        power_user share one row and its password (the first's), as MAAS keeps them."""
+        ``add_machine`` for a machine MAAS could not hold. Its power_user is by default a fresh
+        enlistment user, as the script writes one (``power_user=`` gives one: two VMs with the
+        same address and power_user share one row and its password, the first's, as MAAS keeps
+        them)."""
         if address is None:
             address = f"{scheme}://{vm}.{namespace}.{domain}/redfish/v1/Systems/1" if scheme else \
                 f"{vm}.{namespace}.{domain}"
-        bmc = {"power_address": address, "power_user": kw.get("power_user", "maas"),
+        kw.setdefault("power_user", ENLIST_USER_PREFIX + "%032x" % self._random.getrandbits(128))
+        bmc = {"power_address": address, "power_user": kw["power_user"],
                "power_pass": PLACEHOLDER_PASSWORD, "node_id": "1"}
         if address_refused("redfish", bmc):
             system_id = self.add_machine(kw.pop("hostname", None), power_type="", **kw)

@@ -219,7 +219,7 @@ def test_commission_with_a_rack_is_unchanged_and_records_maas_order(double):
 
 def test_one_put_stores_all_four_and_keeps_the_others(double):
     double.add_pool("vms")
-    sid = double.add_vm("web1", "vms")
+    sid = double.add_vm("web1", "vms", power_user="maas")
     answer = api(double, "PUT", f"machines/{sid}/", {
         "hostname": "web1-vms", "pool": "vms", "power_parameters_power_address": f"web1.vms.{DOMAIN}",
         "power_parameters_power_pass": "derived-secret"})
@@ -338,7 +338,7 @@ OTHER = f"web2.vms.{DOMAIN}"
 
 def test_an_impostor_with_a_vms_address_and_user_joins_its_row_and_reads_its_password(double):
     """get_or_create_bmc: the row exists, so the impostor's own password is dropped."""
-    vm = double.add_vm("web1", "vms", password="derived-secret")
+    vm = double.add_vm("web1", "vms", password="derived-secret", power_user="maas")
     answer = enlisting(double, VM, password="a-guess")
     assert answer.status_code == 200, answer.text
     impostor = answer.json()["system_id"]
@@ -352,7 +352,7 @@ def test_an_impostor_with_a_vms_address_and_user_joins_its_row_and_reads_its_pas
 
 
 def test_with_another_user_the_impostor_gets_a_row_of_its_own(double):
-    vm = double.add_vm("web1", "vms", password="derived-secret")
+    vm = double.add_vm("web1", "vms", password="derived-secret", power_user="maas")
     impostor = enlisting(double, VM, user="maas-enlist-0123", password="its-own").json()["system_id"]
     assert double.bmc_id(impostor) != double.bmc_id(vm)
     assert power(double, impostor)["power_pass"] == "its-own"
@@ -363,7 +363,7 @@ def test_a_signal_from_a_machine_on_a_shared_row_moves_every_machine_on_it(doubl
     """store_node_power_parameters (src/metadataserver/api.py): without power_pass no row matches
     the new address, so the shared row is updated in place and keeps its password; with one, in
     place again, password included."""
-    vm = double.add_vm("web1", "vms", password="derived-secret")
+    vm = double.add_vm("web1", "vms", password="derived-secret", power_user="maas")
     impostor = enlisting(double, VM).json()["system_id"]
     assert double.machines[impostor]["status_name"] == "Commissioning"   # commission=True
     row = double.bmc_id(vm)
@@ -381,8 +381,8 @@ def test_a_signal_from_a_machine_on_a_shared_row_moves_every_machine_on_it(doubl
 def test_a_re_point_to_a_matching_row_takes_the_old_rows_other_machines_along(double):
     """Node.set_power_config: the signal's parameters (no power_pass) equal the other VM's row, so
     the impostor and every machine of its old row are moved to it; the old row is deleted."""
-    vm = double.add_vm("web1", "vms", password="derived-secret")
-    other = double.add_vm("web2", "vms", password="other-secret")
+    vm = double.add_vm("web1", "vms", password="derived-secret", power_user="maas")
+    other = double.add_vm("web2", "vms", password="other-secret", power_user="maas")
     impostor = enlisting(double, VM).json()["system_id"]
     old, target = double.bmc_id(vm), double.bmc_id(other)
     answer = signal(double, impostor, "WORKING", power_type="redfish",
@@ -397,7 +397,7 @@ def test_a_re_point_to_a_matching_row_takes_the_old_rows_other_machines_along(do
 def test_an_admin_put_of_user_and_password_updates_the_row_in_place(double):
     """AdminMachineForm hands set_power_config every redfish setting, power_pass included (the
     machine's when the PUT gives none): no row ever matches, the current one is updated."""
-    vm = double.add_vm("web1", "vms", password="derived-secret")
+    vm = double.add_vm("web1", "vms", password="derived-secret", power_user="maas")
     impostor = enlisting(double, VM).json()["system_id"]
     row = double.bmc_id(vm)
     answer = api(double, "PUT", f"machines/{impostor}/", {"power_parameters_power_user": "derived-user",
@@ -411,8 +411,8 @@ def test_an_admin_put_of_user_and_password_updates_the_row_in_place(double):
 def test_a_put_that_would_make_two_rows_equal_answers_409_and_changes_nothing(double):
     """maasserver_bmc_power_type_parameters_idx (migration 0245) is unique; the violation is
     retried (src/maasserver/utils/views.py) and ends in 409 with Retry-After 5 (measured)."""
-    vm = double.add_vm("web1", "vms", password="derived-secret")
-    other = double.add_vm("web2", "vms")
+    vm = double.add_vm("web1", "vms", password="derived-secret", power_user="maas")
+    other = double.add_vm("web2", "vms", power_user="maas")
     before = power(double, vm)
     answer = api(double, "PUT", f"machines/{vm}/", {"power_parameters_power_address": OTHER, "hostname": "moved"})
     assert answer.status_code == 409
@@ -425,7 +425,7 @@ def test_a_put_that_would_make_two_rows_equal_answers_409_and_changes_nothing(do
 
 def test_a_row_is_deleted_when_its_last_node_leaves(double):
     """Node.delete and Node.set_power_config delete a row no node is on."""
-    vm = double.add_vm("web1", "vms", password="derived-secret")
+    vm = double.add_vm("web1", "vms", password="derived-secret", power_user="maas")
     impostor = enlisting(double, VM).json()["system_id"]
     row = double.bmc_id(vm)
     double.delete_machine(impostor)
@@ -439,7 +439,7 @@ def test_a_row_is_deleted_when_its_last_node_leaves(double):
 
 def test_a_machine_given_redfish_joins_a_row_and_keeps_no_password_of_its_own(double):
     """Another power type, a chassis one: get_or_create_bmc, as at enlistment."""
-    vm = double.add_vm("web1", "vms", password="derived-secret")
+    vm = double.add_vm("web1", "vms", password="derived-secret", power_user="maas")
     manual = double.add_machine(power_type="manual")
     answer = api(double, "PUT", f"machines/{manual}/", {
         "power_type": "redfish", "power_parameters_power_address": VM, "power_parameters_power_user": "maas",
@@ -460,7 +460,7 @@ def test_a_machine_given_redfish_joins_a_row_and_keeps_no_password_of_its_own(do
 @pytest.mark.parametrize("status", ["New", "Commissioning"])
 def test_mac_enlistment_updates_the_machine_holding_the_mac(double, status):
     mac = "52:54:00:ab:cd:ef"
-    sid = double.add_vm("web1", "vms", status=status, password="derived-secret", mac_addresses=[mac])
+    sid = double.add_vm("web1", "vms", status=status, password="derived-secret", mac_addresses=[mac], power_user="maas")
     before = list(double.events)
     answer = enlisting(double, f"moved.vms.{DOMAIN}", password=None, mac=mac)
     assert answer.status_code == 200, answer.text
@@ -478,7 +478,7 @@ def test_mac_enlistment_updates_the_machine_holding_the_mac(double, status):
 def test_mac_enlistment_with_parameters_but_no_power_type_leaves_only_the_password(double):
     """check_driver: the form's power_type is "" (the request's None), so the parameters saved are
     none; the row's secret stays (measured)."""
-    sid = double.add_vm("web1", "vms", password="derived-secret")
+    sid = double.add_vm("web1", "vms", password="derived-secret", power_user="maas")
     answer = anonymous(double, {"architecture": "amd64/generic", "mac_addresses": double.macs[sid][0],
                                 "power_parameters": json.dumps({"power_address": "elsewhere.example.org"})})
     assert answer.status_code == 200, answer.text
@@ -488,7 +488,7 @@ def test_mac_enlistment_with_parameters_but_no_power_type_leaves_only_the_passwo
 
 @pytest.mark.parametrize("status", ["Ready", "Deployed", "Failed commissioning"])
 def test_a_mac_of_a_machine_in_another_status_is_refused(double, status):
-    sid = double.add_vm("web1", "vms", status=status, password="derived-secret")
+    sid = double.add_vm("web1", "vms", status=status, password="derived-secret", power_user="maas")
     mac = double.macs[sid][0]
     before = power(double, sid)
     answer = enlisting(double, f"moved.vms.{DOMAIN}", mac=mac)

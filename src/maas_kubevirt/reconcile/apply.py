@@ -4,6 +4,7 @@ PUT), one audit record per change, a refused commission backed off."""
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -91,22 +92,61 @@ def _batches(actions: Sequence[Action]) -> list[list[Action]]:
     return batches
 
 
+# What MAAS shows of a machine whose commission it went on with after the request stopped waiting.
+COMMISSIONED_STATUSES = ("Commissioning", "Testing", "Ready")
+
+
+def _lanes(batches: Sequence[list[Action]]) -> list[list[list[Action]]]:
+    """The batches in lanes that may run side by side: one machine's in its order, and a machine
+    whose rename takes the name another one's rename frees in the same lane, after it."""
+    root: dict[str | None, str | None] = {}
+
+    def find(system_id: str | None) -> str | None:
+        while root[system_id] != system_id:
+            system_id = root[system_id]
+        return system_id
+
+    frees: dict[str, str | None] = {}     # lower-cased old name -> the machine renamed away from it
+    for batch in batches:
+        for action in batch:
+            root.setdefault(action.system_id, action.system_id)
+            if action.kind == RENAME and isinstance(action.before, str):
+                frees[action.before.lower()] = action.system_id
+    for batch in batches:
+        for action in batch:
+            freed_by = frees.get(action.after.lower()) if action.kind == RENAME and action.after else None
+            if freed_by is not None and find(freed_by) != find(action.system_id):
+                root[find(action.system_id)] = find(freed_by)
+    lanes: dict[str | None, list[list[Action]]] = {}
+    for batch in batches:
+        lanes.setdefault(find(batch[0].system_id), []).append(batch)
+    return list(lanes.values())
+
+
 def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
           stop: threading.Event | None = None, passwords: Passwords | None = None,
-          backoff: Backoff | None = None) -> Outcome:
+          backoff: Backoff | None = None, concurrency: int = 1) -> Outcome:
     """Carry out the changing actions; one audit record per attempted change.
 
     A machine's password, rename and pool move go in one PUT; when MAAS refuses it (400) each is
     sent on its own, so that a taken name never holds back the password. A move waits for its
     pool and a commission for its machine's password. A commission MAAS refuses starts or
-    lengthens that machine's backoff, named in its audit record.
+    lengthens that machine's backoff, named in its audit record. With ``concurrency`` above 1
+    the pools are made first, then up to that many machines' changes go at once (``_lanes``),
+    each machine's still in order.
     """
     outcome = Outcome()
+    lock = threading.RLock()      # the outcome, the backoff and whole audit records, one at a time
+    halt = threading.Event()      # a signal or the deadline: no lane starts another request
     failed_pools: set[str] = set()
     other_pools: set[str] = set()   # refused as existing (someone else's, as far as is known) or unknown
     no_password: set[str | None] = set()
 
     def record(action: Action, result: str, reason: str = "") -> None:
+        with lock:
+            _record(action, result, reason)
+
+    def _record(action: Action, result: str, reason: str) -> None:
         if result == "ok":
             outcome.ok += 1
             outcome.done.append(action)
@@ -140,6 +180,11 @@ def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
             if len(batch) > 1 and failure.status == 400:
                 return all(send([action]) for action in batch)
             stopped = failure.kind in ("interrupted", "deadline")  # every later request fails alike
+            if batch[0].kind == COMMISSION and failure.in_flight and not stopped:
+                status = _status_now(batch[0].system_id)
+                if status in COMMISSIONED_STATUSES:  # MAAS went on after the request stopped waiting
+                    record(batch[0], "ok", f"{failure}; MAAS shows the machine {status}")
+                    return True
             for action in batch:
                 record(action, ("unknown" if failure.in_flight else "failed") if stopped
                        else _classify(action, failure), str(failure))
@@ -148,25 +193,52 @@ def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
             record(action, "ok")
         return True
 
-    for batch in _batches(list(actions)):
-        if stop is not None and stop.is_set():
-            outcome.interrupted = True
-            break
-        ready = []
-        for action in batch:
-            if action.kind == MOVE_POOL and action.after in failed_pools:
-                record(action, "failed", f"the pool {action.after} could not be created")
-            elif action.kind == MOVE_POOL and action.after in other_pools:
-                # Made by someone else meanwhile, perhaps: never filled until a re-read shows whose.
-                record(action, "skipped", f"the pool {action.after} was not created by this cycle: "
-                       "moved only once the next cycle has read whose it is")
-            elif action.kind == COMMISSION and action.system_id in no_password:
-                record(action, "skipped", "the BMC password is not in place: not commissioned")
-            else:
-                ready.append(action)
-        if ready and not send(ready):
-            outcome.interrupted = True
-            break
+    def _status_now(system_id: str | None) -> str | None:
+        """The machine's status as MAAS shows it now, or None when it cannot be read."""
+        try:
+            found = client.machines_by_id([str(system_id)])
+        except MAASError:
+            return None
+        status = found[0].get("status_name") if found and isinstance(found[0], dict) else None
+        return status if isinstance(status, str) else None
+
+    def carry_out(lane: Sequence[list[Action]]) -> None:
+        for batch in lane:
+            if halt.is_set() or (stop is not None and stop.is_set()):
+                halt.set()
+                return
+            ready = []
+            for action in batch:
+                with lock:
+                    if action.kind == MOVE_POOL and action.after in failed_pools:
+                        record(action, "failed", f"the pool {action.after} could not be created")
+                    elif action.kind == MOVE_POOL and action.after in other_pools:
+                        # Made by someone else meanwhile, perhaps: never filled until a re-read shows whose.
+                        record(action, "skipped", f"the pool {action.after} was not created by this cycle: "
+                               "moved only once the next cycle has read whose it is")
+                    elif action.kind == COMMISSION and action.system_id in no_password:
+                        record(action, "skipped", "the BMC password is not in place: not commissioned")
+                    else:
+                        ready.append(action)
+            try:
+                if ready and not send(ready):
+                    halt.set()
+                    return
+            except BaseException:
+                halt.set()
+                raise
+
+    batches = _batches(list(actions))
+    if concurrency <= 1:
+        carry_out(batches)
+    else:
+        carry_out([b for b in batches if b[0].kind == CREATE_POOL])   # before anything moves in
+        lanes = _lanes([b for b in batches if b[0].kind != CREATE_POOL])
+        with ThreadPoolExecutor(max_workers=min(concurrency, max(1, len(lanes))),
+                                thread_name_prefix="maas-apply") as workers:
+            for done in [workers.submit(carry_out, lane) for lane in lanes]:
+                done.result()   # a refused API key stops them all, and reaches the caller
+    outcome.interrupted = halt.is_set()
     return outcome
 
 

@@ -380,7 +380,7 @@ class Reconciler:
                 self._reported.add((action.system_id, action.note))
                 note(f"{action.system_id} {action.hostname}: {action.note}")
         result.outcome = apply(self.client, result.actions, self.audit, self.stop, self.passwords,
-                               self.backoff)
+                               self.backoff, self.settings.concurrency)
         for action in result.outcome.done:
             if action.kind == SET_PASSWORD:
                 self.credited[action.system_id] = (action.vm, action.namespace)

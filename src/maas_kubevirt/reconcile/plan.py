@@ -48,6 +48,7 @@ class Settings:
     power_check_interval: float = 300.0
     # pools the reconciler may file VMs in although it did not create them
     adopt_pools: tuple[str, ...] = ()
+    concurrency: int = 1                 # machines whose changes go to MAAS at once
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any]) -> "Settings":
@@ -62,6 +63,7 @@ class Settings:
             interval=maas["interval"],
             power_check_interval=maas["power_check_interval"],
             adopt_pools=tuple(maas["adopt_pools"]),
+            concurrency=maas["concurrency"],
         )
 
 

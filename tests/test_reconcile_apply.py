@@ -1,0 +1,175 @@
+"""apply with maas.concurrency: several machines' changes at once, each machine's in order, pools
+before the moves into them, one whole audit record per change, and a stop that ends the work
+within one request's time."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from maas_double import MaasDouble  # noqa: E402
+from reconcile_helpers import DOMAIN, SEED  # noqa: E402
+
+from maas_kubevirt import reconcile  # noqa: E402
+from maas_kubevirt.audit import Audit  # noqa: E402
+from maas_kubevirt.reconcile.apply import _lanes  # noqa: E402
+from maas_kubevirt.maas import MAASClient, MAASError, Signer  # noqa: E402
+from maas_kubevirt.reconcile import (  # noqa: E402
+    COMMISSION, CREATE_POOL, MOVE_POOL, RENAME, SET_PASSWORD, Action, Passwords, Reconciler, Settings, apply,
+)
+
+PASSWORDS = Passwords(SEED)
+SLOW = 0.2   # seconds each change takes in the timed client
+
+
+class TimedClient:
+    """Records when each change starts and ends, on which machine, and how many run at once."""
+
+    def __init__(self, stop: threading.Event | None = None) -> None:
+        self.lock = threading.Lock()
+        self.calls: list[tuple[str, str | None, float, float]] = []
+        self.running = 0
+        self.most = 0
+        self.stop = stop
+
+    def _call(self, kind: str, target: str | None) -> dict:
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        start = time.monotonic()
+        try:
+            if self.stop is not None and self.stop.wait(SLOW):
+                raise MAASError("PUT", f"machines/{target}/", None, "stopped by a signal during the request",
+                                "interrupted", in_flight=True)
+            if self.stop is None:
+                time.sleep(SLOW)
+        finally:
+            with self.lock:
+                self.running -= 1
+                self.calls.append((kind, target, start, time.monotonic()))
+        return {}
+
+    def update_machine(self, system_id, hide=(), **fields):
+        return self._call("PUT", system_id)
+
+    def commission(self, system_id, skip_bmc_config=True):
+        return self._call("commission", system_id)
+
+    def create_pool(self, name, description=""):
+        return self._call("pool", name)
+
+
+def new_vm_actions(count: int, namespace: str = "vms") -> list[Action]:
+    actions = [Action(CREATE_POOL, None, None, namespace=namespace, after=namespace)]
+    for i in range(count):
+        sid, vm = f"m{i:05d}", f"web{i}"
+        common = dict(system_id=sid, hostname=f"lucky-{i}", vm=vm, namespace=namespace)
+        actions += [
+            Action(SET_PASSWORD, before="placeholder", after="derived", address=f"{vm}.{namespace}.{DOMAIN}", **common),
+            Action(RENAME, before=f"lucky-{i}", after=f"{vm}-{namespace}", **common),
+            Action(MOVE_POOL, before="default", after=namespace, **common),
+            Action(COMMISSION, before="New", after="Commissioning", **common),
+        ]
+    return actions
+
+
+def test_several_machines_at_once_within_the_budget_each_in_its_own_order(capsys):
+    client = TimedClient()
+    started = time.monotonic()
+    outcome = apply(client, new_vm_actions(9), Audit(""), passwords=PASSWORDS, concurrency=3)
+    took = time.monotonic() - started
+    assert (outcome.ok, outcome.failed, outcome.interrupted) == (1 + 9 * 4, 0, False)
+    assert 2 <= client.most <= 3
+    # The pool first; 18 more requests three at a time: about 7 rounds, not 19 one by one.
+    assert took < 19 * SLOW * 0.75, took
+    (pool,) = [c for c in client.calls if c[0] == "pool"]
+    for kind, sid, start, end in client.calls:
+        if kind != "pool":
+            assert start >= pool[3]
+    for i in range(9):
+        put, commission = (next(c for c in client.calls if c[:2] == (kind, f"m{i:05d}"))
+                           for kind in ("PUT", "commission"))
+        assert commission[2] >= put[3]
+
+
+def test_every_change_is_one_whole_audit_record(tmp_path, capsys):
+    log = tmp_path / "audit.log"
+    apply(TimedClient(), new_vm_actions(12), Audit(str(log)), passwords=PASSWORDS, concurrency=4)
+    lines = log.read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert len(records) == 1 + 12 * 4
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == records
+
+
+def test_a_rename_into_a_name_another_rename_frees_waits_for_it(capsys):
+    common_a = dict(system_id="aaaaaa", hostname="web2-vms", vm="web9", namespace="vms")
+    common_b = dict(system_id="bbbbbb", hostname="lucky", vm="web2", namespace="vms")
+    actions = [Action(RENAME, before="web2-vms", after="web9-vms", **common_a),
+               Action(RENAME, before="lucky", after="web2-vms", **common_b)]
+    assert [[b[0].system_id for b in lane] for lane in _lanes([[a] for a in actions])] == [
+        ["aaaaaa", "bbbbbb"]]
+    client = TimedClient()
+    apply(client, actions, Audit(""), concurrency=4)
+    first, second = client.calls
+    assert (first[1], second[1]) == ("aaaaaa", "bbbbbb") and second[2] >= first[3]
+
+
+def test_a_stop_ends_every_lane_within_one_request(capsys):
+    stop = threading.Event()
+    client = TimedClient(stop)
+    threading.Timer(SLOW / 2, stop.set).start()
+    started = time.monotonic()
+    outcome = apply(client, new_vm_actions(8), Audit(""), stop=stop, passwords=PASSWORDS, concurrency=3)
+    assert time.monotonic() - started < SLOW * 3
+    assert outcome.interrupted
+    # No request started after the stop: only the pool and the three lanes' first PUTs.
+    assert len(client.calls) <= 1 + 3
+
+
+@pytest.fixture
+def double():
+    with MaasDouble() as double:
+        yield double
+
+
+class TimesOutAfterCommissioning(MAASClient):
+    """MAAS carries the commission out, but the answer comes after the request stopped waiting
+    (a VM slower than the commission's timeout)."""
+
+    def commission(self, system_id, skip_bmc_config=True):
+        super().commission(system_id, skip_bmc_config)
+        raise MAASError("POST", f"machines/{system_id}/?op=commission", None, "timed out after 300 s",
+                        "timeout", in_flight=True)
+
+
+def test_a_commission_that_timed_out_but_that_maas_carried_out_is_ok(double, capsys):
+    sid = double.add_vm("web1", "vms")
+    client = TimesOutAfterCommissioning(double.url, Signer(*double.api_key), timeout=5)
+    reconciler = Reconciler(client, Settings(domain=DOMAIN, concurrency=2), passwords=PASSWORDS)
+    result = reconciler.cycle()
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    (commission,) = [r for r in records if r["action"] == COMMISSION]
+    assert commission["outcome"] == "ok" and "MAAS shows the machine Commissioning" in commission["reason"]
+    assert "retry_at" not in commission and sid not in reconciler.backoff.waits
+    assert result.outcome.failed == 0
+
+
+def test_concurrent_cycles_converge_a_namespace_as_one_at_a_time_does(double):
+    ids = [double.add_vm(f"web{i}", "vms") for i in range(12)]
+    client = MAASClient(double.url, Signer(*double.api_key), timeout=5)
+    reconciler = Reconciler(client, Settings(domain=DOMAIN, concurrency=4), passwords=PASSWORDS)
+    reconciler.cycle()
+    for sid in ids:
+        machine = double.machines[sid]
+        assert machine["pool"]["name"] == "vms" and machine["status_name"] == "Commissioning"
+        assert double.power[sid]["power_pass"] == PASSWORDS.password(*reconcile.claim_of(
+            double.power[sid]["power_address"], DOMAIN)[0])
+    writes = {sid: [w[0] for w in double.writes if w[1] == sid] for sid in ids}
+    assert all(kinds[0] == "PUT" and kinds[-1] != "PUT" for kinds in writes.values()), writes
