@@ -173,3 +173,13 @@ def test_concurrent_cycles_converge_a_namespace_as_one_at_a_time_does(double):
             double.power[sid]["power_address"], DOMAIN)[0])
     writes = {sid: [w[0] for w in double.writes if w[1] == sid] for sid in ids}
     assert all(kinds[0] == "PUT" and kinds[-1] != "PUT" for kinds in writes.values()), writes
+
+
+def test_no_request_starts_once_may_write_says_no(capsys):
+    """A leader whose lease could not be renewed: the changes in flight finish, no other starts."""
+    client = TimedClient()
+    allowed = iter([True, True, True])
+    outcome = apply(client, new_vm_actions(4), Audit(""), passwords=PASSWORDS, concurrency=1,
+                    may_write=lambda: next(allowed, False))
+    assert outcome.interrupted and len(client.calls) == 3
+    assert [c[0] for c in client.calls] == ["pool", "PUT", "commission"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from maas_kubevirt import identity
 from maas_kubevirt.audit import Audit
@@ -125,7 +125,8 @@ def _lanes(batches: Sequence[list[Action]]) -> list[list[list[Action]]]:
 
 def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
           stop: threading.Event | None = None, passwords: Passwords | None = None,
-          backoff: Backoff | None = None, concurrency: int = 1) -> Outcome:
+          backoff: Backoff | None = None, concurrency: int = 1,
+          may_write: Callable[[], bool] | None = None) -> Outcome:
     """Carry out the changing actions; one audit record per attempted change.
 
     A machine's password, rename and pool move go in one PUT; when MAAS refuses it (400) each is
@@ -133,7 +134,8 @@ def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
     pool and a commission for its machine's password. A commission MAAS refuses starts or
     lengthens that machine's backoff, named in its audit record. With ``concurrency`` above 1
     the pools are made first, then up to that many machines' changes go at once (``_lanes``),
-    each machine's still in order.
+    each machine's still in order. ``may_write`` is asked before every request: False (a leader
+    that could not renew its lease) starts no further one, as a signal does.
     """
     outcome = Outcome()
     lock = threading.RLock()      # the outcome, the backoff and whole audit records, one at a time
@@ -171,7 +173,9 @@ def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
         audit.record(action, result, reason)
 
     def send(batch: list[Action]) -> bool:
-        """Carry out one batch; False when the cycle must stop (a signal, the deadline)."""
+        """Carry out one batch; False when the cycle must stop (a signal, the deadline, the lease)."""
+        if may_write is not None and not may_write():
+            return False   # not attempted, so not audited: the next holder plans it afresh
         try:
             _perform(client, batch, passwords)
         except MAASAuthError:

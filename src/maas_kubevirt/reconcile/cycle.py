@@ -76,6 +76,8 @@ class Reconciler:
         # outcome unknown), kept across restarts through the audit log: a password left behind
         # an address that moved while the reconciler was down is still recognised.
         self.credited: dict[str, tuple[str, str]] = {}
+        # Asked before every write (None: always): a lease holder that could not renew says no.
+        self.may_write: Callable[[], bool] | None = None
 
     def restore(self, records: Iterable[Mapping[str, Any]]) -> None:
         """Take back, from earlier audit records (oldest first), what a restart would forget: the
@@ -380,7 +382,7 @@ class Reconciler:
                 self._reported.add((action.system_id, action.note))
                 note(f"{action.system_id} {action.hostname}: {action.note}")
         result.outcome = apply(self.client, result.actions, self.audit, self.stop, self.passwords,
-                               self.backoff, self.settings.concurrency)
+                               self.backoff, self.settings.concurrency, self.may_write)
         for action in result.outcome.done:
             if action.kind == SET_PASSWORD:
                 self.credited[action.system_id] = (action.vm, action.namespace)
