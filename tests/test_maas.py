@@ -915,8 +915,8 @@ def test_too_large_while_read_says_more():
 # --- a request abandoned ---------------------------------------------------------------------
 
 
-def test_a_request_abandoned_by_a_signal_leaves_its_session_behind(double):
-    """The abandoned request keeps its connection in its worker thread; the next one gets a fresh session."""
+def test_a_request_abandoned_by_a_signal_keeps_its_connection_and_the_session_goes_on(double):
+    """The abandoned request keeps its connection in its worker thread; the next one takes another."""
     double.inject("hang", hang=3)
     stop = threading.Event()
     client = client_for(double, timeout=30, stop=stop)
@@ -926,9 +926,10 @@ def test_a_request_abandoned_by_a_signal_leaves_its_session_behind(double):
         client.machines()
     assert str(caught.value) == "GET machines/: interrupted: stopped by a signal during the request"
     assert caught.value.in_flight
-    assert client.transport.session is not before
     stop.clear()
-    assert client.machines() == []
+    started = time.monotonic()
+    assert client.machines() == [] and time.monotonic() - started < 1  # not after the 3 s hang
+    assert client.transport.session is before
 
 
 def test_a_request_still_running_at_the_deadline_is_abandoned():
@@ -947,7 +948,7 @@ def test_a_request_still_running_at_the_deadline_is_abandoned():
     assert caught.value.in_flight
 
 
-def test_a_transport_without_abandon_is_still_interrupted():
+def test_a_stop_set_before_the_request_interrupts_it_in_flight():
     class Slow:
         def send(self, method, url, headers, files, timeout):
             time.sleep(2)
@@ -960,6 +961,168 @@ def test_a_transport_without_abandon_is_still_interrupted():
         client.machines()
     assert str(caught.value) == "GET machines/: interrupted: stopped by a signal during the request"
     assert caught.value.in_flight
+
+
+# --- several threads at once -----------------------------------------------------------------
+# The reconciler's apply sends different machines' changes from worker threads, through one client.
+
+
+def delay_answers(double: MaasDouble, seconds: float, which) -> None:
+    """The double answers the requests ``which(request)`` picks ``seconds`` late (as a region does
+    while a power action runs), others at once."""
+    handle = double.handle
+
+    def delayed(request):
+        if which(request):
+            time.sleep(seconds)
+        return handle(request)
+
+    double.handle = delayed
+
+
+def in_threads(count: int, work) -> list:
+    """work(index) in ``count`` threads started together; what each returned or raised, in order."""
+    results: list = [None] * count
+    start = threading.Barrier(count)
+
+    def run(index: int) -> None:
+        start.wait()
+        try:
+            results[index] = work(index)
+        except Exception as error:  # noqa: BLE001 - the test looks at it
+            results[index] = error
+
+    threads = [threading.Thread(target=run, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not any(thread.is_alive() for thread in threads)
+    return results
+
+
+def wait_for(condition, seconds: float = 5.0) -> None:
+    give_up = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < give_up, "timed out"
+        time.sleep(0.01)
+
+
+def test_eight_threads_of_requests_all_succeed_counted_exactly_on_a_connection_each(double):
+    system_ids = [double.add_machine(f"m{index}", status="Ready") for index in range(8)]
+    client = client_for(double, timeout=10)
+
+    def work(index: int) -> int:
+        for round in range(25):
+            if round % 5 == 0:
+                client.update_machine(system_ids[index], hostname=f"m{index}-{round}")
+            else:
+                assert len(client.machines()) == 8
+        return index
+
+    assert in_threads(8, work) == list(range(8))
+    assert client.requests == 200 and double.request_count == 200
+    assert sorted(m["hostname"] for m in double.machines.values()) == [f"m{index}-20" for index in range(8)]
+    pools = client.transport.session.get_adapter(client.base).poolmanager.pools
+    used = [pools[key] for key in pools.keys() if pools[key].num_requests]
+    # Each thread had one connection at a time, and they were kept for the next requests.
+    assert len(used) == 1 and used[0].num_requests == 200 and used[0].num_connections <= 8
+
+
+def test_a_stop_ends_the_requests_of_every_thread_within_a_poll(double):
+    double.inject("hang", path="^machines/$", count=4, hang=6)
+    stop = threading.Event()
+    client = client_for(double, timeout=30, stop=stop)
+    stopped: list[float] = []
+
+    def stop_once_all_wait() -> None:
+        wait_for(lambda: double.request_count == 4)
+        stopped.append(time.monotonic())
+        stop.set()
+
+    threading.Thread(target=stop_once_all_wait).start()
+
+    def work(index: int):
+        try:
+            client.machines()
+        except MAASError as error:
+            return error, time.monotonic()
+
+    results = in_threads(4, work)
+    assert [error.kind for error, _ in results] == ["interrupted"] * 4
+    assert all(error.in_flight for error, _ in results)
+    assert max(ended for _, ended in results) - stopped[0] < 5 * maas.POLL  # not the 6 s hang
+
+
+def test_the_cycles_deadline_ends_the_requests_of_every_thread(double):
+    double.inject("hang", path="^machines/$", count=3, hang=6)
+    client = client_for(double, timeout=30)
+    started = time.monotonic()
+    with client.within(0.5):  # in the cycle's thread, as the Reconciler does
+        results = in_threads(3, lambda index: client.machines())
+    assert [error.kind for error in results] == ["deadline"] * 3
+    assert time.monotonic() - started < 0.5 + 5 * maas.POLL
+    assert client.deadline is None and client.machines() == []
+
+
+def test_a_request_abandoned_in_one_thread_fails_no_other_threads_request(double):
+    """The session and its other connections go on while the abandoned attempt still runs."""
+    double.inject("hang", path="^machines/$", count=1, hang=3)
+    client = client_for(double, timeout=30)
+    with client.within(0.3), pytest.raises(MAASError) as caught:
+        client.machines()
+    assert caught.value.kind == "deadline"
+    # Its attempt hangs on at the double for about 3 s more, on its own connection.
+    assert any(t.name == "maas-request" and t.is_alive() for t in threading.enumerate())
+
+    def work(index: int) -> int:
+        for _ in range(10):
+            assert client.machines() == [] and client.version() == "3.6.5"
+            time.sleep(0.1)  # the abandoned attempt ends (the double hangs up) among these
+        return index
+
+    assert in_threads(4, work) == list(range(4))
+
+
+def test_a_request_in_flight_outlives_another_clients_abandoned_one_on_a_shared_transport(double):
+    """A stop abandons only the requests of the client it belongs to, not the Transport's others."""
+    double.inject("hang", path="^machines/$", count=1, hang=3)
+    delay_answers(double, 1.0, lambda request: request.path == "version/")
+    transport = maas.Transport()
+    stop = threading.Event()
+    stopped = client_for(double, timeout=30, stop=stop, transport=transport)
+    going = client_for(double, timeout=30, transport=transport)
+
+    def work(index: int):
+        if index == 0:
+            threading.Timer(0.3, stop.set).start()
+            with pytest.raises(MAASError) as caught:
+                stopped.machines()
+            return caught.value.kind
+        return going.version()
+
+    assert in_threads(3, work) == ["interrupted", "3.6.5", "3.6.5"]
+
+
+def test_a_cookie_is_refused_so_that_threads_never_write_the_shared_jar():
+    body = b"[]"
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def serve() -> None:
+        connection, _ = server.accept()
+        connection.recv(65536)
+        connection.sendall(b"HTTP/1.1 200 OK\r\nSet-Cookie: sticky=1; Path=/\r\nContent-Type: application/json\r\n"
+                           + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        connection.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    client = MAASClient(f"http://127.0.0.1:{port}/MAAS/", Signer("a", "b", "c"), retry=FAST)
+    assert client.machines() == []
+    thread.join(5)
+    server.close()
+    assert len(client.transport.session.cookies) == 0
 
 
 # --- the cleartext warning -------------------------------------------------------------------

@@ -55,7 +55,10 @@ KEY_CHECKS = ("version/", "users/?op=whoami")
 
 
 class MAASClient(Endpoints):
-    """The MAAS API calls the reconciler needs. ``url`` is the region URL, e.g. http://host:5240/MAAS/."""
+    """The MAAS API calls the reconciler needs. ``url`` is the region URL, e.g. http://host:5240/MAAS/.
+
+    Several threads may call it at once; ``stop`` and ``deadline`` end every thread's requests.
+    """
 
     def __init__(
         self,
@@ -81,8 +84,11 @@ class MAASClient(Endpoints):
         # sleep(seconds) may return True to say "stop now" (a signal arrived).
         self.sleep = sleep or self.stop.wait
         # time.monotonic() by which the current cycle's requests must be done (None: no limit).
+        # Like stop, read by every thread's requests: within() is for the cycle's thread.
         self.deadline: float | None = None
+        # Attempts sent, by every thread.
         self.requests = 0
+        self._counting = threading.Lock()
 
     def __repr__(self) -> str:
         return f"MAASClient({self.base!r})"
@@ -106,7 +112,7 @@ class MAASClient(Endpoints):
     def _send(self, method: str, shown: str, url: str, multipart: dict[str, Any] | None) -> Response:
         """One attempt in a worker thread, so that the stop event and the deadline end it even
         while a DNS lookup, a connect or a read blocks. An abandoned attempt finishes (or
-        times out) on its own; its result is dropped."""
+        times out) on its own, on its own connection; its result is dropped."""
         remaining = self._remaining(method, shown)
         outcome: dict[str, Any] = {}
         done = threading.Event()
@@ -126,11 +132,9 @@ class MAASClient(Endpoints):
         worker.start()
         while not done.wait(POLL):
             if self.stop.is_set():
-                self._abandon()
                 raise MAASError(method, shown, None, "stopped by a signal during the request",
                                 "interrupted", in_flight=True)
             if self.deadline is not None and time.monotonic() >= self.deadline:
-                self._abandon()
                 raise MAASError(method, shown, None, "the cycle's deadline (maas.cycle_deadline) "
                                 "passed during the request", "deadline", in_flight=True)
         if "error" in outcome:
@@ -139,11 +143,6 @@ class MAASClient(Endpoints):
         if len(reply.body) > self.max_body:
             raise TransportError("too-large", _too_large(self.max_body, len(reply.body)))
         return reply
-
-    def _abandon(self) -> None:
-        abandon = getattr(self.transport, "abandon", None)  # test transports may not have it
-        if abandon is not None:
-            abandon()
 
     def _remaining(self, method: str, shown: str) -> float:
         if self.deadline is None:
@@ -180,7 +179,8 @@ class MAASClient(Endpoints):
             attempt += 1
             delay: float | None = None
             try:
-                self.requests += 1
+                with self._counting:
+                    self.requests += 1
                 reply = self._send(method, shown, url, multipart)
             except TransportError as error:
                 if error.kind == "too-large":

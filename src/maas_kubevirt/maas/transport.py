@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import http.cookiejar
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 import requests
+import requests.adapters
 
 # A response body larger than this is refused. A real MAAS machine object is tens of KB, so
 # 10,000 machines make a list of several hundred MB: the default (maas.max_response_mib) is
 # 1 GiB.
 DEFAULT_MAX_RESPONSE = 1024 * 1024 * 1024
+# Connections to MAAS kept open for reuse: one per thread sending at once. The reconciler sends
+# from at most maas.concurrency threads (64 at most, values.py); requests' default pool keeps
+# 10 and closes any more after each request.
+CONNECTIONS = 64
 
 
 @dataclass
@@ -36,7 +42,7 @@ class Transport:
     """One HTTP request over a requests Session (keep-alive), TLS verified by default.
 
     The body is read in chunks and refused past ``max_body`` bytes (counted after decoding, so
-    a compressed answer cannot grow past the cap either).
+    a compressed answer cannot grow past the cap either). Several threads may send at once.
     """
 
     def __init__(self, verify: bool | str = True, max_body: int = DEFAULT_MAX_RESPONSE):
@@ -46,8 +52,21 @@ class Transport:
 
     @staticmethod
     def _session() -> requests.Session:
+        """One Session for every thread, not one per thread: each attempt runs in a thread of its
+        own (MAASClient._send), so a session per thread would open a connection per attempt.
+        urllib3's pool lends each request in flight a connection of its own until it ends, so
+        N threads have N connections, reused by the next attempts, and a request left running
+        (abandoned) keeps its connection without touching anyone else's."""
         session = requests.Session()
         session.trust_env = True
+        adapter = requests.adapters.HTTPAdapter(pool_maxsize=CONNECTIONS)
+        session.mount("http://", adapter)
+        session.mount("https://", adapter)
+        # The cookie jar is the one part of a Session that threads would write while others
+        # read it (RequestsCookieJar.update iterates it without its lock for every request).
+        # The API needs none: MAAS authenticates each request by OAuth and sets no cookie on it
+        # (Django's SessionMiddleware sets one only when a login changes the session).
+        session.cookies.set_policy(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
         return session
 
     def send(
@@ -91,10 +110,6 @@ class Transport:
                 raise TransportError("too-large", _too_large(self.max_body))
             chunks.append(chunk)
         return b"".join(chunks)
-
-    def abandon(self) -> None:
-        """Leave a request still in flight to its worker thread; later requests get a new session."""
-        self.session = self._session()
 
     def close(self) -> None:
         self.session.close()
