@@ -421,3 +421,28 @@ def test_an_administrators_pool_named_like_a_namespace_never_receives_a_machine(
     adopting = reconciler_for(double, adopt_pools=("gpu-prod",))
     adopting.cycle()
     assert double.machines[rogue]["pool"]["name"] == "gpu-prod"
+
+
+# --- MAC enlistment re-points a VM's own machine (issue 25 item 1) -----------------------------
+
+
+@pytest.mark.parametrize("password", [None, "the-attackers-own"], ids=["no-password", "own-password"])
+@pytest.mark.parametrize("status", ["New", "Commissioning"])
+def test_a_mac_re_point_holds_no_derived_password_after_one_cycle(double, status, password):
+    """An anonymous POST machines/ with the VM's MAC updates the VM's own machine, no event: the
+    next cycle (not the power check) takes a derived password back."""
+    mac = "52:54:00:12:34:56"
+    sid = double.add_vm("web1", "vms", status=status, mac_addresses=[mac])
+    reconciler = reconciler_for(double, commission="never")
+    reconciler.cycle()
+    assert double.power[sid]["power_pass"] == WEB1
+    params = {"power_address": "mac.harvest.attacker.example", "power_user": "maas", "node_id": "1"}
+    if password:
+        params["power_pass"] = password
+    code, _ = double.anonymous_enlist({"architecture": "amd64/generic", "mac_addresses": [mac],
+                                       "power_type": "redfish", "power_parameters": json.dumps(params)})
+    assert code == 200 and double.power[sid]["power_address"] == "mac.harvest.attacker.example"
+    reconciler.cycle()   # the clock stands still: no power check is due
+    assert double.power[sid]["power_pass"] != WEB1
+    resets = [r for r in reconciler.audit.records if r[0] == "reset-password"]
+    assert [r[1:3] for r in resets] == ([(sid, "ok")] if password is None else [])

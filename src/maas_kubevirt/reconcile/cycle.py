@@ -205,12 +205,15 @@ class Reconciler:
     def watched(self) -> set[str]:
         """Our machines read every cycle because what ends their wait is not an event.
 
-        Commissioning and Testing (REREAD_STATUSES): a commissioning script can write the power
-        parameters back mid-run. New under ``maas.commission: approved``: the approval tag is
-        audited without the machine (src/maasserver/api/tags.py). The claimants of a duplicate
-        claim: deleting one (the usual fix) detaches its events. A machine whose backoff is over.
+        New, Commissioning and Testing: the states MAC enlistment reaches, and in which a PXE host
+        that sends the VM's MAC re-points its machine with no event (AnonMachinesHandler.create in
+        src/maasserver/api/machines.py), so a derived password left behind is taken back within
+        one cycle; a commissioning script can also write the power parameters back mid-run; and
+        under ``maas.commission: approved`` the approval tag is audited without the machine
+        (src/maasserver/api/tags.py). The claimants of a duplicate claim: deleting one (the usual
+        fix) detaches its events. A machine whose backoff is over.
         """
-        statuses = set(REREAD_STATUSES) | ({NEW} if self.settings.commission == "approved" else set())
+        statuses = {NEW, *REREAD_STATUSES}
         disputed = {sid for claimants in self._duplicates.values() if claimants for sid in claimants.split(",")}
         return {system_id for system_id, (status, power) in self.known.items()
                 if status in statuses and self._ours(power)} | (
