@@ -683,7 +683,7 @@ def test_refused_env_key_names_the_variable(double, monkeypatch):
     consumer, token, _ = double.api_key
     monkeypatch.setenv("MAAS_API_KEY", f"{consumer}:{token}:wrong-secret")
     values = {"maas": {"url": double.url, "api_key_file": "/nonexistent", "timeout": 1,
-                       "max_response_mib": 1}}
+                       "commission_timeout": 1, "max_response_mib": 1}}
     client = maas.client_from_values(values, print)
     with pytest.raises(MAASAuthError) as caught:
         client.machines()
@@ -1218,7 +1218,7 @@ def test_power_addresses_that_are_not_text_are_none(double):
 
 def values_for(double, key_file, url=None):
     return {"maas": {"url": url or double.url, "api_key_file": str(key_file), "timeout": 7,
-                     "max_response_mib": 3}}
+                     "commission_timeout": 45, "max_response_mib": 3}}
 
 
 def test_client_from_values_warns_stops_and_takes_its_limits(double, tmp_path, monkeypatch):
@@ -1233,7 +1233,7 @@ def test_client_from_values_warns_stops_and_takes_its_limits(double, tmp_path, m
                                      warnings.append, stop)
     assert [w.split(" ")[1:5] for w in warnings] == [["is", "readable", "by", "group"],
                                                      ["is", "http://", "on", "maas.example.com:"]]
-    assert (client.timeout, client.max_body) == (7.0, 3 * 2**20)
+    assert (client.timeout, client.commission_timeout, client.max_body) == (7.0, 45.0, 3 * 2**20)
     monkeypatch.setattr(maas, "RETRY", RetryPolicy(attempts=1))
     client = maas.client_from_values(values_for(double, key), warnings.append, stop)
     double.inject("hang", hang=2)
@@ -1469,6 +1469,20 @@ def test_an_attempt_gets_the_timeout_or_what_is_left_of_the_deadline():
     assert full == 30.0 and 4 < left <= 5 and capped == 30.0
 
 
+def test_a_commission_attempt_gets_commission_timeout_or_what_is_left_of_the_deadline():
+    transport = Recording(b"{}")
+    client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=transport, timeout=30,
+                        commission_timeout=200, retry=FAST)
+    client.commission("abc123")
+    client.update_machine("abc123", hostname="x")
+    with client.within(100):
+        client.commission("abc123")
+    with client.within(500):
+        client.commission("abc123")
+    commission, put, left, capped = transport.timeouts
+    assert commission == 200.0 and put == 30.0 and 99 < left <= 100 and capped == 200.0
+
+
 def test_a_deadline_already_passed_sends_nothing():
     transport = Recording()
     client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"), transport=transport, retry=FAST)
@@ -1511,6 +1525,7 @@ def test_an_abandoned_attempt_lives_on_in_a_daemon_thread():
 def test_defaults():
     client = MAASClient("http://maas/MAAS/", Signer("a", "b", "c"))
     assert client.timeout == 30.0 and client.max_body == maas.DEFAULT_MAX_RESPONSE
+    assert client.commission_timeout == 300.0
     assert client.transport.max_body == maas.DEFAULT_MAX_RESPONSE and client.transport.verify is True
     assert client.retry == RetryPolicy(attempts=4, backoff=1.0, max_backoff=30.0, max_retry_after=120.0)
 
@@ -1797,6 +1812,63 @@ def test_commission_sends_skip_bmc_config_unless_told_not_to(double):
     double.set_status(sid, "Ready")
     client.commission(sid, skip_bmc_config=False)
     assert double.commissions == [(sid, True), (sid, False)]
+
+
+# --- a commission waits for the power-on -----------------------------------------------------
+# MAAS answers POST machines/{id}/?op=commission only once the rack has powered the machine on
+# (src/maasserver/utils/views.py, get_response; DeferredHooks.fire in
+# src/maasserver/utils/asynchronous.py): as long as the VM takes to start.
+
+
+def is_commission(request) -> bool:
+    return request.op == "commission"
+
+
+def test_a_commission_answered_after_timeout_but_within_commission_timeout_succeeds(double):
+    sid = double.add_vm("web1", "vms")
+    delay_answers(double, 1.5, is_commission)
+    client = client_for(double, timeout=0.5, commission_timeout=5)
+    started = time.monotonic()
+    client.commission(sid)
+    assert time.monotonic() - started >= 1.5
+    assert double.commissions == [(sid, True)] and double.machines[sid]["status_name"] == "Commissioning"
+    assert client.requests == 1
+
+
+def test_only_a_commission_waits_commission_timeout(double):
+    sid = double.add_vm("web1", "vms")
+    delay_answers(double, 1.5, lambda request: request.method == "PUT")
+    client = client_for(double, timeout=0.5, commission_timeout=5)
+    started = time.monotonic()
+    with pytest.raises(MAASError) as caught:
+        client.update_machine(sid, hostname="web1-vms")
+    assert (caught.value.kind, caught.value.in_flight) == ("timeout", True)
+    assert time.monotonic() - started < 1.5
+
+
+def test_a_commission_slower_than_commission_timeout_times_out_in_flight_sent_once(double):
+    sid = double.add_vm("web1", "vms")
+    delay_answers(double, 2, is_commission)
+    client = client_for(double, timeout=10, commission_timeout=0.5)
+    started = time.monotonic()
+    with pytest.raises(MAASError) as caught:
+        client.commission(sid)
+    assert (caught.value.kind, caught.value.in_flight) == ("timeout", True)
+    assert time.monotonic() - started < 1.5  # commission_timeout, not timeout
+    assert client.requests == 1
+
+
+def test_the_cycles_deadline_still_bounds_a_commission(double):
+    sid = double.add_vm("web1", "vms")
+    delay_answers(double, 3, is_commission)
+    client = client_for(double, timeout=0.5, commission_timeout=10)
+    started = time.monotonic()
+    with client.within(0.8), pytest.raises(MAASError) as caught:
+        client.commission(sid)
+    # The attempt's read timeout is what is left of the deadline, so it and the poll of the
+    # deadline end it at the same moment: either may say so first.
+    assert caught.value.kind in ("deadline", "timeout") and caught.value.in_flight
+    assert time.monotonic() - started < 0.8 + 5 * maas.POLL
 
 
 def test_what_the_form_fields_hold_on_the_wire():

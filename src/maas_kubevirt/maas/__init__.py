@@ -63,7 +63,8 @@ def client_from_values(values: Mapping[str, Any], warn: Callable[[str], None],
     if plaintext:
         warn(plaintext)
     return MAASClient(maas["url"], Signer(consumer, token, secret, source), timeout=maas["timeout"],
-                      retry=RETRY, stop=stop, max_body=maas["max_response_mib"] * 2**20)
+                      commission_timeout=maas["commission_timeout"], retry=RETRY, stop=stop,
+                      max_body=maas["max_response_mib"] * 2**20)
 
 
 __all__ = [

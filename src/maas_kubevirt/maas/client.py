@@ -66,6 +66,7 @@ class MAASClient(Endpoints):
         signer: Signer,
         *,
         timeout: float = 30.0,
+        commission_timeout: float = 300.0,
         transport: Transport | None = None,
         retry: RetryPolicy | None = None,
         sleep: Callable[[float], bool | None] | None = None,
@@ -76,6 +77,8 @@ class MAASClient(Endpoints):
         self.base = base if base.endswith("/" + API_PATH) else base + API_PATH
         self.signer = signer
         self.timeout = float(timeout)
+        # An attempt of commission() waits this long instead (see Endpoints.commission).
+        self.commission_timeout = float(commission_timeout)
         self.max_body = max_body
         self.transport = transport or Transport(max_body=max_body)
         self.retry = retry or RetryPolicy()
@@ -109,11 +112,12 @@ class MAASClient(Endpoints):
         return self.base + path.lstrip("/") + (f"?{query}" if query else "")
 
     # one attempt, interruptible -------------------------------------------------------------
-    def _send(self, method: str, shown: str, url: str, multipart: dict[str, Any] | None) -> Response:
+    def _send(self, method: str, shown: str, url: str, multipart: dict[str, Any] | None,
+              timeout: float) -> Response:
         """One attempt in a worker thread, so that the stop event and the deadline end it even
         while a DNS lookup, a connect or a read blocks. An abandoned attempt finishes (or
         times out) on its own, on its own connection; its result is dropped."""
-        remaining = self._remaining(method, shown)
+        remaining = self._remaining(method, shown, timeout)
         outcome: dict[str, Any] = {}
         done = threading.Event()
         headers = self.signer.headers(method, url)
@@ -121,8 +125,7 @@ class MAASClient(Endpoints):
 
         def attempt() -> None:
             try:
-                outcome["reply"] = transport.send(method, url, headers, multipart,
-                                                  min(self.timeout, remaining))
+                outcome["reply"] = transport.send(method, url, headers, multipart, min(timeout, remaining))
             except BaseException as error:  # noqa: BLE001 - handed to the caller's thread
                 outcome["error"] = error
             finally:
@@ -144,9 +147,9 @@ class MAASClient(Endpoints):
             raise TransportError("too-large", _too_large(self.max_body, len(reply.body)))
         return reply
 
-    def _remaining(self, method: str, shown: str) -> float:
+    def _remaining(self, method: str, shown: str, timeout: float) -> float:
         if self.deadline is None:
-            return self.timeout
+            return timeout
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
             raise MAASError(method, shown, None, "the cycle's deadline (maas.cycle_deadline) passed",
@@ -166,7 +169,10 @@ class MAASClient(Endpoints):
         withhold_body: bool = False,
         ok_statuses: tuple[int, ...] = (200, 201, 204),
         hide: tuple[str, ...] = (),
+        timeout: float | None = None,
     ) -> Any:
+        """One request, with the retries the package describes; ``timeout`` bounds each attempt
+        (default: the client's)."""
         url = self.url(path, params)
         shown = path if not params else f"{path}?{_op(params)}".rstrip("?")
         multipart: dict[str, Any] | None = None
@@ -181,7 +187,7 @@ class MAASClient(Endpoints):
             try:
                 with self._counting:
                     self.requests += 1
-                reply = self._send(method, shown, url, multipart)
+                reply = self._send(method, shown, url, multipart, self.timeout if timeout is None else timeout)
             except TransportError as error:
                 if error.kind == "too-large":
                     # The answer was not read: a change may have been made.

@@ -42,6 +42,7 @@ class Endpoints:
     """One method per MAAS API call; MAASClient (client.py) adds ``call``, which sends it."""
 
     call: Callable[..., Any]  # MAASClient.call
+    commission_timeout: float
 
     def _machine(self, method: str, system_id: str, op: str = "") -> str:
         """The path ``machines/{id}/``; a system_id MAAS would not make is refused, nothing sent."""
@@ -169,10 +170,16 @@ class Endpoints:
 
     def commission(self, system_id: str, skip_bmc_config: bool = True) -> dict:
         """Commission; skip_bmc_config=1 keeps scripts tagged bmc-config (ours among them) from
-        writing the power parameters again (src/maasserver/forms/ephemeral.py, CommissionForm)."""
+        writing the power parameters again (src/maasserver/forms/ephemeral.py, CommissionForm).
+
+        MAAS answers only once the rack has powered the machine on: get_response runs the view
+        inside ``post_commit_hooks`` (src/maasserver/utils/views.py), whose exit waits for each
+        hook, the power action among them (DeferredHooks.fire, src/maasserver/utils/
+        asynchronous.py). So each attempt waits ``commission_timeout``, not ``timeout``.
+        """
         fields = {"skip_bmc_config": "1"} if skip_bmc_config else {}
         return self.call("POST", self._machine("POST", system_id, "commission"), [("op", "commission")],
-                         fields=fields)
+                         fields=fields, timeout=self.commission_timeout)
 
     def script(self, name: str) -> dict | None:
         """The script's metadata (tags, timeout, history ...), or None when MAAS has none by that name."""
