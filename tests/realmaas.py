@@ -9,15 +9,27 @@ the runner; it starts the region as regiond does, cut to the web application.
 
 THE ONE STUB: `Node._power_control_node`, the point where MAAS, after a request commits, hands a
 power action (power on to commission, a power query...) to a rack controller and its Temporal
-workflow. No rack controller can exist here: no BMC answers on loopback, and MAAS's rack is a
-separate daemon with DHCP, TFTP and a Temporal worker. The stub is switched at run time with
-`set_stub(on)` (a flag file the runner reads at every power action):
+workflow. MAAS's rack is a separate daemon (DHCP, TFTP, a Temporal worker, the Go agent), so none
+runs here; the runner reads a flag file at every power action, and a test picks what answers:
 
-- OFF (the default): MAAS's own code runs and finds no rack, as a region with no rack
-  controller: `POST op=commission` answers 503 and MAAS reverts the machine to New.
-- ON: the power action counts as handed off; commissioning proceeds (the machine stays in
-  Commissioning, as while a real machine boots, until it signals). A power query handed off
-  this way brings back no state, so MAAS logs that it could not update the power state.
+- OFF, `set_stub(False)` (the default): MAAS's own code runs and finds no rack, as a region with
+  no rack controller: `POST op=commission` answers 503 and MAAS reverts the machine to New.
+- ON, `set_stub(True)`: the power action counts as handed off at once; commissioning proceeds
+  (the machine stays in Commissioning, as while a real machine boots, until it signals). A power
+  query handed off this way brings back no state, so MAAS logs that it could not update it.
+- THE RACK, `set_rack(start_time=T, seed=SEED)`: a rack stand-in in the region process runs what
+  the rack's power workflow runs: MAAS's own power driver from the built tree (for Redfish,
+  `RedfishPowerDriver` with its waiting policy and retries), with the machine's power parameters,
+  as the agent's `maas.power` runs it, under the workflow's retry policy (3 attempts); the
+  Deferred then fires with the workflow's result, or fails with `PowerActionFail`, so MAAS's own
+  success and failure handling run (on a failed power-on a commissioning machine is reverted,
+  with MAAS's events). The driver reaches `self.bmc`, a `KubevirtBMC` (tests/kubevirt_bmc.py:
+  kubevirtBMC's Redfish behind its Ingress, HTTPS with a self-signed certificate, per host, the
+  credentials of each VM's `<vm>-bmc` Secret derived from SEED), whose VMs are ready T seconds
+  after `On`. A commission then takes as long as the VM takes to start, as on a real site. Only
+  inside the region process, and only for MAAS's Redfish driver, `<vm>.<ns>.` + BMC_DOMAIN on
+  port 443 resolves to that BMC on 127.0.0.1 (region.py, install_bmc_names): no DNS, no
+  /etc/hosts. `power_mode` says which of "off", "on" and "rack" is set.
 
 Nothing else is stubbed. Import-only stand-ins exist for four libraries MAAS imports but never
 calls here (simplestreams, curtin, tftp, seamicroclient) and for apt_pkg, which reports the
@@ -41,13 +53,17 @@ The object the fixture yields (`RealMaas`) offers:
   does, then the machine's own metadata steps (op=get_preseed for its OAuth token, then
   `signal` OK, which ends enlistment's commissioning: Commissioning -> New);
 - `admin_add_machine(mac, ...)`: an administrator's POST machines/ with commission=false;
-- `set_stub(on)`; `api(method, path, params)` (as the administrator); `machine(system_id)`;
+- `set_stub(on)`, `set_rack(start_time, seed)`, `power_mode`, `bmc` (the KubevirtBMC);
+  `api(method, path, params)` (as the administrator); `machine(system_id)`;
   `power_parameters(system_id)`; `events(system_id)`; `log_tail()`;
 - `signal(system_id, status, **fields)`: an enlisted machine's own metadata signal (fields such
   as power_type and JSON power_parameters, as a commissioning script's BMC configuration sends);
   `finish_commissioning()`: each enlisted machine in Commissioning signals OK (then Ready);
 - `bmc_row(system_id)`: the machine's BMC row id (``maasserver_node.bmc_id``), read from the
   database: MAAS's API shows no machine's row, and the tier must see rows shared.
+
+`TimingProxy(real_maas)` passes the region's API through another loopback port and records each
+request's seconds, as a client waits them, whatever its HTTP library.
 """
 
 from __future__ import annotations
@@ -59,9 +75,11 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +87,9 @@ import pytest
 import requests
 import yaml
 
-from conftest import IN_CI, require
+from conftest import IN_CI, require, require_tool
+from kubevirt_bmc import KubevirtBMC
+from loopback import LoopbackServer
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "tools" / "build-maas"
@@ -77,6 +97,8 @@ RUNNER = ROOT / "tools" / "maas-region" / "region.py"
 ENV = "REAL_MAAS"
 STARTUP_TIMEOUT = 180
 NO_SOURCE = 3  # tools/build-maas: MAAS's source could not be had
+BMC_DOMAIN = "bmc.example.com"  # redfish.domain of the tier's sites: the region resolves it to self.bmc
+RACK = "rack"  # the flag file's content for the rack stand-in (region.py)
 
 
 def maas_version() -> str:
@@ -169,6 +191,7 @@ class RealMaas:
     api_key: str = ""
     region: subprocess.Popen | None = None
     postgres: subprocess.Popen | None = None
+    bmc: KubevirtBMC | None = None
     # system_id -> the machine's own OAuth key (from its preseed), for its metadata signals
     machine_keys: dict = field(default_factory=dict)
 
@@ -220,6 +243,7 @@ class RealMaas:
             if self.postgres.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"PostgreSQL did not start:\n{self._tail('sock/postgres.log')}")
             time.sleep(0.2)
+        self.bmc = KubevirtBMC(BMC_DOMAIN, self._certificate()).start()
         self.port = free_port()
         (self.work / "regiond.conf").write_text(yaml.safe_dump({
             "maas_url": self.url.rstrip("/"), "database_host": str(sock), "database_name": "maasdb",
@@ -232,6 +256,7 @@ class RealMaas:
             "MAAS_ROOT": str(root), "MAAS_DATA": str(root / "data"), "MAAS_CACHE": str(root / "cache"),
             "DJANGO_SETTINGS_MODULE": "maasserver.djangosettings.settings",
             "MAAS_KUBEVIRT_POWER_STUB": str(self.stub_flag),
+            "MAAS_KUBEVIRT_BMC_DOMAIN": BMC_DOMAIN, "MAAS_KUBEVIRT_BMC_PORT": str(self.bmc.port),
         }
         ready = root / "data" / "ready"
         with open(self.log, "wb") as log:
@@ -254,7 +279,18 @@ class RealMaas:
             raise RuntimeError(f"MAAS's region did not answer within {STARTUP_TIMEOUT} s:\n{self.log_tail()}")
         self.api_key = (root / "data" / "admin.key").read_text().strip()
 
+    def _certificate(self) -> tuple[str, str]:
+        """A self-signed certificate for the BMC, as any: MAAS's Redfish driver verifies none."""
+        openssl = require_tool("openssl", "openssl makes the self-signed certificate of the tier's BMC")
+        cert, key = self.work / "bmc-cert.pem", self.work / "bmc-key.pem"
+        subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                        "-nodes", "-days", "2", "-subj", f"/CN=*.{BMC_DOMAIN}", "-keyout", str(key), "-out", str(cert)],
+                       check=True, capture_output=True)
+        return str(cert), str(key)
+
     def stop(self) -> None:
+        if self.bmc is not None:
+            self.bmc.stop()
         if self.region is not None and self.region.poll() is None:
             os.killpg(self.region.pid, signal.SIGTERM)
             try:
@@ -287,6 +323,21 @@ class RealMaas:
             self.stub_flag.write_text("on\n")
         else:
             self.stub_flag.unlink(missing_ok=True)
+
+    def set_rack(self, start_time: float, seed: str) -> None:
+        """The rack stand-in: MAAS's own power driver against self.bmc, whose VMs are ready
+        start_time seconds after On and hold the credentials derived from seed."""
+        assert self.bmc is not None
+        self.bmc.start_time = float(start_time)
+        self.bmc.seed = seed
+        self.stub_flag.write_text(RACK + "\n")
+
+    @property
+    def power_mode(self) -> str:
+        """"off", "on" or "rack": what answers MAAS's power actions now."""
+        if not self.stub_flag.exists():
+            return "off"
+        return RACK if self.stub_flag.read_text().strip() == RACK else "on"
 
     # --- requests -------------------------------------------------------------------------
 
@@ -408,6 +459,81 @@ class RealMaas:
         answer = self.api("POST", "machines/", params)
         assert answer.status_code == 200, (answer.status_code, answer.text)
         return answer.json()
+
+
+@dataclass
+class Timed:
+    method: str
+    path: str       # with its query
+    body: bytes
+    status: int
+    seconds: float
+
+
+class TimingProxy(LoopbackServer):
+    """The region's API on another port of 127.0.0.1, passed through; each request timed."""
+
+    def __init__(self, real_maas: RealMaas):
+        self.target = f"http://127.0.0.1:{real_maas.port}"
+        self.timed: list[Timed] = []
+        self.in_flight = 0
+        self.lock = threading.Condition()
+
+    def stop(self, wait: float = 120.0) -> None:
+        """After the requests in flight have their answer (a client that gave up leaves one)."""
+        with self.lock:
+            self.lock.wait_for(lambda: self.in_flight == 0, wait)
+        super().stop()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/MAAS/"
+
+    def start(self) -> "TimingProxy":
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                headers = {name: value for name, value in self.headers.items()
+                           if name.lower() not in ("host", "connection", "content-length", "accept-encoding")}
+                started = time.monotonic()
+                with proxy.lock:
+                    proxy.in_flight += 1
+                try:
+                    reply = requests.request(self.command, proxy.target + self.path, data=body, headers=headers,
+                                             allow_redirects=False, timeout=900)
+                    proxy.timed.append(Timed(self.command, self.path, body, reply.status_code,
+                                             time.monotonic() - started))
+                except requests.RequestException:
+                    self.close_connection = True
+                    return
+                finally:
+                    with proxy.lock:
+                        proxy.in_flight -= 1
+                        proxy.lock.notify_all()
+                try:
+                    self.send_response(reply.status_code)
+                    for name, value in reply.headers.items():
+                        if name.lower() not in ("connection", "content-length", "transfer-encoding",
+                                                "content-encoding", "date", "server"):
+                            self.send_header(name, value)
+                    self.send_header("Content-Length", str(len(reply.content)))
+                    self.end_headers()
+                    self.wfile.write(reply.content)
+                except OSError:
+                    pass  # the client gave up waiting (its own timeout)
+
+            do_GET = do_POST = do_PUT = do_DELETE = forward
+
+        self.serve(ThreadingHTTPServer(("127.0.0.1", 0), Handler), "maas-timing-proxy")
+        return self
 
 
 @pytest.fixture(scope="session")

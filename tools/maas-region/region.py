@@ -19,10 +19,26 @@ its RPC service for rack controllers is registered but never listens; no DHCP, D
 image import or Temporal service is started.
 
 The one stub (see tests/realmaas.py): Node._power_control_node, where MAAS hands a power action
-to a rack controller, after the request commits. When the file named by
-MAAS_KUBEVIRT_POWER_STUB exists, the action counts as handed off (the deferred goes on with
-nothing done); otherwise MAAS's own code runs, and with no rack connected it fails as a region
-without racks does. The file is read at each power action, so a test switches it at run time.
+to a rack controller, after the request commits. The file named by MAAS_KUBEVIRT_POWER_STUB is
+read at each power action, so a test switches it at run time:
+- no file: MAAS's own code runs, and with no rack connected it fails as a region without racks;
+- the file holds "rack": the rack stand-in (rack_stand_in) does what the rack's power workflow
+  does: MAAS's own power driver from this tree (RedfishPowerDriver, its waiting policy and
+  retries), as the rack's agent runs it (`maas.power <action> <driver>` then a query), with the
+  power workflow's activity retry policy, and the Deferred fires with the workflow's result or
+  fails with PowerActionFail, as _power_control_node's exec_power_workflow does, so MAAS's own
+  success handling (the node's power state) and failure handling (_start_bmc_unavailable: revert
+  and event) run. It skips only the rack selection (routable racks, RPC client, task queue);
+- any other content: the action counts as handed off (the deferred goes on with nothing done).
+
+Name resolution (install_bmc_names), for the stand-in only: with MAAS_KUBEVIRT_BMC_DOMAIN and
+MAAS_KUBEVIRT_BMC_PORT set, the name `reactor` in provisioningserver.drivers.power.redfish, which
+that module hands to Twisted's Agent and so to HostnameEndpoint, is the real reactor with another
+nameResolver: a host under that domain on port 443 resolves to 127.0.0.1:<port> (the test
+process's kubevirtBMC stand-in, tests/kubevirt_bmc.py), any other name or port to no address.
+Nothing else in the process resolves differently; no system DNS, /etc/hosts or network is used.
+The Host header stays the VM's host, on which the BMC Ingress routes (MAAS's driver sends no TLS
+server name: its WebClientContextFactory replaces the callback that would).
 
 `serve` also makes sure of an administrator (user `admin`) and writes its API key, as
 consumer:token:secret, to $MAAS_DATA/admin.key; then it writes $MAAS_DATA/ready with the port.
@@ -37,6 +53,9 @@ import sys
 from pathlib import Path
 
 STUB_ENV = "MAAS_KUBEVIRT_POWER_STUB"
+BMC_DOMAIN_ENV = "MAAS_KUBEVIRT_BMC_DOMAIN"
+BMC_PORT_ENV = "MAAS_KUBEVIRT_BMC_PORT"
+RACK = "rack"
 ADMIN = "admin"
 
 
@@ -141,20 +160,187 @@ def _source_root() -> Path:
     return Path(importlib.util.find_spec("maasserver").origin).resolve().parents[2]
 
 
+def _stub_mode() -> str | None:
+    """None (MAAS's own code), RACK (the rack stand-in) or "handed-off", from the flag file."""
+    flag = os.environ.get(STUB_ENV)
+    try:
+        with open(flag or "", encoding="utf-8") as file:
+            content = file.read().strip()
+    except OSError:
+        return None
+    return RACK if content == RACK else "handed-off"
+
+
 def install_power_stub() -> None:
     from maasserver.models.node import Node
 
     original = Node._power_control_node
 
     def _power_control_node(self, defer, power_method_name, power_info, order=None):
-        flag = os.environ.get(STUB_ENV)
-        if flag and os.path.exists(flag):
+        mode = _stub_mode()
+        if mode == RACK:
+            return rack_stand_in(self, defer, power_method_name, power_info)
+        if mode is not None:
             print(f"power stub: {power_method_name} for {self.system_id} counted as handed off",
                   file=sys.stderr, flush=True)
             return defer
         return original(self, defer, power_method_name, power_info, order)
 
     Node._power_control_node = _power_control_node
+
+
+# The rack's side of a power action in MAAS 3.6.5. The region runs a Temporal workflow
+# (src/maastemporalworker/workflow/power.py: PowerOnWorkflow...) of one activity on the rack's
+# agent, with RetryPolicy(maximum_attempts=3) and start_to_close_timeout
+# POWER_ACTION_ACTIVITY_TIMEOUT (5 min); Temporal's default RetryPolicy waits 1 s, then twice as
+# long (temporalio/common.py: initial_interval 1 s, backoff_coefficient 2). The agent's activity
+# (src/maasagent/internal/power/service.go, powerCommand) runs `maas.power <command> <driver>
+# --<param> <value>...` (src/provisioningserver/power_driver_command.py: the driver's action,
+# then always a query, printed) and fails when the CLI fails or the state printed is not the
+# one wanted (ErrWrongPowerState).
+POWER_COMMANDS = {  # workflow action -> (maas.power command, state the agent requires)
+    "power_on": ("on", "on"),
+    "power_off": ("off", "off"),
+    "power_cycle": ("cycle", "on"),
+    "power_query": ("status", None),
+}
+ACTIVITY_ATTEMPTS = 3
+ACTIVITY_TIMEOUT = 5 * 60
+ACTIVITY_RETRY_FIRST_WAIT = 1.0
+
+
+def rack_stand_in(node, defer, power_method_name, power_info):
+    """Chain on ``defer`` what _power_control_node chains once it has a rack (src/maasserver/models/
+    node.py, cb_power_control): the power workflow, its result, and the node's power state."""
+    from twisted.internet.defer import ensureDeferred
+
+    from maasserver.utils.orm import transactional
+    from maasserver.utils.threads import deferToDatabase
+
+    node_id, system_id = node.id, node.system_id
+    defer.addCallback(lambda _: ensureDeferred(_power_workflow(system_id, power_method_name, power_info)))
+
+    @transactional
+    def _update_node_power_state(result):  # as node.py's, after _handle_workflow_result
+        from maasserver.models.node import Node
+
+        Node.objects.get(id=node_id).update_power_state(result.get("state"))
+        return result
+
+    defer.addCallback(lambda result: deferToDatabase(_update_node_power_state, result))
+    return defer
+
+
+async def _power_workflow(system_id: str, power_method_name: str, power_info) -> dict:
+    """The workflow's result {"state": ...}, or PowerActionFail as exec_power_workflow raises it
+    (its cause: the failed activity's error, "exit status 1" when the CLI failed)."""
+    from twisted.internet import reactor
+
+    from provisioningserver.drivers.power import get_error_message
+    from provisioningserver.drivers.power.registry import PowerDriverRegistry
+    from provisioningserver.rpc.exceptions import PowerActionFail
+    from provisioningserver.utils.twisted import pause
+
+    command, wanted = POWER_COMMANDS[power_method_name]
+    driver = PowerDriverRegistry.get_item(power_info.power_type)
+    if driver is None:
+        raise PowerActionFail(f"unknown power driver {power_info.power_type!r}")
+    # _collect_context: each of the driver's settings, None when the agent passed none (it skips
+    # system_id, null and empty values: fmtPowerOpts).
+    params = power_info.power_parameters or {}
+    context = {setting["name"]: (params.get(setting["name"]) or None) for setting in driver.settings}
+    started = reactor.seconds()
+    wait = ACTIVITY_RETRY_FIRST_WAIT
+    for attempt in range(1, ACTIVITY_ATTEMPTS + 1):
+        try:
+            state = await _maas_power(driver, command, context).addTimeout(ACTIVITY_TIMEOUT, reactor)
+        except Exception as error:  # the CLI would exit 1: its traceback goes to the agent's log
+            cause = "exit status 1"
+            print(f"rack stand-in: {power_method_name} for {system_id}, attempt {attempt}: "
+                  f"{get_error_message(error)}", file=sys.stderr, flush=True)
+        else:
+            if wanted is None or state == wanted:
+                print(f"rack stand-in: {power_method_name} for {system_id}: {state} after "
+                      f"{reactor.seconds() - started:.1f} s", file=sys.stderr, flush=True)
+                return {"state": state}
+            cause = "BMC is in the wrong power state"
+            print(f"rack stand-in: {power_method_name} for {system_id}, attempt {attempt}: {state}, "
+                  f"not {wanted}", file=sys.stderr, flush=True)
+        if attempt < ACTIVITY_ATTEMPTS:
+            await pause(wait)
+            wait *= 2
+    raise PowerActionFail(cause)
+
+
+def _maas_power(driver, command: str, context: dict):
+    """What `maas.power <command>` does (power_driver_command._run): the action, then a query."""
+    from twisted.internet.defer import ensureDeferred
+
+    async def run():
+        if command == "on":
+            await driver.on(None, context)
+        elif command == "off":
+            await driver.off(None, context)
+        elif command == "cycle":
+            await driver.cycle(None, context)
+        return await driver.query(None, context)
+
+    return ensureDeferred(run())
+
+
+def install_bmc_names() -> None:
+    """For MAAS's Redfish driver alone, hosts under MAAS_KUBEVIRT_BMC_DOMAIN on port 443 resolve to
+    127.0.0.1:MAAS_KUBEVIRT_BMC_PORT, and every other name to nothing (see the docstring above)."""
+    domain = os.environ.get(BMC_DOMAIN_ENV, "").lower().strip(".")
+    port = os.environ.get(BMC_PORT_ENV, "")
+    if not (domain and port.isdigit()):
+        return
+    from twisted.internet import reactor
+    from twisted.internet.address import IPv4Address
+    from twisted.internet.interfaces import IHostnameResolver, IHostResolution
+    from zope.interface import classImplements, implementer, providedBy
+
+    from provisioningserver.drivers.power import redfish
+
+    @implementer(IHostResolution)
+    class Resolution:
+        def __init__(self, name):
+            self.name = name
+
+        def cancel(self):
+            pass
+
+    @implementer(IHostnameResolver)
+    class LoopbackBMCNames:
+        # HostnameEndpoint connects to the port of each address resolved (twisted/internet/
+        # endpoints.py, resolvedAddressesToEndpoints), so host:443 becomes 127.0.0.1:<port>.
+        def resolveHostName(self, resolutionReceiver, hostName, portNumber=0, addressTypes=None,
+                            transportSemantics="TCP"):
+            resolution = Resolution(hostName)
+            resolutionReceiver.resolutionBegan(resolution)
+            if hostName.lower().rstrip(".").endswith("." + domain) and portNumber == 443:
+                resolutionReceiver.addressResolved(IPv4Address("TCP", "127.0.0.1", int(port)))
+            else:
+                print(f"rack stand-in: {hostName}:{portNumber} resolves to nothing (only *.{domain}:443 "
+                      "is served here)", file=sys.stderr, flush=True)
+            resolutionReceiver.resolutionComplete()
+            return resolution
+
+    class RedfishReactor:
+        """The reactor, but for its nameResolver (IReactorPluggableNameResolver, which HostnameEndpoint
+        asks of the reactor Agent was given)."""
+
+        def __init__(self, real, resolver):
+            self._real = real
+            self.nameResolver = resolver
+
+        def __getattr__(self, name):
+            return getattr(self._real, name)
+
+    classImplements(RedfishReactor, *providedBy(reactor))
+    proxy = RedfishReactor(reactor, LoopbackBMCNames())
+    # redfish.py: `from twisted.internet import reactor`, used only in Agent(reactor, ...).
+    redfish.reactor = proxy
 
 
 def schema() -> int:
@@ -329,6 +515,7 @@ def main(argv: list[str]) -> int:
     configure()
     fail_fast()
     install_power_stub()
+    install_bmc_names()
     return run(args.command, args.port)
 
 
