@@ -1027,6 +1027,10 @@ def test_eight_threads_of_requests_all_succeed_counted_exactly_on_a_connection_e
     used = [pools[key] for key in pools.keys() if pools[key].num_requests]
     # Each thread had one connection at a time, and they were kept for the next requests.
     assert len(used) == 1 and used[0].num_requests == 200 and used[0].num_connections <= 8
+    # The pool keeps as many as maas.concurrency can use (requests' default keeps 10), on either scheme.
+    for scheme in ("http", "https"):
+        adapter = client.transport.session.get_adapter(f"{scheme}://maas.example.com/MAAS/")
+        assert adapter.poolmanager.connection_pool_kw["maxsize"] == maas.transport.CONNECTIONS == 64
 
 
 def test_a_stop_ends_the_requests_of_every_thread_within_a_poll(double):
