@@ -526,6 +526,7 @@ def test_a_restarted_reconciler_takes_back_a_password_whose_address_moved_while_
     assert [(r["action"], r["outcome"]) for r in audit.records if r["system_id"] == vm.system_id] == [
         ("reset-password", "ok")]
 
+
 # --- a rack that behaves like one (issue 22 item 2) --------------------------------------------
 # The rack stand-in (realmaas.py, THE ONE STUB): MAAS's own Redfish driver, run as the rack's
 # power workflow runs it, against kubevirtBMC's Redfish on loopback, VMs ready start_time after On.
@@ -670,3 +671,56 @@ def test_a_vm_slower_than_maas_timeout_is_commissioned_not_failed(real_maas, sit
     assert commission.seconds >= start_time > timeout
     assert real_maas.machine(sid)["status_name"] == "Commissioning"
 
+
+# --- (c) MAC enlistment re-points the VM's own machine (issue 25) ------------------------------
+
+
+@pytest.mark.parametrize("with_password", [False, True], ids=["no-password", "own-password"])
+@pytest.mark.parametrize("status", ["New", "Commissioning"])
+def test_a_mac_re_point_holds_no_derived_password_after_one_cycle(real_maas, site, tmp_path, status,
+                                                                  with_password):
+    """An anonymous POST machines/ with the VM's MAC and a harvesting address updates the VM's own
+    machine (AnonMachinesHandler.create, no event); the next cycle of a running reconciler, and a
+    restarted one, leave no derived password on any machine."""
+    real_maas.set_stub(True)
+    namespace = f"mac-{status[:3].lower()}{'p' if with_password else 'n'}"
+    serial = f"web1.{namespace}"
+    written = run_script(site["script"], serial, tmp_path / "vm")
+    power_type = written.pop("power_type")
+    mac = new_mac()
+    vm = real_maas.enlist(written, mac, power_type=power_type, finish=status == "New")
+    assert vm.status == 200, vm.body
+    assert real_maas.machine(vm.system_id)["status_name"] == status
+    log = tmp_path / "audit.log"
+    loop = reconciler(real_maas, site, Audit(str(log)), commission="never")
+    loop.cycle()
+    derived = identity.bmc_password(SEED, serial)
+    assert every_holder(real_maas, derived) == {vm.system_id}
+    # An address of its own per case: MAAS refuses (409) a row equal to another's (its unique index).
+    harvest = f"{namespace}.harvest.attacker.example"
+    params = {"power_address": harvest, "power_user": "maas", "node_id": "1"}
+    if with_password:
+        params["power_pass"] = "the-attackers-own"
+    answer = real_maas.api("POST", "machines/", {
+        "architecture": "amd64/generic", "mac_addresses": mac, "power_type": "redfish",
+        "power_parameters": json.dumps(params)}, anonymous=True)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["system_id"] == vm.system_id     # the VM's own machine, re-pointed
+    assert real_maas.power_parameters(vm.system_id)["power_address"] == harvest
+    loop.cycle()
+    assert every_holder(real_maas, derived) == set()
+    # The same while the reconciler was down: a fresh process, its audit log restored.
+    real_maas.api("PUT", f"machines/{vm.system_id}/", {
+        "power_parameters_power_address": f"web1.{namespace}.{DOMAIN}"})
+    back = reconciler(real_maas, site, Audit(str(log)), commission="never")   # an edit is no event
+    back.restore(Audit.read_file(str(log)))
+    back.cycle()
+    assert every_holder(real_maas, derived) == {vm.system_id}
+    again = real_maas.api("POST", "machines/", {
+        "architecture": "amd64/generic", "mac_addresses": mac, "power_type": "redfish",
+        "power_parameters": json.dumps(params)}, anonymous=True)
+    assert again.status_code == 200, again.text
+    fresh = reconciler(real_maas, site, RecordingAudit(), commission="never")
+    fresh.restore(Audit.read_file(str(log)))
+    fresh.cycle()
+    assert every_holder(real_maas, derived) == set()

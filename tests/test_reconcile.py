@@ -1025,12 +1025,12 @@ class NoClient:
         raise AssertionError(f"MAAS was asked ({name})")
 
 
-# New, Commissioning and Testing whatever maas.commission says: MAC enlistment re-points a machine
-# in New or Commissioning with no event, and a script writes its parameters back mid-run.
+# Commissioning and Testing, and New where a derived password is held (MAC enlistment re-points a
+# machine in New or Commissioning with no event), or all of New under approved (tags are no event).
 @pytest.mark.parametrize("commission, watched", [
     ("auto", {"ours-commissioning", "ours-testing", "ours-new"}),
     ("never", {"ours-commissioning", "ours-testing", "ours-new"}),
-    ("approved", {"ours-commissioning", "ours-testing", "ours-new"}),
+    ("approved", {"ours-commissioning", "ours-testing", "ours-new", "ours-new-placeholder"}),
 ])
 def test_watched_are_ours_in_the_statuses_that_end_without_an_event(commission, watched):
     reconciler = Reconciler(NoClient(), Settings(domain=DOMAIN, commission=commission), passwords=PASSWORDS)
@@ -1038,6 +1038,7 @@ def test_watched_are_ours_in_the_statuses_that_end_without_an_event(commission, 
         "ours-commissioning": ("Commissioning", addr("a", "vms")),
         "ours-testing": ("Testing", addr("b", "vms")),
         "ours-new": ("New", addr("c", "vms")),
+        "ours-new-placeholder": ("New", addr("e", "vms", password=PLACEHOLDER)),
         "ours-ready": ("Ready", addr("d", "vms")),
         "other-commissioning": ("Commissioning", Power("https://bmc.elsewhere.example/redfish/v1/Systems/1")),
         "unknown-address": ("Testing", Power(None)),

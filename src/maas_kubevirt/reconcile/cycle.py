@@ -205,18 +205,24 @@ class Reconciler:
     def watched(self) -> set[str]:
         """Our machines read every cycle because what ends their wait is not an event.
 
-        New, Commissioning and Testing: the states MAC enlistment reaches, and in which a PXE host
-        that sends the VM's MAC re-points its machine with no event (AnonMachinesHandler.create in
-        src/maasserver/api/machines.py), so a derived password left behind is taken back within
-        one cycle; a commissioning script can also write the power parameters back mid-run; and
-        under ``maas.commission: approved`` the approval tag is audited without the machine
-        (src/maasserver/api/tags.py). The claimants of a duplicate claim: deleting one (the usual
-        fix) detaches its events. A machine whose backoff is over.
+        Commissioning and Testing (REREAD_STATUSES): a commissioning script can write the power
+        parameters back mid-run, and MAC enlistment re-points a machine in Commissioning with no
+        event (AnonMachinesHandler.create in src/maasserver/api/machines.py). New, where MAC
+        enlistment reaches too: those holding a derived password, so one left beside a moved
+        address is taken back within one cycle; under ``maas.commission: approved`` all of ours,
+        as the approval tag is audited without the machine (src/maasserver/api/tags.py). The
+        claimants of a duplicate claim: deleting one (the usual fix) detaches its events. A
+        machine whose backoff is over.
         """
-        statuses = {NEW, *REREAD_STATUSES}
+        approved = self.settings.commission == "approved"
+
+        def watch(status: Any, power: Power) -> bool:
+            if status in REREAD_STATUSES or (status == NEW and approved):
+                return self._ours(power)
+            return status == NEW and (power.password == RIGHT or power.held is not None)
+
         disputed = {sid for claimants in self._duplicates.values() if claimants for sid in claimants.split(",")}
-        return {system_id for system_id, (status, power) in self.known.items()
-                if status in statuses and self._ours(power)} | (
+        return {system_id for system_id, (status, power) in self.known.items() if watch(status, power)} | (
             (self.backoff.due() | disputed) & set(self.known))
 
     def power_check_due(self) -> bool:
