@@ -36,8 +36,11 @@ test: deps venv
 	profile=$${HYPOTHESIS_PROFILE:-$$( [ "$$CI" = true ] && echo ci || echo default )}; \
 	KYVERNO="$$kyverno" CONTROLPLANE_BIN="$$controlplane" REAL_MAAS="$$maas" HYPOTHESIS_PROFILE="$$profile" $(BIN)/pytest $(PYTEST_ARGS)
 
+# The reconciler's cost to MAAS against the double, then a fleet at MAAS's own pace on MAAS's region
+# with its rack stand-in (BENCH_REAL_N VMs, BENCH_REAL_T s per power-on: about 20 minutes at 100 and 20).
 bench: venv
 	$(BIN)/python tools/bench.py
+	REAL_MAAS=$$(MAAS_SOURCE="$(MAAS_SOURCE)" tools/build-maas) && $(BIN)/python tools/bench-real-maas
 
 # Mutation testing of the core modules against the fast tests (slow: not part of `make test`).
 # MODULES picks some of: identity values render reconcile maas script.
