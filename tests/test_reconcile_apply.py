@@ -32,7 +32,10 @@ SLOW = 0.2   # seconds each change takes in the timed client
 class TimedClient:
     """Records when each change starts and ends, on which machine, and how many run at once."""
 
-    def __init__(self, stop: threading.Event | None = None) -> None:
+    def __init__(self, stop: threading.Event | None = None, stop_at: int = 0) -> None:
+        self.stop_at = stop_at     # set stop as the stop_at-th request starts (a signal mid-work)
+        self.stopped_at: float | None = None
+        self.started = 0
         self.lock = threading.Lock()
         self.calls: list[tuple[str, str | None, float, float]] = []
         self.running = 0
@@ -40,10 +43,14 @@ class TimedClient:
         self.stop = stop
 
     def _call(self, kind: str, target: str | None) -> dict:
+        start = time.monotonic()
         with self.lock:
             self.running += 1
+            self.started += 1
             self.most = max(self.most, self.running)
-        start = time.monotonic()
+            if self.stop is not None and self.started == self.stop_at:
+                self.stopped_at = time.monotonic()
+                self.stop.set()
         try:
             if self.stop is not None and self.stop.wait(SLOW):
                 raise MAASError("PUT", f"machines/{target}/", None, "stopped by a signal during the request",
@@ -123,14 +130,14 @@ def test_a_rename_into_a_name_another_rename_frees_waits_for_it(capsys):
 
 def test_a_stop_ends_every_lane_within_one_request(capsys):
     stop = threading.Event()
-    client = TimedClient(stop)
-    threading.Timer(SLOW / 2, stop.set).start()
+    client = TimedClient(stop, stop_at=4)    # the signal comes as the third lane's PUT starts
     started = time.monotonic()
     outcome = apply(client, new_vm_actions(8), Audit(""), stop=stop, passwords=PASSWORDS, concurrency=3)
-    assert time.monotonic() - started < SLOW * 3
+    assert time.monotonic() - started < SLOW * 4   # the pool, then the PUTs end at once, not after SLOW
     assert outcome.interrupted
-    # No request started after the stop: only the pool and the three lanes' first PUTs.
-    assert len(client.calls) <= 1 + 3
+    # No request started after the stop, and those in flight ended with it.
+    assert all(start <= client.stopped_at for _, _, start, _ in client.calls)
+    assert all(end - client.stopped_at < SLOW / 2 for kind, _, _, end in client.calls if kind != "pool")
 
 
 @pytest.fixture
