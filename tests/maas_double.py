@@ -1491,6 +1491,10 @@ class MaasDouble(LoopbackServer):
                     pool = self.add_pool(name, request.fields.get("description", ""))
                     self.writes.append(("POST", "resourcepools/", dict(request.fields)))
                     return 200, self._pool_json(pool), {}
+            if path == "regioncontrollers/" and method == "GET" and op is None:
+                # src/maasserver/api/regioncontrollers.py: RegionControllersHandler lists the
+                # nodes of type region controller, or region and rack controller (add_node).
+                return 200, [n for n in self.other_nodes.values() if n["node_type"] in (3, 4)], {}
             if path == "users/" and method == "GET" and op == "whoami":
                 # src/maasserver/api/users.py: UsersHandler.whoami returns request.user, emitted
                 # with UserHandler.fields (username, email, is_local, is_superuser).

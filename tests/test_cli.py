@@ -71,6 +71,7 @@ RANK = {
     "loop": 5, "status": 5, "upload": 5, "doctor": 5,   # the commands' entry points
     "render": 4,                  # the render command, and what upload (and doctor) compare with
     "reconcile": 3, "policies": 3,
+    "lease": 3,                   # the election on a Lease (reads it through kube for status and doctor)
     "maas": 2, "kube": 2, "audit": 2, "seed": 2, "events": 2,
     "values": 1, "console": 1,
     "upstream": 1,                # the releases proven, read from upstream.lock.yaml (doctor compares)

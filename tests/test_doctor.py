@@ -118,7 +118,7 @@ def test_a_healthy_site_passes_every_maas_and_network_check(site):
         "maas.version": "ok", "maas.admin": "ok", "maas.script": "ok", "maas.enlist_commissioning": "ok",
         "maas.claims": "ok", "maas.suspects": "ok", "maas.pools": "ok", "maas.power_password": "ok",
         "maas.commission": "ok",
-        "maas.seed_file": "ok", "cluster": "skip",
+        "maas.seed_file": "ok", "reconciler.lease": "ok", "cluster": "skip",
         "network.dns": "ok", "network.redfish": "ok",
     }
     assert "3 machine(s)" in checks["maas.power_password"].found
@@ -350,12 +350,12 @@ def test_doctor_command_table_and_json(site, monkeypatch, capsys):
     header = out.splitlines()[0].split()
     assert header == ["CHECK", "STATUS", "FOUND", "FIX"]
     assert table_statuses(out)["cluster"] == "skip"
-    assert out.rstrip().endswith("12 ok, 0 warn, 0 fail, 1 skip")
+    assert out.rstrip().endswith("13 ok, 0 warn, 0 fail, 1 skip")
     code = cli.main(["--values", str(site.values_file), "doctor", "--json"])
     out, err = capsys.readouterr()
     report = json.loads(out)
     assert code == 0
-    assert report["summary"] == {"ok": 12, "warn": 0, "fail": 0, "skip": 1}
+    assert report["summary"] == {"ok": 13, "warn": 0, "fail": 0, "skip": 1}
     assert all(set(c) == {"check", "status", "found", "fix", "subjects"} for c in report["checks"])
     assert report["checks"][0]["check"] == "maas.version"
     assert {c["check"]: c["status"] for c in report["checks"]} == table_statuses(table)
@@ -413,3 +413,85 @@ def test_a_commission_maas_refused_is_explained(site):
     # Once the machine has left New, nothing waits.
     site.double.set_status(web1, "Commissioning")
     assert site.run()["maas.commission"].status == "ok"
+
+
+# --- reconciler.lease (issue 23) -----------------------------------------------------------------
+
+
+def test_several_region_controllers_and_no_lease_is_a_warning_naming_them(site):
+    assert site.run()["reconciler.lease"].found.startswith("not configured: MAAS lists 0 region controller(s)")
+    site.double.add_node("region-1", "region_and_rack_controller")
+    assert site.run()["reconciler.lease"].status == "ok"
+    site.double.add_node("region-2", "region_controller")
+    site.double.add_node("rack-9", "rack_controller")
+    check = site.run()["reconciler.lease"]
+    assert check.status == "warn"
+    assert "MAAS lists 2 region controller(s) (region-1, region-2)" in check.found
+    assert "the reconciler of every region host acts" in check.found
+    assert "reconciler.lease.kubeconfig" in check.fix and check.subjects == ("region-1", "region-2")
+
+
+def lease_kubeconfig(tmp_path: Path, port: int) -> Path:
+    path = tmp_path / "lease.kubeconfig"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "k", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+        "users": [{"name": "u", "user": {}}],
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}]}))
+    return path
+
+
+def test_the_lease_row_says_who_holds_it_and_when_it_was_renewed(site, tmp_path):
+    from test_lease import NAME, LeaseServer, LeaseStore
+
+    from maas_kubevirt import lease
+
+    store = LeaseStore()
+    site.double.add_node("region-1", "region_controller")
+    site.double.add_node("region-2", "region_controller")
+    with LeaseServer(store) as server:
+        site.values["reconciler"]["lease"]["kubeconfig"] = str(lease_kubeconfig(tmp_path, server.http.server_address[1]))
+        check = site.run()["reconciler.lease"]
+        assert check.status == "warn" and "does not exist: no reconciler has taken part yet" in check.found
+        store.put_outside(NAME, "region-2_77", acquireTime="2026-12-01T10:00:00.000001Z",
+                          renewTime=lease.micro_time(lease._utc_now()))
+        check = site.run()["reconciler.lease"]
+        assert check.status == "ok", check
+        assert "held by region-2_77 since 2026-12-01T10:00:00.000001Z, renewed" in check.found
+        assert "MAAS lists 2 region controller(s)" in check.found
+        store.put_outside(NAME, "region-2_77", renewTime="2026-12-01T10:00:00.000001Z")
+        check = site.run()["reconciler.lease"]
+        assert check.status == "warn" and "so no reconciler is active" in check.found
+        assert "journalctl -u maas-kubevirt" in check.fix
+        store.put_outside(NAME, "", renewTime=lease.micro_time(lease._utc_now()))
+        assert site.run()["reconciler.lease"].status == "warn"
+    check = site.run()["reconciler.lease"]        # nobody answers now
+    assert check.status == "fail" and "cannot be read" in check.found
+    site.values["reconciler"]["lease"]["kubeconfig"] = str(tmp_path / "missing")
+    check = site.run()["reconciler.lease"]
+    assert check.status == "fail" and "reconciler.lease.kubeconfig: cannot read" in check.found
+
+
+@pytest.mark.parametrize("status, fix", [(401, "make a new one"), (403, "Role and RoleBinding")])
+def test_a_refused_lease_read_names_the_fix(site, status, fix):
+    from maas_kubevirt.doctor.lease import lease_check
+
+    site.values["reconciler"]["lease"]["kubeconfig"] = "/etc/maas-kubevirt/kubeconfig"
+    check = lease_check(site.values, [], problem=f"GET /apis/...: {status}: refused", status=status)
+    assert check.status == "fail" and fix in check.fix
+
+
+def test_a_token_near_its_end_is_a_warning_and_an_ended_one_a_failure(site):
+    from datetime import datetime, timedelta, timezone
+
+    from maas_kubevirt.doctor.lease import lease_check
+    from maas_kubevirt.lease import Record, micro_time
+
+    now = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+    site.values["reconciler"]["lease"]["kubeconfig"] = "/etc/maas-kubevirt/kubeconfig"
+    held = Record("region-1_5", 15, micro_time(now - timedelta(hours=1)), micro_time(now - timedelta(seconds=1)))
+    for left, expected in ((timedelta(days=30), "ok"), (timedelta(days=2), "warn"), (timedelta(seconds=-1), "fail")):
+        check = lease_check(site.values, [{"hostname": "region-1"}], record=held, token_expires=now + left, now=now)
+        assert check.status == expected, (left, check)
+    assert "the kubeconfig's token expires" in lease_check(
+        site.values, [], record=held, token_expires=now + timedelta(days=30), now=now).found

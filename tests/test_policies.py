@@ -663,3 +663,40 @@ def test_seed_versions_differ_per_seed_and_never_show_it(a, b):
     assert len(policies.seed_version(a)) == 16 and set(policies.seed_version(a)) <= set("0123456789abcdef")
     if len(a) >= 8:
         assert a not in policies.seed_version(a)
+
+
+# --- the reconciler's own RBAC (issue 23) -------------------------------------------------------
+
+def test_the_reconciler_may_get_create_and_update_its_lease_and_nothing_else(defaults):
+    manifests = policies.render_kubernetes(defaults, SEED)
+    objects = policies.parse(manifests[policies.RECONCILER_RBAC_FILE])
+    assert [(o["kind"], o["metadata"]["name"], o["metadata"]["namespace"]) for o in objects] == [
+        (kind, "maas-kubevirt-reconciler", "maas-kubevirt") for kind in ("ServiceAccount", "Role", "RoleBinding")]
+    account, role, binding = objects
+    assert account["automountServiceAccountToken"] is False
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["maas-kubevirt-reconciler"],
+         "verbs": ["get", "update"]},
+    ]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": "maas-kubevirt-reconciler"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "maas-kubevirt-reconciler",
+                                    "namespace": "maas-kubevirt"}]
+    # No other object of the bundle names the reconciler's account or grants it anything.
+    others = [o for name, text in manifests.items() if name not in (policies.RECONCILER_RBAC_FILE,
+                                                                    policies.KUSTOMIZATION_FILE)
+              for o in policies.parse(text)]
+    assert not [o for o in others if o["kind"] in ("Role", "RoleBinding", "ClusterRoleBinding", "ServiceAccount")]
+    assert "maas-kubevirt-reconciler" not in "".join(t for n, t in manifests.items()
+                                                     if n not in (policies.RECONCILER_RBAC_FILE,))
+    assert policies.RECONCILER_RBAC_FILE in yaml.safe_load(manifests["kustomization.yaml"])["resources"]
+
+
+def test_the_reconcilers_rbac_follows_the_lease_values(defaults):
+    values = values_with(defaults, reconciler__lease={**defaults["reconciler"]["lease"], "name": "site-7",
+                                                      "namespace": "leases"})
+    account, role, binding = policies.parse(policies.render_kubernetes(values, SEED)[policies.RECONCILER_RBAC_FILE])
+    assert {o["metadata"]["namespace"] for o in (account, role, binding)} == {"leases"}
+    assert role["rules"][1]["resourceNames"] == ["site-7"]
+    assert binding["subjects"][0]["namespace"] == "leases"

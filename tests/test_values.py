@@ -308,7 +308,7 @@ def test_every_section_and_key_is_checked_after_a_problem():
     with pytest.raises(ValuesError) as raised:
         validate(values)
     assert raised.value.problems == [
-        "extra: unknown key; expected one of redfish, seed, smbios, kubernetes, ingress, maas",
+        "extra: unknown key; expected one of redfish, seed, smbios, kubernetes, ingress, maas, reconciler",
         "redfish: expected a mapping, found 5",
         "kubernetes.system_namespace: expected a value, found nothing",
         "kubernetes.opt_in_value: expected a non-empty Kubernetes label value (1-63 letters, digits, '-', '_', '.'), "
@@ -518,3 +518,44 @@ def test_whole_family_union_is_named_once_beside_a_slash_0():
 def test_controller_namespace_and_allow_catch_all_defaults():
     assert DEFAULTS["ingress"]["controller_namespace"] == "ingress-nginx"
     assert DEFAULTS["ingress"]["allow_catch_all"] is False
+
+
+# --- reconciler.lease (issue 23) -----------------------------------------------------------------
+
+
+def test_the_lease_is_off_by_default_with_kubernetes_own_timings():
+    assert load_values(None)["reconciler"]["lease"] == {
+        "kubeconfig": "", "namespace": "", "name": "maas-kubevirt-reconciler",
+        "duration": 15, "renew_deadline": 10, "retry_period": 2}
+
+
+def test_a_lease_given_in_part_keeps_the_other_defaults(tmp_path):
+    values = load_values(write(tmp_path, {"reconciler": {"lease": {"kubeconfig": "/etc/maas-kubevirt/kubeconfig"}}}))
+    assert values["reconciler"]["lease"] == {**DEFAULTS["reconciler"]["lease"],
+                                             "kubeconfig": "/etc/maas-kubevirt/kubeconfig"}
+
+
+@pytest.mark.parametrize("lease, problem", [
+    ({"kubeconfig": "relative/kubeconfig"}, "reconciler.lease.kubeconfig: expected an absolute file path, or an "
+                                            "empty string, found 'relative/kubeconfig'"),
+    ({"namespace": "Not_A_Namespace"}, "reconciler.lease.namespace: expected a Kubernetes namespace name "
+                                       "(DNS-1123 label), or an empty string, found 'Not_A_Namespace'"),
+    ({"name": ""}, "reconciler.lease.name: expected a Kubernetes object name (DNS-1123 subdomain), found an empty string"),
+    ({"duration": 10}, "reconciler.lease.duration: expected more seconds than renew_deadline (10), found 10"),
+    ({"renew_deadline": 2}, "reconciler.lease.renew_deadline: expected more than 1.2 x retry_period (2), found 2"),
+    ({"retry_period": True}, "reconciler.lease.retry_period: expected a whole number of seconds from 1 to 3600, "
+                             "found true"),
+    ({"holder": "me"}, "reconciler.lease.holder: unknown key; expected one of kubeconfig, namespace, name, "
+                       "duration, renew_deadline, retry_period"),
+])
+def test_each_bad_lease_key_is_named(tmp_path, lease, problem):
+    with pytest.raises(ValuesError) as raised:
+        load_values(write(tmp_path, {"reconciler": {"lease": lease}}))
+    assert raised.value.problems == [problem]
+
+
+def test_a_lease_that_is_not_a_mapping_is_named(tmp_path):
+    with pytest.raises(ValuesError) as raised:
+        load_values(write(tmp_path, {"reconciler": {"lease": "on"}}))
+    assert raised.value.problems == ["reconciler.lease: expected a mapping of kubeconfig, namespace, name, duration, "
+                                     "renew_deadline, retry_period, found 'on'"]

@@ -65,7 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
         "them in the pool <namespace> and commission those in New, backing off a machine whose "
         "commission MAAS refuses. A derived password found on any other machine (a look-alike "
         "address, a duplicate claim, an address changed) is put back to the placeholder. Every "
-        "change is written as a JSON audit record.",
+        "change is written as a JSON audit record. With reconciler.lease in the values, the "
+        "reconcilers of a site (one per region host) elect one holder on a Kubernetes Lease: only "
+        "it reads MAAS and writes to it, the others wait as standbys and say so in their log; "
+        "--once then waits at most a lease duration and three retry periods for it, and --dry-run "
+        "takes no part.",
         epilog="Exit status: 0 converged or nothing to do, 1 some actions failed, 2 usage or configuration error.",
     )
     mode = reconcile.add_mutually_exclusive_group()
@@ -82,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="List the MAAS machines whose power address names a KubeVirt BMC: VM, namespace, "
         "MAAS hostname, system_id, status, pool, power state, whether the password is the derived "
         "one, the power address (a look-alike marked suspect) and why a commission waits (from "
-        "maas.audit_log); then every duplicate claim.",
+        "maas.audit_log); then every duplicate claim, and with reconciler.lease who holds the "
+        "site's Lease and since when.",
     )
 
     upload = commands.add_parser(
@@ -103,7 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor",
         help="check a whole site: MAAS, the cluster and the network",
         description="Check MAAS (version, administrator key, the commissioning script, "
-        "enlist_commissioning, the seed file, duplicate claims, power passwords), the cluster "
+        "enlist_commissioning, the seed file, duplicate claims, power passwords), the reconciler's "
+        "lease (who holds it and when it was renewed; a warning when MAAS lists several region "
+        "controllers and no lease is configured), the cluster "
         "(CRDs, Kyverno and its RBAC, the policies, the seed Secret, KubeMacPool labels, each VM's "
         "MACs, Secret, VirtualMachineBMC and Ingress allowlist) and the network (DNS, Redfish). "
         "One row per check: ok, warn, fail or skip, what was found and the exact fix. Read-only.",

@@ -1,7 +1,11 @@
 """``maas-kubevirt reconcile``: reconcile cycles until SIGTERM or SIGINT, once, or as a dry run.
 
+With ``reconciler.lease`` the process is a candidate for the site's Lease (:mod:`lease`): it
+cycles only while it holds it, asks the lease before every MAAS write, starts each holding
+period with a full resync, and releases the Lease when it stops. A dry run takes no part.
+
 Exit codes: 0 converged or nothing to do, 1 some actions (or the cycle) failed, 2 usage or
-configuration error (bad values, unreadable API key, key refused, MAAS too old).
+configuration error (bad values, unreadable API key or kubeconfig, key refused, MAAS too old).
 """
 
 from __future__ import annotations
@@ -10,9 +14,9 @@ import signal
 import threading
 from typing import Any, Sequence
 
-from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, seed
+from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, lease, seed
 from maas_kubevirt.audit import Audit
-from maas_kubevirt.console import error, table, warn
+from maas_kubevirt.console import error, note, table, warn
 from maas_kubevirt.maas import MAASAuthError, MAASVersionError, client_from_values
 from maas_kubevirt.reconcile import Action, Passwords, Reconciler, Settings
 
@@ -61,8 +65,33 @@ def main(values: dict, args: Any) -> int:
     # What a restart would forget (commission backoffs, suspects reported), from maas.audit_log.
     reconciler.restore(Audit.read_file(values["maas"].get("audit_log", "")))
     try:
+        candidate = None if dry_run else lease.candidate_from_values(values)
+    except lease.LeaseConfigError as failure:
+        client.close()
+        error(str(failure))
+        return EXIT_USAGE
+    if candidate is not None:
+        reconciler.may_write = candidate.held   # asked before every MAAS write
+        candidate.start()
+    holding = False
+    try:
         with _Signals(stop):
             while True:
+                if candidate is not None:
+                    if not candidate.held():
+                        holding = False
+                        # Standby: no MAAS request at all; the candidate's thread logs each change.
+                        if not candidate.wait_held(stop, _once_wait(candidate) if once else None):
+                            if once and not stop.is_set():
+                                holder = candidate.holder()
+                                note(f"lease {candidate.where}: held by "
+                                     f"{holder.holder if holder and holder.holder else 'another process'}; "
+                                     "standby, nothing done")
+                            return EXIT_OK
+                    if not holding:
+                        holding = True
+                        if reconciler.log is not None:   # what the last holder did is unknown here
+                            reconciler.log.request_resync("this process now holds the lease")
                 try:
                     result = reconciler.cycle(dry_run=dry_run)
                 except (MAASAuthError, MAASVersionError) as failure:
@@ -80,7 +109,16 @@ def main(values: dict, args: Any) -> int:
                     return EXIT_OK
                 if once:
                     return EXIT_FAILED if result.failed else EXIT_OK
+                if candidate is not None and not candidate.held():
+                    continue   # lost during the cycle: standby now, not after an interval
                 if stop.wait(interval):
                     return EXIT_OK
     finally:
+        if candidate is not None:   # no cycle runs any more: the Lease may go at once
+            candidate.close(release=True)
         client.close()
+
+
+def _once_wait(candidate: lease.Candidate) -> float:
+    """How long ``--once`` waits for the Lease: enough to take over one that expired or is missing."""
+    return candidate.duration + 3 * candidate.retry_period

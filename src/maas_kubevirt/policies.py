@@ -80,11 +80,15 @@ NETWORK_POLICY_NAME = "maas-kubevirt-bmc"
 
 SEED_SECRET_FILE = "seed-secret.yaml"
 KUSTOMIZATION_FILE = "kustomization.yaml"
+# The reconciler's ServiceAccount, and the name of its Role and RoleBinding on the Lease.
+RECONCILER_ACCOUNT = "maas-kubevirt-reconciler"
+RECONCILER_RBAC_FILE = "reconciler-rbac.yaml"
 # Output files. kustomize sorts the objects itself (namespaces, RBAC and Secrets before
 # custom resources), so this order is only the order of the kustomization's list.
 FILES = [
     "system-namespace.yaml",
     "rbac.yaml",
+    RECONCILER_RBAC_FILE,
     SEED_SECRET_FILE,
     "policy-vm-identity.yaml",
     "policy-identity-claims.yaml",
@@ -312,6 +316,8 @@ def _context(values: dict, seed: str | None) -> dict[str, Any]:
         + LEGACY_INGRESS_CLASS_ANNOTATION + "\" || '' }}",
         "tls_secret_name": tls_secret_name,
         "files": {"ordered": files, "seed": seed is not None},
+        "reconciler_account": RECONCILER_ACCOUNT,
+        "lease_namespace": values["reconciler"]["lease"]["namespace"] or kubernetes["system_namespace"],
     }
 
 

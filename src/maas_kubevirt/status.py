@@ -1,12 +1,13 @@
 """``maas-kubevirt status``: one row per MAAS machine whose power address names a KubeVirt VM's
 BMC (its address shown, a look-alike marked suspect), whether its password is the derived one,
-why its commission waits if it does, and one line per duplicate claim."""
+why its commission waits if it does, and one line per duplicate claim; with reconciler.lease,
+who holds the site's Lease and since when."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, seed
+from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, lease, seed
 from maas_kubevirt.audit import Audit
 from maas_kubevirt.console import error, escape_controls, table, warn
 from maas_kubevirt.maas import MAASAuthError, MAASError, client_from_values
@@ -65,4 +66,18 @@ def main(values: dict, args: Any) -> int:
     for action in plan(machines, power, pools, settings):
         if action.kind == SKIP and POOL_REFUSED in action.note:
             print(escape_controls(f"{action.system_id} {action.hostname}: {action.note}"), flush=True)
+    if lease.configured(values):
+        print(escape_controls(lease_line(values)), flush=True)
     return EXIT_OK
+
+
+def lease_line(values: dict) -> str:
+    """``lease NS/NAME: held by HOST_PID since T, renewed T2 (N s ago)``, or why it cannot be read."""
+    from maas_kubevirt.kube import KubeError
+
+    where = f"lease {lease.namespace_of(values)}/{values['reconciler']['lease']['name']}"
+    try:
+        record = lease.read_record(values)
+    except (lease.LeaseConfigError, KubeError) as failure:
+        return f"{where}: cannot be read: {failure}"
+    return f"{where}: {lease.describe(record, values['reconciler']['lease']['duration'])}"

@@ -216,6 +216,46 @@ def _annotations(value: Any) -> list[str]:
     return problems
 
 
+# reconciler.lease: the Lease the reconcilers of one site elect their holder on. The timings
+# are Kubernetes' own components' (kube-controller-manager: --leader-elect-lease-duration 15s,
+# --leader-elect-renew-deadline 10s, --leader-elect-retry-period 2s).
+LEASE: dict[str, Callable[[Any], str | None]] = {
+    "kubeconfig": _optional(_absolute_path),
+    "namespace": _optional(_namespace),
+    "name": _k8s_name,
+    "duration": _seconds(1, 3600),
+    "renew_deadline": _seconds(1, 3600),
+    "retry_period": _seconds(1, 3600),
+}
+# client-go refuses timings that cannot keep one leader (tools/leaderelection/leaderelection.go,
+# NewLeaderElector): the lease must outlast the renew deadline, and the renew deadline must
+# leave room for a jittered retry (JitterFactor 1.2).
+JITTER_FACTOR = 1.2
+
+
+def _lease(value: Any) -> list[str]:
+    """reconciler.lease: each key by its name, then the order of the three timings."""
+    if not isinstance(value, dict):
+        return ["a mapping of " + ", ".join(LEASE)]
+    problems = [f".{key}: unknown key; expected one of {', '.join(LEASE)}" for key in value if key not in LEASE]
+    for key, check in LEASE.items():
+        if key not in value:
+            problems.append(f".{key}: expected a value, found nothing")
+            continue
+        problem = check(value[key])
+        if problem:
+            problems.append(f".{key}: expected {problem}, found {_found(value[key])}")
+    if problems:
+        return problems
+    if value["duration"] <= value["renew_deadline"]:
+        problems.append(f".duration: expected more seconds than renew_deadline ({value['renew_deadline']}), "
+                        f"found {value['duration']}")
+    if value["renew_deadline"] <= JITTER_FACTOR * value["retry_period"]:
+        problems.append(f".renew_deadline: expected more than {JITTER_FACTOR} x retry_period "
+                        f"({value['retry_period']}), found {value['renew_deadline']}")
+    return problems
+
+
 # Each leaf: a check returning what was expected (scalar) or a list of sub-problems (collections).
 SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
     "redfish": {
@@ -257,7 +297,10 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "max_response_mib": _whole(1, 65536, "MiB"),
         "audit_log": _optional(_absolute_path),
     },
+    "reconciler": {"lease": _lease},
 }
+# Leaves that are mappings of their own: a values file's keys merge over the defaults' one by one.
+NESTED = {("reconciler", "lease")}
 
 
 # Keys a values file may no longer set, and why: ignoring one silently would let an operator
@@ -310,7 +353,7 @@ def validate(values: Any, source: str = "values") -> dict:
                 problems.append(f"{section}.{key}: expected {outcome}, found {_found(given[key])}")
             elif isinstance(outcome, list):
                 problems.extend(
-                    f"{section}.{key}{p}" if p.startswith(("[", ":")) else f"{section}.{key}: expected {p}, found {_found(given[key])}"
+                    f"{section}.{key}{p}" if p.startswith(("[", ":", ".")) else f"{section}.{key}: expected {p}, found {_found(given[key])}"
                     for p in outcome
                 )
     if problems:
@@ -334,6 +377,9 @@ def _merge(defaults: dict, overrides: dict) -> dict:
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict) and key in SCHEMA:
             merged[key] = {**merged[key], **value}
+            for section, leaf in NESTED:
+                if section == key and isinstance(value.get(leaf), dict) and isinstance(defaults[key].get(leaf), dict):
+                    merged[key][leaf] = {**defaults[key][leaf], **value[leaf]}
         else:
             merged[key] = value
     return merged

@@ -75,6 +75,7 @@ from maas_kubevirt.doctor.maas import (  # noqa: E402
     FIXED_DNS_VERSIONS, KEY_REFUSED, MAAS_CHECKS, admin_check, claims, claims_check, enlist_commissioning_check,
     maas_checks, password_check, script_check, seed_file_check, version_check,
 )
+from maas_kubevirt.doctor.lease import lease_check, lease_checks  # noqa: E402
 from maas_kubevirt.doctor.cluster import (  # noqa: E402
     CLUSTER_CHECKS, CRDS, KUBEMACPOOL_VALUE, KYVERNO_CONTROLLERS, KYVERNO_MIN, KYVERNO_POLICY_CRD,
     NETWORK_POLICY_CNIS, Generated, Inventory, _cidrs, _selects, allowlist_check, catch_all, catch_all_check,
@@ -96,6 +97,7 @@ __all__ = [
     "image_version", "kyverno_rbac_checks", "kyverno_version_check", "missing_rules", "namespaces_check",
     "policies_check", "seed_secret_check", "vm_problems", "vms_check", "NETWORK_POLICY_CNIS", "catch_all",
     "catch_all_check", "cni_check", "ingress_classes", "network_policies_check",
+    "lease_check", "lease_checks",
 ]
 
 
@@ -132,12 +134,13 @@ class _Fixes:
 
 
 def run(values: Mapping[str, Any], client: MAASClient, cluster: Any | None, options: Options) -> list[Check]:
-    """Every check, in order: MAAS, the seed file, the cluster, the network."""
+    """Every check, in order: MAAS, the seed file, the reconciler's lease, the cluster, the network."""
     fixes = _Fixes(options.command, values)
     reach = Reach()
     seed_check, seed = seed_file_check(values["seed"]["file"])
     checks = maas_checks(values, client, seed, fixes, reach)
     checks.append(seed_check)
+    checks.append(lease_checks(values, client))
     if cluster is None:
         checks.append(Check("cluster", SKIP, "no --kubeconfig given: the cluster was not checked",
                             f"`{options.command} doctor --kubeconfig FILE` (read access is enough)"))

@@ -218,6 +218,14 @@ class Endpoints:
                                 "not-admin")
         return user
 
+    def region_controllers(self) -> list[Any]:
+        """Every region controller MAAS knows (src/maasserver/api/regioncontrollers.py,
+        RegionControllersHandler: the nodes of type region, or region and rack)."""
+        data = self.call("GET", "regioncontrollers/")
+        if not isinstance(data, list):
+            raise MAASError("GET", "regioncontrollers/", 200, "expected a list of region controllers", "malformed")
+        return data
+
     def config(self, name: str) -> Any:
         """One MAAS configuration value (src/maasserver/api/maas.py, ``get_config``: the value as JSON)."""
         return self.call("GET", "maas/", [("op", "get_config"), ("name", name)])
