@@ -277,8 +277,8 @@ class ControlPlane:
 
         wait_for(healthy, 60, "etcd to be healthy")
 
-    def _start_apiserver(self, pki: Path) -> None:
-        port = free_port()
+    def _start_apiserver(self, pki: Path, port: int | None = None) -> None:
+        port = port or free_port()
         self.server = f"https://127.0.0.1:{port}"
         self.ca = pki / "ca.crt"
         self._start("kube-apiserver", [
@@ -399,6 +399,32 @@ class ControlPlane:
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=15)
+
+
+@dataclass
+class APIServerOnly(ControlPlane):
+    """etcd and kube-apiserver alone (RBAC, ServiceAccount tokens: all a Lease needs), for tests that
+    stop the API server: ``stop_apiserver()`` kills it (SIGKILL, at once), ``start_apiserver()``
+    starts it again on the same port with the same certificates, etcd keeping every object."""
+
+    def start(self) -> None:
+        self.logs = self.work / "logs"
+        self.logs.mkdir()
+        self.pki = self.work / "pki"
+        _make_certificates(self.pki)
+        self._start_etcd()
+        self._start_apiserver(self.pki)
+        self.port = int(self.server.rsplit(":", 1)[1])
+
+    def stop_apiserver(self) -> None:
+        for entry in [e for e in self.processes if e[0] == "kube-apiserver"]:
+            if entry[1].poll() is None:
+                os.killpg(entry[1].pid, signal.SIGKILL)
+            entry[1].wait(timeout=15)
+            self.processes.remove(entry)
+
+    def start_apiserver(self) -> None:
+        self._start_apiserver(self.pki, self.port)
 
 
 def binaries_dir() -> Path:
