@@ -136,6 +136,10 @@ def test_status_shows_who_holds_the_lease_and_since_when(tmp_path, capsys, monke
         out = capsys.readouterr().out
         assert (f"lease {NAMESPACE}/{NAME}: held by region-2_4242 since 2026-12-01T10:00:00.000001Z, renewed "
                 in out.splitlines()[-1])
+        assert out.splitlines()[-1].endswith("(another host: a reconciler running here stands by)")
+        store.put_outside(NAME, f"{socket.gethostname()}_1", renewTime=lease.micro_time(lease._utc_now()))
+        assert status.main(values, Args()) == 0
+        assert capsys.readouterr().out.splitlines()[-1].endswith("(this host)")
         store.delete(NAME)
         assert status.main(values, Args()) == 0
         assert capsys.readouterr().out.splitlines()[-1] == (

@@ -5,6 +5,7 @@ who holds the site's Lease and since when."""
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, lease, seed
@@ -80,4 +81,9 @@ def lease_line(values: dict) -> str:
         record = lease.read_record(values)
     except (lease.LeaseConfigError, KubeError) as failure:
         return f"{where}: cannot be read: {failure}"
-    return f"{where}: {lease.describe(record, values['reconciler']['lease']['duration'])}"
+    line = f"{where}: {lease.describe(record, values['reconciler']['lease']['duration'])}"
+    if record is not None and record.holder:
+        # holderIdentity is <hostname>_<pid> (lease.holder_identity).
+        here = record.holder.rpartition("_")[0] == socket.gethostname()
+        line += " (this host)" if here else " (another host: a reconciler running here stands by)"
+    return line
