@@ -558,3 +558,22 @@ def test_the_installed_client_acquires_renews_races_and_releases_over_http(site)
     assert server.bodies and all(MICRO_TIME.match(body["spec"][key]) for body in server.bodies
                                  for key in ("acquireTime", "renewTime"))
     assert {body["apiVersion"] for body in server.bodies} == {"coordination.k8s.io/v1"}
+
+
+def test_each_holding_period_is_counted_so_that_the_loop_resyncs_at_each(site):
+    store, clock = site
+    api = FakeCoordination(store)
+    a = candidate(api, "a_1", clock)
+    a.attempt()
+    clock.now += 15.1
+    assert a.attempt() and a.terms == 1
+    for _ in range(3):
+        clock.now += 2
+        assert a.attempt() and a.terms == 1      # renewals: the same period
+    api.failing = OSError("unreachable")
+    clock.now += 10.5
+    a.attempt()
+    assert not a.held()
+    api.failing = None
+    clock.now += 1
+    assert a.attempt() and a.terms == 2          # held again after a gap: a new period

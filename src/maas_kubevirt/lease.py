@@ -151,6 +151,7 @@ class Candidate:
         self._problem: str | None = None       # why the last attempt failed, if it did
         self._announced: tuple | None = None
         self._was_held = False
+        self.terms = 0                         # holding periods begun so far
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -244,6 +245,8 @@ class Candidate:
             return self._failed("another candidate wrote it first" if status == 409 else f"cannot write it: {why}")
         record = record_of(written)
         with self._lock:
+            if self._renewed is None or self.clock() - self._renewed >= self.renew_deadline:
+                self.terms += 1     # a new holding period: another may have held it in between
             self._renewed = began
             self._observed, self._observed_at = record, self.clock()
             self._problem = None

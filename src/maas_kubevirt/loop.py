@@ -73,24 +73,22 @@ def main(values: dict, args: Any) -> int:
     if candidate is not None:
         reconciler.may_write = candidate.held   # asked before every MAAS write
         candidate.start()
-    holding = False
+    term = 0   # the candidate's holding period the last cycle ran in
     try:
         with _Signals(stop):
             while True:
                 if candidate is not None:
-                    if not candidate.held():
-                        holding = False
-                        # Standby: no MAAS request at all; the candidate's thread logs each change.
-                        if not candidate.wait_held(stop, _once_wait(candidate) if once else None):
-                            if once and not stop.is_set():
-                                holder = candidate.holder()
-                                note(f"lease {candidate.where}: held by "
-                                     f"{holder.holder if holder and holder.holder else 'another process'}; "
-                                     "standby, nothing done")
-                            return EXIT_OK
-                    if not holding:
-                        holding = True
-                        if reconciler.log is not None:   # what the last holder did is unknown here
+                    # Standby: no MAAS request at all; the candidate's thread logs each change.
+                    if not candidate.held() and not candidate.wait_held(
+                            stop, _once_wait(candidate) if once else None):
+                        if once and not stop.is_set():
+                            holder = candidate.holder()
+                            who = f"held by {holder.holder}" if holder and holder.holder else "not acquired"
+                            note(f"lease {candidate.where}: {who}; standby, nothing done")
+                        return EXIT_OK
+                    if candidate.terms != term:
+                        term = candidate.terms
+                        if reconciler.log is not None:   # what another holder did meanwhile is unknown here
                             reconciler.log.request_resync("this process now holds the lease")
                 try:
                     result = reconciler.cycle(dry_run=dry_run)
