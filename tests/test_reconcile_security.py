@@ -446,3 +446,23 @@ def test_a_mac_re_point_holds_no_derived_password_after_one_cycle(double, status
     assert double.power[sid]["power_pass"] != WEB1
     resets = [r for r in reconciler.audit.records if r[0] == "reset-password"]
     assert [r[1:3] for r in resets] == ([(sid, "ok")] if password is None else [])
+
+
+def test_a_reconciler_without_the_audit_log_still_takes_back_a_password_its_name_and_pool_tell():
+    """A new lease holder on another host has none of the old one's audit records: a machine the
+    old one filed as web1-vms in pool vms, moved since, still gets its derived password taken back."""
+    from maas_kubevirt.reconcile.cycle import filed_as
+
+    assert filed_as({"hostname": "web1-vms", "pool": {"name": "vms"}}) == ("web1", "vms")
+    assert filed_as({"hostname": "web1-vms", "pool": {"name": "default"}}) is None
+    assert filed_as({"hostname": "lucky-cat", "pool": {"name": "vms"}}) is None
+
+
+def test_a_new_holder_resets_a_moved_password_from_the_machines_name_and_pool(double):
+    sid = double.add_vm("web1", "vms", hostname="web1-vms", pool="vms", status="Deployed", password=WEB1)
+    double.set_power_address(sid, "harvest.attacker.example")
+    reconciler = reconciler_for(double)        # knows nothing of who set that password
+    reconciler.cycle()
+    assert double.power[sid]["power_pass"] == PLACEHOLDER
+    (reset,) = [r for r in reconciler.audit.records if r[0] == "reset-password"]
+    assert reset[1:3] == (sid, "ok")

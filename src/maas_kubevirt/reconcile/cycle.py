@@ -17,8 +17,22 @@ from maas_kubevirt.reconcile.backoff import Backoff
 from maas_kubevirt.reconcile.plan import (
     DUPLICATE, NEW, PLACEHOLDER, REREAD_STATUSES, RESET_PASSWORD, RIGHT, SET_PASSWORD, SKIP, SUSPECT,
     Action, Match, Passwords, Power, Settings, claim_of, is_new, machine_problem, matching, names_to_check,
-    needs_pools, plan,
+    needs_pools, plan, pool_of,
 )
+
+
+def filed_as(machine: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The identity a machine's name and pool say the reconciler gave it: ``<vm>-<ns>`` in the pool
+    ``<ns>``. Another host's reconciler (a new lease holder) has no audit record of it, and a hint
+    costs nothing when wrong: only a stored password equal to that identity's derived one counts."""
+    pool, hostname = pool_of(machine)[0], machine.get("hostname")
+    if not isinstance(pool, str) or not isinstance(hostname, str) or not hostname.endswith("-" + pool):
+        return None
+    try:
+        vm, namespace = identity.parse_serial(f"{hostname[: -len(pool) - 1]}.{pool}")
+    except identity.IdentityError:
+        return None
+    return (vm, namespace) if identity.maas_hostname(vm, namespace) == hostname else None
 
 
 def _as_audited(value: Any) -> Any:
@@ -121,9 +135,11 @@ class Reconciler:
         derived password its address no longer names."""
         return claim_of(power.address, self.settings.domain)[0] is not None or power.held is not None
 
-    def read_power(self, system_ids: Iterable[str]) -> dict[str, Power]:
+    def read_power(self, system_ids: Iterable[str],
+                   records: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Power]:
         """Power of these machines in bulk, each judged against the identity it named before too
-        (so a derived password left behind an address that changed is recognised)."""
+        (so a derived password left behind an address that changed is recognised): as last read,
+        from the audit log, or else as its record's name and pool say the reconciler filed it."""
         system_ids = list(system_ids)
         hints = {}
         for system_id in system_ids:
@@ -134,6 +150,8 @@ class Reconciler:
                 claimed, canonical = claim_of(power.address, self.settings.domain)
                 before = claimed if canonical and power.password == RIGHT else power.held
             before = before or self.credited.get(system_id)
+            if before is None and records is not None and system_id in records:
+                before = filed_as(records[system_id])
             if before is not None:
                 hints[system_id] = before
         fetched = self.client.power_parameters(system_ids, self._judge, hints)
@@ -167,7 +185,8 @@ class Reconciler:
             else:
                 wanted.append(system_id)
         if wanted:
-            fetched = self.read_power(wanted)  # bulk: one op=power_parameters
+            records = {m["system_id"]: m for m in machines}
+            fetched = self.read_power(wanted, records)  # bulk: one op=power_parameters
             for system_id in wanted:
                 if system_id in fetched:
                     current[system_id] = (statuses[system_id], fetched[system_id])
