@@ -341,3 +341,47 @@ def test_a_label_longer_than_63_is_refused_inside_a_short_vm_name():
 @pytest.mark.parametrize("domain", ["example.com", "EXAMPLE.com.", "a.b", "x-1.y2"])
 def test_two_label_domains_are_enough(domain):
     assert identity.validate_domain(domain) == domain.lower().rstrip(".")
+
+
+# Credential generations (rotation): 0 is the derivation every site had before, each later one
+# is a different password and user for that VM alone.
+
+@given(st.integers(min_value=0, max_value=identity.GENERATION_MAX))
+def test_a_generation_round_trips_through_its_configmap_text(generation):
+    assert identity.parse_generation(str(generation)) == generation
+
+
+@given(st.text(max_size=12))
+@example("01")
+@example("-1")
+@example("1000000000")
+@example(" 1")
+@example("")
+def test_a_generation_text_is_a_plain_decimal_or_refused(text):
+    try:
+        generation = identity.parse_generation(text)
+    except IdentityError as failure:
+        assert "credential generation" in str(failure)
+        assert not (text.isascii() and text.isdigit() and str(int(text)) == text
+                    and int(text) <= identity.GENERATION_MAX)
+    else:
+        assert str(generation) == text
+
+
+@given(vm_names(), namespaces, st.integers(min_value=1, max_value=identity.GENERATION_MAX))
+def test_each_generation_derives_its_own_password_and_user(vm, namespace, generation):
+    seed, serial = "s" * 64, identity.format_serial(vm, namespace)
+    assert identity.bmc_password(seed, serial, 0) == identity.bmc_password(seed, serial)
+    assert identity.bmc_user(seed, serial, 0) == identity.bmc_user(seed, serial)
+    rotated = identity.bmc_password(seed, serial, generation)
+    assert rotated == hashlib.sha256(f"{seed}:{serial}:{generation}".encode()).hexdigest()[:32]
+    assert rotated != identity.bmc_password(seed, serial)
+    assert identity.bmc_user(seed, serial, generation) == identity.BMC_USER_PREFIX + hashlib.sha256(
+        f"{seed}:user:{serial}:{generation}".encode()).hexdigest()[:32]
+    assert identity.bmc_user(seed, serial, generation) != identity.bmc_user(seed, serial, generation - 1)
+
+
+@pytest.mark.parametrize("generation", [-1, True, 1.0, "1", identity.GENERATION_MAX + 1])
+def test_a_generation_that_is_not_a_small_whole_number_is_refused(generation):
+    with pytest.raises(IdentityError, match="credential generation"):
+        identity.bmc_password("seed", "vm.ns", generation)

@@ -221,15 +221,40 @@ def pool_name(namespace: str) -> str:
 PLACEHOLDER_PASSWORD = "maas-kubevirt-placeholder"
 
 
-def bmc_password(seed: str, serial: str) -> str:
-    """The VM's BMC password: the first 32 hex digits of sha256(seed + ':' + serial).
+# A VM's credential generation: 0 until its password is rotated (a leak suspected), then 1, 2,
+# ... Kept in the ConfigMap ROTATIONS_CONFIGMAP of the system namespace, one key per serial.
+ROTATIONS_CONFIGMAP = "maas-kubevirt-rotations"
+GENERATION_MAX = 999_999_999
+_GENERATION = re.compile(r"(0|[1-9][0-9]{0,8})\Z")
 
-    Kyverno: truncate(sha256(join('', [seed, ':', serial])), `32`).
+
+def parse_generation(text: object) -> int:
+    """A generation as the ConfigMap stores it: a decimal without leading zeros, 0 to GENERATION_MAX."""
+    if not isinstance(text, str) or not _GENERATION.match(text):
+        raise IdentityError(
+            f"credential generation {text!r}: not a whole number from 0 to {GENERATION_MAX} "
+            "written without leading zeros"
+        )
+    return int(text)
+
+
+def _generation_suffix(generation: int) -> str:
+    """'' for generation 0, so its derivation is the one sites had before rotation; else ':<g>'."""
+    if isinstance(generation, bool) or not isinstance(generation, int) or not 0 <= generation <= GENERATION_MAX:
+        raise IdentityError(f"credential generation {generation!r}: not a whole number from 0 to {GENERATION_MAX}")
+    return f":{generation}" if generation else ""
+
+
+def bmc_password(seed: str, serial: str, generation: int = 0) -> str:
+    """The VM's BMC password: 32 hex digits of sha256(seed + ':' + serial [+ ':' + generation]).
+
+    Generation 0 adds nothing. Kyverno: truncate(sha256(regex_replace_all(':0$',
+    join('', [seed, ':', serial, ':', generation]), '')), `32`).
     """
     if not isinstance(seed, str) or not seed:
         raise IdentityError("seed: must be a non-empty string")
     parse_serial(serial)
-    return _sha256_hex(f"{seed}:{serial}")[:32]
+    return _sha256_hex(f"{seed}:{serial}{_generation_suffix(generation)}")[:32]
 
 
 # Redfish is a chassis power type in MAAS: machines with the same power_address and power_user
@@ -242,13 +267,15 @@ BMC_USER_PREFIX = "maas-kubevirt-"
 ENLIST_USER_PREFIX = "maas-enlist-"
 
 
-def bmc_user(seed: str, serial: str) -> str:
-    """The VM's BMC user: BMC_USER_PREFIX and 32 hex digits of sha256(seed + ':user:' + serial).
+def bmc_user(seed: str, serial: str, generation: int = 0) -> str:
+    """The VM's BMC user: BMC_USER_PREFIX and 32 hex digits of sha256(seed + ':user:' + serial
+    [+ ':' + generation]).
 
-    A serial holds no ':', so this input never equals a password's. Kyverno:
-    join('', ['maas-kubevirt-', truncate(sha256(join('', [seed, ':user:', serial])), `32`)]).
+    A serial holds no ':', so this input never equals a password's. Kyverno: join('',
+    ['maas-kubevirt-', truncate(sha256(regex_replace_all(':0$', join('', [seed, ':user:',
+    serial, ':', generation]), '')), `32`)]).
     """
     if not isinstance(seed, str) or not seed:
         raise IdentityError("seed: must be a non-empty string")
     parse_serial(serial)
-    return BMC_USER_PREFIX + _sha256_hex(f"{seed}:user:{serial}")[:32]
+    return BMC_USER_PREFIX + _sha256_hex(f"{seed}:user:{serial}{_generation_suffix(generation)}")[:32]
