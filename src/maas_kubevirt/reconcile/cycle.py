@@ -349,8 +349,8 @@ class Reconciler:
         moved: list[Action] = []
         for system_id, claimed in planned.items():
             now = fresh.get(system_id)
-            parsed = None if now is None else (claim_of(now.address, self.settings.domain)[0] or now.held)
-            if parsed != claimed:
+            named = set() if now is None else {claim_of(now.address, self.settings.domain)[0], now.held}
+            if claimed not in named:
                 updated.pop(system_id, None)
                 self.known.pop(system_id, None)
                 hostname = next((a.hostname for a in actions if a.system_id == system_id), None)

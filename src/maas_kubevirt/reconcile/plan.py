@@ -80,6 +80,10 @@ class Action:
     # set-password only: the canonical address written in the same PUT as the password (it
     # follows from vm, namespace and the domain, so it takes no part in comparisons).
     address: str | None = field(default=None, compare=False)
+    # reset-password only: the address beside the password was not the VM's own BMC, so MAAS
+    # may have sent it there (its rack queries power within minutes): the VM's credentials need
+    # rotating. Follows from the note's reason, so it takes no part in comparisons either.
+    leak: bool = field(default=False, compare=False)
 
     @property
     def changes(self) -> bool:
@@ -127,17 +131,23 @@ def claim_of(address: Any, domain: str) -> tuple[tuple[str, str] | None, bool]:
 class Passwords:
     """The BMC password rule under the site seed; its repr hides the seed."""
 
-    def __init__(self, seed_text: str):
+    def __init__(self, seed_text: str, generations: Mapping[tuple[str, str], int] | None = None):
         self._seed = seed_text
+        # (vm, namespace) -> credential generation, as the rotations ConfigMap holds it; absent: 0.
+        self.generations: dict[tuple[str, str], int] = dict(generations or {})
 
     def __repr__(self) -> str:
         return "Passwords(<seed withheld>)"
 
+    def generation(self, vm: str, namespace: str) -> int:
+        return self.generations.get((vm, namespace), 0)
+
     def password(self, vm: str, namespace: str) -> str:
-        return identity.bmc_password(self._seed, identity.format_serial(vm, namespace))
+        return identity.bmc_password(self._seed, identity.format_serial(vm, namespace),
+                                     self.generation(vm, namespace))
 
     def user(self, vm: str, namespace: str) -> str:
-        return identity.bmc_user(self._seed, identity.format_serial(vm, namespace))
+        return identity.bmc_user(self._seed, identity.format_serial(vm, namespace), self.generation(vm, namespace))
 
     def judge(self, parameters: Mapping[str, Any], domain: str,
               previous: tuple[str, str] | None = None) -> Power:
@@ -400,6 +410,7 @@ def plan(
     settings: Settings,
     taken: Mapping[str, str] | None = None,
     waiting: Mapping[str, str] | None = None,
+    settling: Mapping[tuple[str, str], str] | None = None,
 ) -> list[Action]:
     """The actions that bring the matching machines to their password, name, pool and commissioning.
 
@@ -408,7 +419,8 @@ def plan(
     it: the password is then unknown, so it is set); machines without an entry are not ours.
     pools: pool names or objects with a name. taken: hostname -> system_id of other nodes
     holding names (``GET nodes/?hostname=``). waiting: system_id -> why its commission waits
-    (a backoff after MAAS refused one). Order: duplicate claims and suspects, password resets,
+    (a backoff after MAAS refused one). settling: (vm, namespace) -> why its new password waits
+    (a rotation Kyverno has not yet followed). Order: duplicate claims and suspects, password resets,
     pool creations, then each trusted machine's actions (password first, commission last),
     machines in the order their renames must happen (one that frees a name before the one that
     takes it).
@@ -435,9 +447,15 @@ def plan(
     ]
     resets: list[Action] = []
 
-    def reset(machine: Mapping[str, Any], vm: str, namespace: str, reason: str) -> None:
+    def reset(machine: Mapping[str, Any], vm: str, namespace: str, reason: str, leak: bool = True) -> None:
         resets.append(Action(RESET_PASSWORD, str(machine["system_id"]), machine.get("hostname"), vm, namespace,
-                             before=DERIVED, after=PLACEHOLDER, note=reason))
+                             before=DERIVED, after=PLACEHOLDER, note=reason, leak=leak))
+
+    def holder(system_id: Any, claimed: tuple[str, str]) -> tuple[str, str]:
+        """The identity whose derived password an exposed machine holds: the one it claims, or before."""
+        power = power_parameters[system_id]
+        held = power.held if isinstance(power, Power) else None
+        return claimed if _password(power) == RIGHT or held is None else held
 
     def exposed(system_id: Any) -> bool:
         """Whether the machine holds a derived password: its own identity's, or one it had before."""
@@ -447,8 +465,9 @@ def plan(
     for (vm, namespace), group in duplicates.items():
         for match in group:
             if exposed(match.machine["system_id"]):
+                # Every claimant's address is the VM's own BMC: the password went nowhere else.
                 reset(match.machine, vm, namespace, f"duplicate claim: {vm}.{namespace} is claimed by "
-                      f"{len(group)} machines")
+                      f"{len(group)} machines", leak=False)
     for match in claimants:
         if match.canonical:
             continue
@@ -457,7 +476,7 @@ def plan(
         reported.append(Action(SUSPECT, system_id, match.machine.get("hostname"), match.vm, match.namespace,
                                before=address, note=suspect_note(match, address, settings.domain)))
         if exposed(system_id):
-            reset(match.machine, match.vm, match.namespace,
+            reset(match.machine, *holder(system_id, (match.vm, match.namespace)),
                   f"suspect address {address!a} imitates {match.vm}.{match.namespace}")
     claimed = {m.machine["system_id"] for m in claimants}
     for machine in machines:
@@ -484,10 +503,15 @@ def plan(
         if not _converged(power_parameters[system_id]):
             if settings.commission == "approved" and not approved:
                 if exposed(system_id):  # another VM's derived password, from before its address changed
-                    reset(machine, vm, namespace, "power address changed to another VM's; not yet approved")
+                    owner = holder(system_id, (vm, namespace))
+                    reset(machine, *owner, "power address changed to another VM's; not yet approved",
+                          leak=owner != (vm, namespace))
                 actions.append(Action(SKIP, before=password, after=password, note=(
                     f"password: waiting for the tag {settings.approval_tag} (maas.commission: approved)"),
                     **common))
+            elif settling and (vm, namespace) in settling:
+                actions.append(Action(SKIP, before=password, after=password, note=settling[(vm, namespace)],
+                                      **common))
             else:
                 note = "" if password != RIGHT else "the BMC user is not the derived one"
                 actions.append(Action(SET_PASSWORD, before=password, after=DERIVED, note=note,
