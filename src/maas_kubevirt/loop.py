@@ -12,13 +12,19 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import Any, Sequence
+import time
+from typing import Any, Callable, Mapping, Sequence
 
 from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, lease, seed
 from maas_kubevirt.audit import Audit
 from maas_kubevirt.console import error, note, table, warn
 from maas_kubevirt.maas import MAASAuthError, MAASVersionError, client_from_values
-from maas_kubevirt.reconcile import Action, Passwords, Reconciler, Settings
+from maas_kubevirt.notify import Notifier
+from maas_kubevirt.reconcile import Action, Cycle, Passwords, Reconciler, Settings, claim_of
+
+# Seconds a cycle may outlast maas.cycle_deadline before the watchdog should fire: the requests
+# in flight end within a poll (maas/client.py POLL), then the audit records are written.
+WATCHDOG_MARGIN = 60
 
 
 def plan_table(actions: Sequence[Action]) -> str:
@@ -51,6 +57,97 @@ class _Signals:
             signal.signal(signum, handler)
 
 
+class _CountedAudit(Audit):
+    """The audit log, each record also counted (kind and outcome only) by the metrics."""
+
+    def __init__(self, path: str, count: Callable[[str, str], None]):
+        super().__init__(path)
+        self.count = count
+
+    def record(self, action: Any, outcome: str, reason: str = "", **extra: Any) -> dict:
+        self.count(action.kind, outcome)
+        return super().record(action, outcome, reason, **extra)
+
+
+def cycle_outcome(result: Cycle, stopped: bool) -> str:
+    """ok, failed (some action failed), error (the cycle gave up) or interrupted (a signal)."""
+    if result.outcome.interrupted or (result.error and stopped):
+        return "interrupted"
+    if result.error:
+        return "error"
+    return "failed" if result.outcome.failed else "ok"
+
+
+def machine_states(reconciler: Reconciler) -> dict[str, int]:
+    """How many machines are in each state of maas_kubevirt_machines, from what the reconciler
+    knows after its cycle (every redfish machine it has read; never a name, only counts)."""
+    domain = reconciler.settings.domain
+    waiting = set(reconciler.backoff.waiting())
+    ours: set[str] = set()
+    claimants: dict[tuple[str, str], set[str]] = {}
+    suspects: set[str] = set()
+    held: set[str] = set()
+    right: set[str] = set()
+    for system_id, (_, power) in reconciler.known.items():
+        claimed, canonical = claim_of(power.address, domain)
+        if claimed is None and power.held is None:
+            continue
+        ours.add(system_id)
+        if power.held is not None:
+            held.add(system_id)
+        if claimed is not None and not canonical:
+            suspects.add(system_id)
+        elif claimed is not None:
+            claimants.setdefault(claimed, set()).add(system_id)
+            if power.converged:
+                right.add(system_id)
+    duplicates = {sid for group in claimants.values() if len(group) > 1 for sid in group}
+    pending = reconciler.pending & ours
+    return {"ours": len(ours), "pending": len(pending), "waiting": len(waiting & ours),
+            "suspect": len(suspects), "duplicate": len(duplicates), "held_password": len(held),
+            "converged": len(right - pending - waiting - duplicates - held)}
+
+
+def status_line(number: int, outcome: str, seconds: float, result: Cycle, states: Mapping[str, int],
+                interval: float) -> str:
+    """systemctl status's line: counts and fixed words only, nothing MAAS wrote, no name."""
+    changes = sum(1 for a in result.actions if a.changes)
+    when = time.strftime("%H:%M:%S UTC", time.gmtime())
+    return (f"cycle {number} at {when}: {outcome} in {seconds:.1f} s, {changes} change(s) planned, "
+            f"{result.outcome.ok} done, {result.outcome.failed} failed; machines: {states.get('ours', 0)} "
+            f"ours, {states.get('converged', 0)} converged, {states.get('waiting', 0)} waiting, "
+            f"{states.get('suspect', 0) + states.get('duplicate', 0)} refused; next in {interval:g} s")
+
+
+def _serve_metrics(values: dict, dry_run: bool) -> Any:
+    """The metrics, served on maas.metrics_address when set (not for a dry run); None when off.
+    Raises OSError when the address cannot be listened on."""
+    address = values["maas"].get("metrics_address", "")
+    if not address or dry_run:
+        return None
+    from maas_kubevirt import metrics   # only then: prometheus_client is not needed otherwise
+
+    served = metrics.Metrics()
+    host, port = served.serve(address)
+    note(f"metrics at http://{f'[{host}]' if ':' in host else host}:{port}/metrics")
+    return served
+
+
+def _wait_held(candidate: lease.Candidate, stop: threading.Event, timeout: float | None,
+               notifier: Notifier) -> bool:
+    """candidate.wait_held, in slices that feed the watchdog while standing by."""
+    if notifier.slice is None:
+        return candidate.wait_held(stop, timeout)
+    end = None if timeout is None else time.monotonic() + timeout
+    while True:
+        step = notifier.slice if end is None else min(notifier.slice, max(0.0, end - time.monotonic()))
+        if candidate.wait_held(stop, step):
+            return True
+        if stop.is_set() or (end is not None and time.monotonic() >= end):
+            return False
+        notifier.alive()
+
+
 def main(values: dict, args: Any) -> int:
     """``reconcile [--once | --interval S] [--dry-run]``: 0 converged, 1 failures, 2 config."""
     dry_run = bool(getattr(args, "dry_run", False))
@@ -59,8 +156,25 @@ def main(values: dict, args: Any) -> int:
     settings = Settings.from_values(values)
     passwords = Passwords(seed.load(values))
     stop = threading.Event()
-    audit = Audit("" if dry_run else values["maas"].get("audit_log", ""))
+    notifier = Notifier()
+    if notifier.watchdog and settings.cycle_deadline is not None \
+            and notifier.watchdog < settings.cycle_deadline + WATCHDOG_MARGIN:
+        # Only WATCHDOG=1 between cycles proves the loop alive: a legitimate cycle must fit.
+        wanted = settings.cycle_deadline + WATCHDOG_MARGIN
+        warn(f"the unit's WatchdogSec ({notifier.watchdog:g} s) is shorter than maas.cycle_deadline "
+             f"+ {WATCHDOG_MARGIN} s: raised to {wanted:g} s for this run")
+        notifier.extend_watchdog(wanted)
+    try:
+        metrics = _serve_metrics(values, dry_run)
+    except OSError as failure:
+        error(f"maas.metrics_address {values['maas']['metrics_address']}: cannot listen: "
+              f"{failure.strerror or failure}")
+        return EXIT_USAGE
+    audit_log = "" if dry_run else values["maas"].get("audit_log", "")
+    audit = Audit(audit_log) if metrics is None else _CountedAudit(audit_log, metrics.action)
     client = client_from_values(values, warn, stop)
+    if metrics is not None:
+        client.transport.observer = metrics.maas_request
     reconciler = Reconciler(client, settings, audit, stop, passwords=passwords)
     # What a restart would forget (commission backoffs, suspects reported), from maas.audit_log.
     reconciler.restore(Audit.read_file(values["maas"].get("audit_log", "")))
@@ -72,15 +186,20 @@ def main(values: dict, args: Any) -> int:
         return EXIT_USAGE
     if candidate is not None:
         reconciler.may_write = candidate.held   # asked before every MAAS write
+        if metrics is not None:
+            metrics.leader(candidate.held)
         candidate.start()
     term = 0   # the candidate's holding period the last cycle ran in
+    number = 0
     try:
         with _Signals(stop):
             while True:
                 if candidate is not None:
                     # Standby: no MAAS request at all; the candidate's thread logs each change.
-                    if not candidate.held() and not candidate.wait_held(
-                            stop, _once_wait(candidate) if once else None):
+                    if not candidate.held():
+                        notifier.ready("standby: another reconciler holds the lease, or none does yet")
+                    if not candidate.held() and not _wait_held(
+                            candidate, stop, _once_wait(candidate) if once else None, notifier):
                         if once and not stop.is_set():
                             holder = candidate.holder()
                             who = f"held by {holder.holder}" if holder and holder.holder else "not acquired"
@@ -90,11 +209,21 @@ def main(values: dict, args: Any) -> int:
                         term = candidate.terms
                         if reconciler.log is not None:   # what another holder did meanwhile is unknown here
                             reconciler.log.request_resync("this process now holds the lease")
+                began = time.monotonic()
                 try:
                     result = reconciler.cycle(dry_run=dry_run)
                 except (MAASAuthError, MAASVersionError) as failure:
                     error(str(failure))
                     return EXIT_USAGE
+                number += 1
+                seconds = time.monotonic() - began
+                outcome = cycle_outcome(result, stop.is_set())
+                states = machine_states(reconciler)
+                if metrics is not None:
+                    metrics.cycle(outcome, began, seconds, states, reconciler.resyncs)
+                # READY=1 after the first complete cycle, and WATCHDOG=1 after each: fed only from
+                # this thread, so a cycle stuck in a MAAS request stops feeding it.
+                notifier.ready(status_line(number, outcome, seconds, result, states, interval))
                 if dry_run:
                     if result.error:
                         return EXIT_FAILED
@@ -109,12 +238,15 @@ def main(values: dict, args: Any) -> int:
                     return EXIT_FAILED if result.failed else EXIT_OK
                 if candidate is not None and not candidate.held():
                     continue   # lost during the cycle: standby now, not after an interval
-                if stop.wait(interval):
+                if notifier.wait(stop, interval):
                     return EXIT_OK
     finally:
+        notifier.stopping()
         if candidate is not None:   # no cycle runs any more: the Lease may go at once
             candidate.close(release=True)
         client.close()
+        if metrics is not None:
+            metrics.close()
 
 
 def _once_wait(candidate: lease.Candidate) -> float:

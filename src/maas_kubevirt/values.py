@@ -132,6 +132,23 @@ def _url(value: Any) -> str | None:
     return None if isinstance(value, str) and _URL.match(value) else "an http:// or https:// URL"
 
 
+def _listen_address(value: Any) -> str | None:
+    """"" (off) or host:port, the host an IP address or a name, IPv6 in brackets: [::1]:9639."""
+    if value == "":
+        return None
+    match = isinstance(value, str) and re.fullmatch(r"\[([0-9A-Fa-f:.]+)\]:(\d{1,5})|([^\s:\[\]/]+):(\d{1,5})", value)
+    if match:
+        host, port = (match[1], match[2]) if match[1] is not None else (match[3], match[4])
+        try:
+            if match[1] is not None:
+                ipaddress.IPv6Address(host)
+            if int(port) <= 65535:
+                return None
+        except ValueError:
+            pass
+    return '"" (off) or host:port to listen on, e.g. 127.0.0.1:9639'
+
+
 def _seconds(low: int, high: int) -> Callable[[Any], str | None]:
     def check(value: Any) -> str | None:
         if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
@@ -296,6 +313,7 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "cycle_deadline": _seconds(10, 86400),
         "max_response_mib": _whole(1, 65536, "MiB"),
         "audit_log": _optional(_absolute_path),
+        "metrics_address": _listen_address,
     },
     "reconciler": {"lease": _lease},
 }

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import http.cookiejar
+import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import requests
 import requests.adapters
@@ -17,6 +18,12 @@ DEFAULT_MAX_RESPONSE = 1024 * 1024 * 1024
 # from at most maas.concurrency threads (64 at most, values.py); requests' default pool keeps
 # 10 and closes any more after each request.
 CONNECTIONS = 64
+
+
+# Told of every request when it ends: (method, url, status or None, TransportError.kind or None,
+# seconds). The metrics register one (metrics.Metrics.maas_request), so this package needs no
+# metrics library. The URL may name a system_id: an observer keeps only what it needs of it.
+Observer = Callable[[str, str, "int | None", "str | None", float], None]
 
 
 @dataclass
@@ -49,6 +56,7 @@ class Transport:
         self.verify = verify
         self.max_body = max_body
         self.session = self._session()
+        self.observer: Observer | None = None
 
     @staticmethod
     def _session() -> requests.Session:
@@ -77,6 +85,25 @@ class Transport:
         files: Mapping[str, Any] | None,
         timeout: float,
     ) -> Response:
+        began = time.monotonic()
+        try:
+            reply = self._exchange(method, url, headers, files, timeout)
+        except TransportError as failure:
+            self._observe(method, url, None, failure.kind, began)
+            raise
+        self._observe(method, url, reply.status, None, began)
+        return reply
+
+    def _observe(self, method: str, url: str, status: int | None, failure: str | None, began: float) -> None:
+        if self.observer is None:
+            return
+        try:
+            self.observer(method, url, status, failure, time.monotonic() - began)
+        except Exception:  # noqa: BLE001 - counting a request must never fail it
+            pass
+
+    def _exchange(self, method: str, url: str, headers: Mapping[str, str], files: Mapping[str, Any] | None,
+              timeout: float) -> Response:
         try:
             with self.session.request(
                 method,
