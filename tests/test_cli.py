@@ -25,7 +25,7 @@ def test_version_from_console_script_and_module(command):
         ([], ["--values FILE", "render", "reconcile", "status", "upload-script", "doctor", "Exit status"]),
         (["render"], ["--output DIR", "kubectl apply -f -", "seed"]),
         (["reconcile"], ["--once", "--interval SECONDS", "--dry-run", "audit record", "Exit status"]),
-        (["status"], ["power state"]),
+        (["status"], ["power state", "--json"]),
         (["upload-script"], ["--script FILE", "POST scripts/", "read it back", "bmc-config and enlisting",
                              "not rendered from these values"]),
         (["doctor"], ["--kubeconfig FILE", "--context NAME", "--json", "Read-only", "Exit status"]),

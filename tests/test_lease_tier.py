@@ -16,6 +16,7 @@ Short timings keep it fast: lease duration 6 s, renew deadline 4 s, retry period
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import secrets
 import signal
@@ -137,6 +138,13 @@ def test_status_shows_who_holds_the_lease_and_since_when(tmp_path, capsys, monke
         assert (f"lease {NAMESPACE}/{NAME}: held by region-2_4242 since 2026-12-01T10:00:00.000001Z, renewed "
                 in out.splitlines()[-1])
         assert out.splitlines()[-1].endswith("(another host: a reconciler running here stands by)")
+        # --json: the same Lease as fields, and the table's sentence as "line".
+        assert status.main(values, Args(json=True)) == 0
+        held = json.loads(capsys.readouterr().out)["lease"]
+        assert {k: v for k, v in held.items() if k != "line"} == {
+            "namespace": NAMESPACE, "name": NAME, "exists": True, "holder": "region-2_4242",
+            "acquired": "2026-12-01T10:00:00.000001Z", "renewed": held["renewed"], "this_host": False, "error": None}
+        assert held["line"].startswith(f"lease {NAMESPACE}/{NAME}: held by region-2_4242 since ")
         store.put_outside(NAME, f"{socket.gethostname()}_1", renewTime=lease.micro_time(lease._utc_now()))
         assert status.main(values, Args()) == 0
         assert capsys.readouterr().out.splitlines()[-1].endswith("(this host)")
@@ -147,9 +155,14 @@ def test_status_shows_who_holds_the_lease_and_since_when(tmp_path, capsys, monke
         values["reconciler"]["lease"]["kubeconfig"] = str(tmp_path / "missing")
         assert status.main(values, Args()) == 0
         assert "cannot be read: reconciler.lease.kubeconfig: cannot read" in capsys.readouterr().out
+        assert status.main(values, Args(json=True)) == 0
+        unread = json.loads(capsys.readouterr().out)["lease"]
+        assert unread["exists"] is None and unread["error"].startswith("reconciler.lease.kubeconfig: cannot read")
         values["reconciler"]["lease"]["kubeconfig"] = ""
         assert status.main(values, Args()) == 0
         assert "lease" not in capsys.readouterr().out    # no lease configured: status as before
+        assert status.main(values, Args(json=True)) == 0
+        assert json.loads(capsys.readouterr().out)["lease"] is None
 
 
 # --- where it runs: the control-plane tier's API server and MAAS's own region ---------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -35,7 +36,7 @@ from reconcile_helpers import (  # noqa: E402
     write_values,
 )
 
-from maas_kubevirt import cli, identity, loop, maas, reconcile, status  # noqa: E402
+from maas_kubevirt import cli, console, identity, loop, maas, reconcile, status  # noqa: E402
 from maas_kubevirt.maas import MAASClient, MAASError, RetryPolicy, Signer  # noqa: E402
 from maas_kubevirt.reconcile import (  # noqa: E402
     pool_description,
@@ -478,6 +479,69 @@ def test_status_table(tmp_path, double, capsys):
     assert lines[3] == ("1 MAAS machine(s) with a Redfish power address under bmc.example.com, "
                         "and 1 suspect(s) that only imitate one")
     assert_no_secrets(double, out, err)
+
+
+def test_status_json_has_the_tables_rows_and_no_secret(tmp_path, double, capsys):
+    """--json: one document with the table's rows (the suspect mark a boolean, waiting null when
+    nothing waits), the duplicate claims, the refused pools, the lease (null: not configured) and
+    the counts; MAAS's control characters escaped, no password, seed or derived user in it."""
+    add_noise(double)
+    web1 = double.add_vm("web1", "vms")
+    path = write_values(tmp_path, double)
+    assert cli.main(["--values", str(path), "reconcile", "--once"]) == 0
+    assert double.power[web1]["power_user"] == derived_user("web1", "vms")   # something to leak
+    hostile = "web2\x1b[2J\u202eevil\n"
+    web2 = double.add_vm("web2", "vms", hostname=hostile)
+    first, second = double.add_vm("db", "team-b", hostname="first"), double.add_vm("db", "team-b", hostname="second")
+    double.add_pool("gpu-prod", "GPU servers for production")
+    rogue = double.add_vm("x", "gpu-prod", hostname="rogue")
+    (tmp_path / "audit.log").write_text(json.dumps({
+        "time": "2026-12-01T00:00:00.000000Z", "system_id": web2, "hostname": "x", "action": "commission",
+        "before": "New", "after": "Commissioning", "outcome": "failed", "reason": "POST: 503: no rack",
+        "retry_at": "2999-01-01T00:00:00Z", "failures": 3}) + "\n")
+    capsys.readouterr()
+    assert cli.main(["--values", str(path), "status", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert all(c.isprintable() or c == "\n" for c in out)            # json.dumps escaped them
+    report = json.loads(out)
+    assert set(report) == {"domain", "rows", "duplicates", "pool_refused", "notes", "lease", "summary"}
+    rows = {r["system_id"]: r for r in report["rows"]}
+    evil = next(s for s, m in double.machines.items() if m["hostname"] == "evil1")
+    assert set(rows) == {web1, web2, first, second, rogue, evil}
+    assert rows[web1] == {"vm": "web1", "namespace": "vms", "hostname": "web1-vms", "system_id": web1,
+                          "status": "Commissioning", "pool": "vms", "power": double.machines[web1].get("power_state"),
+                          "password": RIGHT, "address": "web1.vms.bmc.example.com", "suspect": False,
+                          "waiting": None}
+    assert rows[web2]["hostname"] == hostile and rows[web2]["password"] == PLACEHOLDER
+    assert rows[web2]["waiting"] == "waiting until 2999-01-01T00:00:00Z after 3 refused attempt(s): POST: 503: no rack"
+    assert rows[evil]["suspect"] is True
+    assert rows[evil]["address"] == "https://web1.vms.bmc.example.com.evil.io/redfish/v1/Systems/1"
+    (duplicate,) = report["duplicates"]
+    assert (duplicate["vm"], duplicate["namespace"]) == ("db", "team-b")
+    assert duplicate["machines"] == [{"system_id": first, "hostname": "first"},
+                                     {"system_id": second, "hostname": "second"}]
+    (refused,) = report["pool_refused"]
+    assert (refused["system_id"], refused["hostname"], refused["pool"]) == (rogue, "rogue", "default")
+    assert report["lease"] is None and report["notes"] == []
+    assert report["summary"] == {"machines": 5, "suspects": 1, "waiting": 1, "duplicates": 1, "pool_refused": 1}
+    # No secret, and no power parameter but the address: not even the derived user.
+    users = [derived_user(vm, ns) for vm, ns in (("web1", "vms"), ("web2", "vms"), ("db", "team-b"), ("x", "gpu-prod"))]
+    assert_no_secrets(double, out, err)
+    assert not [u for u in users if u in out] and "power_user" not in out and "power_pass" not in out
+    assert all(set(r) == set(rows[web1]) for r in report["rows"])
+    # The table has the same rows, in the same order, and the same lines after them.
+    assert cli.main(["--values", str(path), "status"]) == 0
+    table_out = capsys.readouterr().out
+    expected = console.table(status.HEADERS, [
+        (r["vm"], r["namespace"], r["hostname"], r["system_id"], r["status"], r["pool"], r["power"], r["password"],
+         ascii(r["address"])[1:-1] + (status.SUSPECT_MARK if r["suspect"] else ""), r["waiting"] or "-")
+        for r in report["rows"]])
+    assert table_out.startswith(expected + "\n")
+    assert "\x1b" not in table_out and "web2\\x1b[2J\\u202eevil\\n" in table_out   # the table's own escaping
+    after = table_out[len(expected) + 1:].splitlines()
+    assert after == [
+        "5 MAAS machine(s) with a Redfish power address under bmc.example.com, and 1 suspect(s) that only imitate one",
+        f"duplicate claim: {duplicate['note']}", f"{rogue} rogue: {refused['note']}"]
 
 
 def test_approved_mode_against_double(tmp_path, double, capsys):

@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     reconcile.add_argument("--dry-run", action="store_true", help="print the plan as a table; change nothing")
 
-    commands.add_parser(
+    status = commands.add_parser(
         "status",
         help="one row per MAAS machine that is a KubeVirt VM",
         description="List the MAAS machines whose power address names a KubeVirt BMC: VM, namespace, "
@@ -89,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
         "maas.audit_log); then every duplicate claim, and with reconciler.lease who holds the "
         "site's Lease and since when.",
     )
+    status.add_argument("--json", action="store_true", help="print the machines as JSON instead of a table")
 
     upload = commands.add_parser(
         "upload-script",

@@ -1,11 +1,13 @@
 """``maas-kubevirt status``: one row per MAAS machine whose power address names a KubeVirt VM's
 BMC (its address shown, a look-alike marked suspect), whether its password is the derived one,
 why its commission waits if it does, and one line per duplicate claim; with reconciler.lease,
-who holds the site's Lease and since when."""
+who holds the site's Lease and since when. ``--json`` prints the same as one JSON document."""
 
 from __future__ import annotations
 
+import json
 import socket
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, lease, seed
@@ -18,10 +20,46 @@ from maas_kubevirt.reconcile import (SKIP, Passwords, Reconciler, Settings, clai
 SUSPECT_MARK = " (suspect: not the bare host)"
 # How the plan's skip note of a pool it will not move a machine into reads.
 POOL_REFUSED = "was not created by maas-kubevirt"
+HEADERS = ("VM", "NAMESPACE", "HOSTNAME", "SYSTEM_ID", "STATUS", "POOL", "POWER", "PASSWORD", "ADDRESS", "WAITING")
+NO_AUDIT_LOG = "commission backoffs are shown from maas.audit_log, which is not set"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One matching machine as status shows it. ``password`` is the judgement (right,
+    placeholder, ...), never a password; the address is the only power parameter."""
+
+    vm: str
+    namespace: str
+    hostname: str | None
+    system_id: str
+    status: str | None
+    pool: str | None
+    power: str | None
+    password: str
+    address: str
+    suspect: bool
+    waiting: str | None       # why its commission waits, None when it does not
+
+
+@dataclass
+class Report:
+    """Everything status prints, as data: the table and --json are two renderings of it."""
+
+    domain: str
+    rows: list[Row] = field(default_factory=list)
+    duplicates: list[dict] = field(default_factory=list)
+    pool_refused: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    lease: dict | None = None
+
+    @property
+    def suspects(self) -> int:
+        return sum(row.suspect for row in self.rows)
 
 
 def main(values: dict, args: Any) -> int:
-    """``status``: one row per matching machine; 1 when MAAS cannot be read, 2 when the key is refused."""
+    """``status [--json]``: one row per matching machine; 1 when MAAS cannot be read, 2 when the key is refused."""
     settings = Settings.from_values(values)
     passwords = Passwords(seed.load(values))
     client = client_from_values(values, warn)
@@ -43,47 +81,108 @@ def main(values: dict, args: Any) -> int:
             return EXIT_FAILED
     finally:
         client.close()
-    waiting = reconciler.backoff.pending()
-    rows = []
-    for m in matches:
-        system_id = m.machine["system_id"]
-        address = power[system_id].address or ""
-        rows.append((
-            m.vm, m.namespace, m.machine.get("hostname"), system_id, m.machine.get("status_name"),
-            pool_of(m.machine)[0], m.machine.get("power_state"), power[system_id].password,
-            ascii(address)[1:-1] + ("" if m.canonical else SUSPECT_MARK),
-            waiting[system_id].why() if system_id in waiting else "-",
-        ))
-    if rows:
-        print(table(("VM", "NAMESPACE", "HOSTNAME", "SYSTEM_ID", "STATUS", "POOL", "POWER", "PASSWORD",
-                     "ADDRESS", "WAITING"), rows), flush=True)
-    suspects = sum(not m.canonical for m in matches)
-    print(f"{len(rows) - suspects} MAAS machine(s) with a Redfish power address under {settings.domain}"
-          + (f", and {suspects} suspect(s) that only imitate one" if suspects else ""), flush=True)
-    if not audit_log and any(m.machine.get("status_name") == "New" for m in matches):
-        print("commission backoffs are shown from maas.audit_log, which is not set", flush=True)
-    for (vm, namespace), group in sorted(claims(matches)[1].items()):
-        print(escape_controls(f"duplicate claim: {duplicate_note(vm, namespace, group)}"), flush=True)
-    for action in plan(machines, power, pools, settings):
-        if action.kind == SKIP and POOL_REFUSED in action.note:
-            print(escape_controls(f"{action.system_id} {action.hostname}: {action.note}"), flush=True)
-    if lease.configured(values):
-        print(escape_controls(lease_line(values)), flush=True)
+    report = build_report(values, settings, reconciler, machines, power, matches, pools)
+    print(render_json(report) if getattr(args, "json", False) else render_table(report), flush=True)
     return EXIT_OK
 
 
-def lease_line(values: dict) -> str:
-    """``lease NS/NAME: held by HOST_PID since T, renewed T2 (N s ago)``, or why it cannot be read."""
+def build_report(values: dict, settings: Settings, reconciler: Reconciler, machines: list, power: dict,
+                 matches: list, pools: list) -> Report:
+    """The rows, duplicate claims, refused pools and lease of one observation."""
+    waiting = reconciler.backoff.pending()
+    report = Report(domain=settings.domain)
+    for m in matches:
+        system_id = m.machine["system_id"]
+        report.rows.append(Row(
+            vm=m.vm, namespace=m.namespace, hostname=m.machine.get("hostname"), system_id=system_id,
+            status=m.machine.get("status_name"), pool=pool_of(m.machine)[0], power=m.machine.get("power_state"),
+            password=power[system_id].password, address=power[system_id].address or "", suspect=not m.canonical,
+            waiting=waiting[system_id].why() if system_id in waiting else None,
+        ))
+    if not values["maas"].get("audit_log", "") and any(row.status == "New" for row in report.rows):
+        report.notes.append(NO_AUDIT_LOG)
+    for (vm, namespace), group in sorted(claims(matches)[1].items()):
+        report.duplicates.append({
+            "vm": vm, "namespace": namespace, "note": duplicate_note(vm, namespace, group),
+            "machines": [{"system_id": g.machine.get("system_id"), "hostname": g.machine.get("hostname")}
+                         for g in group],
+        })
+    for action in plan(machines, power, pools, settings):
+        if action.kind == SKIP and POOL_REFUSED in action.note:
+            report.pool_refused.append({"system_id": action.system_id, "hostname": action.hostname,
+                                        "pool": action.after, "note": action.note})
+    if lease.configured(values):
+        report.lease = lease_state(values)
+    return report
+
+
+def table_rows(report: Report) -> list[tuple]:
+    """The table's cells of each row: the address as ascii() shows it (non-ASCII escaped), a
+    suspect marked after it, ``-`` when not waiting."""
+    return [
+        (row.vm, row.namespace, row.hostname, row.system_id, row.status, row.pool, row.power, row.password,
+         ascii(row.address)[1:-1] + (SUSPECT_MARK if row.suspect else ""), row.waiting or "-")
+        for row in report.rows
+    ]
+
+
+def summary_line(report: Report) -> str:
+    suspects = report.suspects
+    return (f"{len(report.rows) - suspects} MAAS machine(s) with a Redfish power address under {report.domain}"
+            + (f", and {suspects} suspect(s) that only imitate one" if suspects else ""))
+
+
+def render_table(report: Report) -> str:
+    lines = [table(HEADERS, table_rows(report))] if report.rows else []
+    lines.append(summary_line(report))
+    lines += report.notes
+    lines += [escape_controls(f"duplicate claim: {d['note']}") for d in report.duplicates]
+    lines += [escape_controls(f"{p['system_id']} {p['hostname']}: {p['note']}") for p in report.pool_refused]
+    if report.lease is not None:
+        lines.append(escape_controls(report.lease["line"]))
+    return "\n".join(lines)
+
+
+def render_json(report: Report) -> str:
+    """One JSON document for scripts; json.dumps escapes every control character MAAS may send."""
+    suspects = report.suspects
+    return json.dumps({
+        "domain": report.domain,
+        "rows": [asdict(row) for row in report.rows],
+        "duplicates": report.duplicates,
+        "pool_refused": report.pool_refused,
+        "notes": report.notes,
+        "lease": report.lease,
+        "summary": {
+            "machines": len(report.rows) - suspects, "suspects": suspects,
+            "waiting": sum(row.waiting is not None for row in report.rows),
+            "duplicates": len(report.duplicates), "pool_refused": len(report.pool_refused),
+        },
+    }, indent=2)
+
+
+def lease_state(values: dict) -> dict:
+    """The site's Lease: namespace, name, holder, acquired, renewed, whether the holder is this
+    host, the error when it cannot be read, and ``line``, the sentence the table prints."""
     from maas_kubevirt.kube import KubeError
 
-    where = f"lease {lease.namespace_of(values)}/{values['reconciler']['lease']['name']}"
+    namespace, name = lease.namespace_of(values), values["reconciler"]["lease"]["name"]
+    state: dict[str, Any] = {"namespace": namespace, "name": name, "exists": None, "holder": None,
+                             "acquired": None, "renewed": None, "this_host": None, "error": None}
+    where = f"lease {namespace}/{name}"
     try:
         record = lease.read_record(values)
     except (lease.LeaseConfigError, KubeError) as failure:
-        return f"{where}: cannot be read: {failure}"
+        state["error"] = str(failure)
+        state["line"] = f"{where}: cannot be read: {failure}"
+        return state
+    state["exists"] = record is not None
     line = f"{where}: {lease.describe(record, values['reconciler']['lease']['duration'])}"
+    if record is not None:
+        state.update(holder=record.holder or None, acquired=record.acquired, renewed=record.renewed)
     if record is not None and record.holder:
         # holderIdentity is <hostname>_<pid> (lease.holder_identity).
-        here = record.holder.rpartition("_")[0] == socket.gethostname()
+        state["this_host"] = here = record.holder.rpartition("_")[0] == socket.gethostname()
         line += " (this host)" if here else " (another host: a reconciler running here stands by)"
-    return line
+    state["line"] = line
+    return state
