@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from maas_kubevirt import identity
 from maas_kubevirt.audit import Audit
@@ -168,7 +168,11 @@ def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
                 audit.record(action, result, reason, retry_at=_wall(wait.until), failures=wait.failures)
                 return
         if action.kind in (SET_PASSWORD, RESET_PASSWORD):  # restored after a restart (Reconciler.restore)
-            audit.record(action, result, reason, identity=f"{action.vm}.{action.namespace}")
+            extra: dict[str, Any] = {}
+            if action.kind == RESET_PASSWORD and action.leak:   # the generation that may have leaked
+                extra = {"leak": True, "generation": passwords.generation(action.vm, action.namespace)
+                         if passwords is not None else 0}
+            audit.record(action, result, reason, identity=f"{action.vm}.{action.namespace}", **extra)
             return
         audit.record(action, result, reason)
 

@@ -35,6 +35,31 @@ def filed_as(machine: Mapping[str, Any]) -> tuple[str, str] | None:
     return (vm, namespace) if identity.maas_hostname(vm, namespace) == hostname else None
 
 
+# How long a new credential generation waits before its password goes to MAAS: Kyverno's
+# rotation rule and the generate rule behind it re-derive <vm>-bmc within seconds on the
+# control-plane tier (tests/test_rotation_tier.py); MAAS holding a password the BMC does not
+# take yet would fail its power actions on the VM meanwhile.
+ROTATION_SETTLE = 30.0
+ROTATE = "rotate"
+
+
+class GenerationsUnreadable(Exception):
+    """The rotations ConfigMap could not be read: the cycle writes nothing."""
+
+
+@dataclass(frozen=True)
+class Exposure:
+    """A VM's derived password found beside an address that is not its BMC, and taken back: it may
+    have leaked, so the VM's credentials need a generation past ``generation``."""
+
+    system_id: str
+    generation: int
+
+
+def rotate_command(vm: str, namespace: str) -> str:
+    return f"maas-kubevirt --values VALUES rotate {vm}.{namespace}"
+
+
 def _as_audited(value: Any) -> Any:
     """A MAAS-supplied string as an audit record keeps it."""
     return cap(value, NAME_LIMIT) if isinstance(value, str) else value
@@ -92,6 +117,16 @@ class Reconciler:
         self.credited: dict[str, tuple[str, str]] = {}
         # Asked before every write (None: always): a lease holder that could not renew says no.
         self.may_write: Callable[[], bool] | None = None
+        # The cluster side of rotation, with read() -> {(vm, namespace): generation} and
+        # bump(vm, namespace) -> the new generation (rotations.py); None: no cluster access.
+        self.rotator: Any = None
+        # (vm, namespace) -> its password's exposure, until a rotation moves past it.
+        self.exposures: dict[tuple[str, str], Exposure] = {}
+        # (vm, namespace) -> the wall time its rotated password may go to MAAS.
+        self.settling: dict[tuple[str, str], float] = {}
+        self.wall = wall
+        self._told_rotation: set[tuple[tuple[str, str], int]] = set()
+        self._generations_read = False
 
     def restore(self, records: Iterable[Mapping[str, Any]]) -> None:
         """Take back, from earlier audit records (oldest first), what a restart would forget: the
@@ -100,6 +135,8 @@ class Reconciler:
         self.backoff.restore(records)
         for record in records:
             system_id, action = record.get("system_id"), record.get("action")
+            if action == ROTATE and record.get("outcome") == "ok":   # `rotate` by hand names no machine
+                self._rotated(record.get("identity"), record.get("after"))
             if not isinstance(system_id, str):
                 continue
             if action == SUSPECT:
@@ -108,6 +145,31 @@ class Reconciler:
                 self._credit(system_id, record.get("identity"))
             elif action == RESET_PASSWORD and record.get("outcome") == "ok":
                 self.credited.pop(system_id, None)
+                if record.get("leak") is True:
+                    self._expose(system_id, record.get("identity"), record.get("generation"))
+
+    def _expose(self, system_id: str, serial: Any, generation: Any) -> None:
+        try:
+            who = identity.parse_serial(serial)
+            generation = identity.parse_generation(str(generation))
+        except identity.IdentityError:
+            return
+        self.exposures[who] = Exposure(system_id, generation)
+
+    def _rotated(self, serial: Any, generation: Any) -> None:
+        """An audit record of a rotation (the reconciler's or ``rotate``'s) to ``generation``."""
+        try:
+            who = identity.parse_serial(serial)
+            generation = identity.parse_generation(str(generation))
+        except identity.IdentityError:
+            return
+        exposure = self.exposures.get(who)
+        if exposure is not None and generation > exposure.generation:
+            del self.exposures[who]
+
+    def needing_rotation(self) -> dict[tuple[str, str], Exposure]:
+        """The identities whose password may have leaked and has not been rotated since."""
+        return {who: e for who, e in self.exposures.items() if self.passwords.generation(*who) <= e.generation}
 
     def _credit(self, system_id: Any, serial: Any) -> None:
         """Remember an identity read back from an audit record, when both parts are well formed."""
@@ -327,9 +389,12 @@ class Reconciler:
         for machine in machines:
             if not is_new(machine):
                 self.backoff.clear(machine["system_id"])
-        actions = plan(machines, power, pools, self.settings, taken, self.backoff.waiting())
-        # Read again next cycle, even when the re-read below makes the plan leave them alone.
-        self.pending = {a.system_id for a in actions if a.changes and a.system_id}
+        settling = self.settling_notes()
+        actions = plan(machines, power, pools, self.settings, taken, self.backoff.waiting(), settling)
+        # Read again next cycle, even when the re-read below makes the plan leave them alone; and
+        # while a rotated password waits, as its wait ending is no event either.
+        self.pending = {a.system_id for a in actions if a.system_id and (
+            a.changes or (a.kind == SKIP and (a.vm, a.namespace) in settling))}
         return self.refresh(machines, power, pools, taken, actions)
 
     def refresh(self, machines: Sequence[Mapping[str, Any]], power: Mapping[str, Power],
@@ -361,8 +426,67 @@ class Reconciler:
                 self.known[system_id] = (statuses.get(system_id), now)
         if not moved and all(updated[sid] == power.get(sid) for sid in planned):
             return actions
-        again = plan(machines, updated, pools, self.settings, taken, self.backoff.waiting())
+        again = plan(machines, updated, pools, self.settings, taken, self.backoff.waiting(), self.settling_notes())
         return [a for a in again if not a.changes or a.system_id is None or a.system_id in planned] + moved
+
+    def settling_notes(self) -> dict[tuple[str, str], str]:
+        now = self.wall()
+        self.settling = {who: until for who, until in self.settling.items() if until > now}
+        return {who: (f"password: generation {self.passwords.generation(*who)} goes to MAAS in "
+                      f"{until - now:.0f} s, once Kyverno has re-derived {who[0]}-bmc")
+                for who, until in self.settling.items()}
+
+    def read_generations(self) -> None:
+        """Every VM's credential generation, from the cluster, before any password is judged."""
+        if self.rotator is None:
+            return
+        try:
+            generations = {who: g for who, g in self.rotator.read().items() if g}
+        except Exception as failure:  # noqa: BLE001 - any failure: no password may be derived
+            raise GenerationsUnreadable(f"cannot read the credential generations from the cluster, so no "
+                                        f"password can be derived: {failure}") from None
+        if generations != self.passwords.generations:
+            changed = {who for who in set(generations) | set(self.passwords.generations)
+                       if generations.get(who, 0) != self.passwords.generation(*who)}
+            if self._generations_read:   # not at start: a rotation (`rotate`) since the last cycle
+                until = self.wall() + ROTATION_SETTLE
+                self.settling.update((who, until) for who in changed if who not in self.settling)
+            self.passwords.generations = dict(generations)
+            # What was judged under other generations must be judged again.
+            self.known.clear()
+            if self.log is not None:
+                self.log.request_resync("the credential generations changed")
+        self._generations_read = True
+
+    def rotate_exposed(self) -> None:
+        """Give each VM whose password may have leaked a new credential generation (with cluster
+        access), or say once which command does it (without)."""
+        for who, exposure in sorted(self.needing_rotation().items()):
+            vm, namespace = who
+            generation = self.passwords.generation(vm, namespace)
+            if self.rotator is None:
+                if (who, generation) not in self._told_rotation:
+                    self._told_rotation.add((who, generation))
+                    warn(f"{vm}.{namespace}: its password may have leaked (it sat beside another "
+                         f"address on {exposure.system_id}); rotate it: {rotate_command(vm, namespace)} "
+                         "(needs reconciler.lease, whose cluster access the reconciler reads "
+                         "generations with)")
+                continue
+            if self.stop.is_set() or (self.may_write is not None and not self.may_write()):
+                return
+            serial = f"{vm}.{namespace}"
+            try:
+                after = self.rotator.bump(vm, namespace)
+            except Exception as failure:  # noqa: BLE001 - one VM's failure stops no other
+                self.audit.write(ROTATE, exposure.system_id, None, str(generation), None, "failed",
+                                 f"{failure}", identity=serial)
+                continue
+            self.audit.write(ROTATE, exposure.system_id, None, str(generation), str(after), "ok",
+                             note=f"its password may have leaked; Kyverno re-derives {vm}-bmc",
+                             identity=serial)
+            self.passwords.generations[who] = after
+            self.settling[who] = self.wall() + ROTATION_SETTLE
+            self._rotated(serial, after)
 
     def report_duplicates(self, actions: Sequence[Action]) -> None:
         """One audit record and one warning per duplicate claim and per suspect address, again
@@ -394,6 +518,7 @@ class Reconciler:
         result = Cycle()
         try:
             self.check_version()
+            self.read_generations()
             result.actions = self.make_plan()
         except (MAASAuthError, MAASVersionError):
             raise
@@ -401,6 +526,10 @@ class Reconciler:
             result.error = str(failure)
             if failure.kind != "interrupted":
                 error(f"cycle failed: {failure}")
+            return result
+        except GenerationsUnreadable as failure:
+            result.error = str(failure)
+            error(f"cycle failed: {failure}")
             return result
         if dry_run:
             return result
@@ -422,4 +551,8 @@ class Reconciler:
                 if action.system_id in self.known:
                     status, power = self.known[action.system_id]
                     self.known[action.system_id] = (status, Power(power.address, PLACEHOLDER, user=power.user))
+                if action.leak:
+                    self.exposures[(action.vm, action.namespace)] = Exposure(
+                        action.system_id, self.passwords.generation(action.vm, action.namespace))
+        self.rotate_exposed()
         return result
