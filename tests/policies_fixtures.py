@@ -29,6 +29,8 @@ SUITES_DIR = ROOT / "tests" / "kyverno"
 REFERENCE_DIR = ROOT / "kyverno"
 # Not a secret: the stand-in for the seed Secret in the offline suites.
 TEST_SEED = "kyverno-test-seed-not-a-real-secret"
+# The rotations ConfigMap's data in the bmc suite.
+BMC_ROTATIONS = {"web1.tenant-b": "3", "db.primary.tenant-a": "2"}
 DOMAIN = "bmc.example.com"
 OPT_IN = {"maas.io/kubevirt-bmc": "enabled", "mutatevirtualmachines.kubemacpool.io": "allocate"}
 OPTED_IN = ["tenant-a", "tenant-b"]
@@ -119,13 +121,16 @@ def _generated_metadata(name: str, namespace: str, object_name: str) -> dict:
             "ownerReferences": owner(name, namespace)}
 
 
-def expected_secret(name: str, namespace: str, seed: str = TEST_SEED) -> dict:
+def expected_secret(name: str, namespace: str, seed: str = TEST_SEED, generation: int = 0) -> dict:
     serial = identity.format_serial(name, namespace)
-    username, password = identity.bmc_user(seed, serial), identity.bmc_password(seed, serial)
+    username = identity.bmc_user(seed, serial, generation)
+    password = identity.bmc_password(seed, serial, generation)
+    metadata = _generated_metadata(name, namespace, f"{name}-bmc")
+    metadata["annotations"] = {policies.GENERATION_ANNOTATION: str(generation)}
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": _generated_metadata(name, namespace, f"{name}-bmc"),
+        "metadata": metadata,
         "type": "Opaque",
         "data": {
             "username": base64.b64encode(username.encode()).decode(),
@@ -305,6 +310,42 @@ def claim_outcomes(obj: dict, opted_in: bool) -> dict[str, str]:
         "serial-only-when-opted-in": "skip" if opted_in else ("fail" if claims_serial(serial) else "pass"),
         "uuid-is-its-own": "fail" if foreign_uuid else "pass",
     }
+
+
+def annotated(resource: dict, generation: str) -> dict:
+    """A VM carrying the credential-generation annotation (the rotations policy's trigger)."""
+    out = copy.deepcopy(resource)
+    out["metadata"].setdefault("annotations", {})[policies.GENERATION_ANNOTATION] = generation
+    return out
+
+
+def rotations_configmap(namespace_: str, data: dict | None, binary: dict | None = None) -> dict:
+    """The rotations ConfigMap with data (None: none at all, as the bundle renders it)."""
+    cm = {"apiVersion": "v1", "kind": "ConfigMap",
+          "metadata": {"name": identity.ROTATIONS_CONFIGMAP, "namespace": namespace_}}
+    if data is not None:
+        cm["data"] = data
+    if binary is not None:
+        cm["binaryData"] = binary
+    return cm
+
+
+# The rotations suite's ConfigMap data.
+ROTATION_CASE = {"web1.tenant-a": "2", "web2.tenant-a": "1", "web1.tenant-b": "5", "db.primary.tenant-a": "3"}
+# ConfigMaps the validate rule admits or refuses: (suite, data, outcome). identity.parse_serial
+# and parse_generation decide each (test_policies_kyverno.py checks the outcomes against them).
+ROTATION_VALIDATION_CASES = [
+    ("empty", None, "pass"),
+    ("largest", {"web1.tenant-a": str(999_999_999), "db.primary.tenant-b": "0"}, "pass"),
+    ("key-no-dot", {"web1": "1"}, "fail"),
+    ("key-upper", {"Web1.tenant-a": "1"}, "fail"),
+    ("key-long-label", {"web1." + "n" * 64: "1"}, "fail"),
+    ("leading-zero", {"web1.tenant-a": "01"}, "fail"),
+    ("blank", {"web1.tenant-a": " 1"}, "fail"),
+    ("too-large", {"web1.tenant-a": "1000000000"}, "fail"),
+    ("negative", {"web1.tenant-a": "-1"}, "fail"),
+    ("empty-value", {"web1.tenant-a": ""}, "fail"),
+]
 
 
 def _dump(documents: list[dict]) -> str:
@@ -497,10 +538,14 @@ def suites(values: dict) -> dict[str, str]:
     pol = names["bmc"]
     vms = [vm("web1", "tenant-a"), vm("web1", "tenant-b"), vm("web1", PLAIN), vm("db.primary", "tenant-a")]
     files["bmc/resources.yaml"] = _dump(vms)
-    files["bmc/values.yaml"] = _dump([_values_file([(pol, "bmc-secret", {"seed": TEST_SEED})])])
+    # The rotations ConfigMap's data as the bmc-secret rule's `rotations` context holds it: web1 in
+    # tenant-b rotated (generation 3), web1 in tenant-a absent (generation 0: today's derivation).
+    files["bmc/values.yaml"] = _dump([_values_file([(pol, "bmc-secret", {"seed": TEST_SEED,
+                                                                          "rotations": BMC_ROTATIONS})])])
     results = []
     for ns in OPTED_IN:
-        files[f"bmc/generated-secret-{ns}.yaml"] = _dump([expected_secret("web1", ns)])
+        generation = identity.parse_generation(BMC_ROTATIONS.get(f"web1.{ns}", "0"))
+        files[f"bmc/generated-secret-{ns}.yaml"] = _dump([expected_secret("web1", ns, generation=generation)])
         files[f"bmc/generated-vmbmc-{ns}.yaml"] = _dump([expected_vmbmc("web1", ns)])
         files[f"bmc/generated-ingress-{ns}.yaml"] = _dump([expected_ingress("web1", ns, values)])
         for rule, kind in (("bmc-secret", "secret"), ("virtual-machine-bmc", "vmbmc"), ("bmc-ingress", "ingress")):
@@ -530,6 +575,40 @@ def suites(values: dict) -> dict[str, str]:
             by_outcome.setdefault(outcome, []).append(f"{ing['metadata']['namespace']}/{ing['metadata']['name']}")
         results += [_result(pol, rule, refs, outcome, kind="Ingress") for outcome, refs in sorted(by_outcome.items())]
     files["bmc-isolation/kyverno-test.yaml"] = _dump([_test("bmc-isolation", "policy-bmc-isolation.yaml", results)])
+
+    # rotations: a change of the ConfigMap annotates exactly the VMs whose generation it changes
+    # (a tenant's own edit of the annotation is put back to the ConfigMap's value); and the
+    # ConfigMap admits only serials and canonical generations (each refusal its own suite: the
+    # rule matches one name in one namespace, so one ConfigMap per suite).
+    pol = names["rotations"]
+    system = values["kubernetes"]["system_namespace"]
+    targets = [
+        annotated(vm("web1", "tenant-a"), "1"),       # bumped 1 -> 2
+        vm("web2", "tenant-a"),                        # bumped 0 -> 1, first annotation
+        vm("web3", "tenant-a"),                        # no key, no annotation: untouched
+        annotated(vm("web1", "tenant-b"), "5"),       # already at its generation: untouched
+        annotated(vm("web4", "tenant-a"), "7"),       # a tenant's own edit, no key: back to 0
+        vm("web1", PLAIN),                             # not opted in, no key: untouched
+    ]
+    patched = {"tenant-a/web1": "2", "tenant-a/web2": "1", "tenant-a/web4": "0"}
+    files["rotations/resources.yaml"] = _dump([rotations_configmap(system, ROTATION_CASE)])
+    files["rotations/targets.yaml"] = _dump(targets)
+    files["rotations/patched.yaml"] = _dump([
+        annotated(t, patched[f"{t['metadata']['namespace']}/{t['metadata']['name']}"]) for t in targets
+        if f"{t['metadata']['namespace']}/{t['metadata']['name']}" in patched])
+    files["rotations/kyverno-test.yaml"] = _dump([_test(
+        "credential-rotations", "policy-credential-rotations.yaml",
+        [_result(pol, "annotate-rotated-vms", sorted(patched), "pass", patchedResources="patched.yaml"),
+         _result(pol, "generations-are-canonical", [f"{system}/{identity.ROTATIONS_CONFIGMAP}"], "pass",
+                 kind="ConfigMap")],
+        variables=False, targetResources=["targets.yaml"],
+    )])
+    for case, data, outcome in ROTATION_VALIDATION_CASES:
+        files[f"rotations-{case}/resources.yaml"] = _dump([rotations_configmap(system, data)])
+        files[f"rotations-{case}/kyverno-test.yaml"] = _dump([_test(
+            f"credential-rotations-{case}", "policy-credential-rotations.yaml",
+            [_result(pol, "generations-are-canonical", [f"{system}/{identity.ROTATIONS_CONFIGMAP}"], outcome,
+                     kind="ConfigMap")], variables=False)])
     return files
 
 

@@ -163,7 +163,8 @@ def test_rbac_aggregates_exactly_the_needed_verbs(defaults):
     plural = {"VirtualMachine": "virtualmachines", "VirtualMachineInstance": "virtualmachineinstances",
               "VirtualMachineInstanceReplicaSet": "virtualmachineinstancereplicasets",
               "VirtualMachinePool": "virtualmachinepools", "Ingress": "ingresses"}
-    assert kinds == set(plural) | {"Namespace"}  # Namespaces: Kyverno's own core roles
+    # Namespaces and ConfigMaps (the rotations one): Kyverno's own core roles read them everywhere.
+    assert kinds == set(plural) | {"Namespace", "ConfigMap"}
     assert {p for _, p, _ in reports} == set(plural.values())
     for role in roles.values():
         assert role["metadata"]["labels"][aggregate_label(role)] == "true"
@@ -186,6 +187,11 @@ def test_policies_match_opted_in_namespaces_and_claims_match_every_namespace(def
                 assert excluded == ([selector_yes] if rule["name"].endswith("-only-when-opted-in") else [])
             elif rule["name"] in ("stamp-identity-on-opt-in", "bmc-network-policy"):
                 assert resources == {"kinds": ["Namespace"], "selector": selector_yes}
+            elif pol["metadata"]["name"] == policies.POLICY_NAMES["rotations"]:
+                # The one rotations ConfigMap, wherever the VMs are.
+                assert resources["kinds"] == ["ConfigMap"] and "namespaceSelector" not in resources
+                assert resources["names"] == [identity.ROTATIONS_CONFIGMAP]
+                assert resources["namespaces"] == [defaults["kubernetes"]["system_namespace"]]
             elif rule["name"] in INGRESS_CLASS_RULES:
                 # Cluster-wide: a catch-all or an alias of the class serves every namespace's BMC hosts.
                 assert resources == {"kinds": ["networking.k8s.io/v1/Ingress"]}
@@ -218,8 +224,22 @@ def test_generate_rules_synchronise_existing_vms_and_never_use_random(defaults):
             "name": "{{ request.object.metadata.name }}", "uid": "{{ request.object.metadata.uid }}"}]
     assert "generateExisting" not in policy(manifests, policies.POLICY_NAMES["bmc"])["spec"]
     assert all("random(" not in text for text in manifests.values())
-    (context,) = bmc["bmc-secret"]["context"]
-    assert context["apiCall"]["urlPath"] == "/api/v1/namespaces/maas-kubevirt/secrets/maas-kubevirt-seed"
+    seed, rotations, generation = bmc["bmc-secret"]["context"]
+    assert seed["apiCall"]["urlPath"] == "/api/v1/namespaces/maas-kubevirt/secrets/maas-kubevirt-seed"
+    # A live GET without a default: a missing ConfigMap fails the rule, it never means generation 0.
+    assert rotations == {"name": "rotations", "apiCall": {
+        "urlPath": "/api/v1/namespaces/maas-kubevirt/configmaps/maas-kubevirt-rotations", "jmesPath": "data || `{}`"}}
+    assert generation == {"name": "generation", "variable": {"jmesPath": policies.GENERATION_JMESPATH}}
+    rotation_rules = rules(policy(manifests, policies.POLICY_NAMES["rotations"]))
+    assert list(rotation_rules) == ["generations-are-canonical", "annotate-rotated-vms"]
+    assert rotation_rules["generations-are-canonical"]["validate"]["failureAction"] == "Enforce"
+    assert rotation_rules["generations-are-canonical"]["validate"]["allowExistingViolations"] is False
+    trigger = rotation_rules["annotate-rotated-vms"]["mutate"]
+    assert trigger["mutateExistingOnPolicyUpdate"] is True
+    (target,) = trigger["targets"]
+    assert target["kind"] == "VirtualMachine" and "namespace" not in target and "name" not in target
+    assert trigger["patchStrategicMerge"] == {"metadata": {"annotations": {
+        policies.GENERATION_ANNOTATION: "{{ targetGeneration }}"}}}
     identity_rules = rules(policy(manifests, policies.POLICY_NAMES["identity"]))
     assert list(identity_rules) == ["stamp-identity", "stamp-identity-on-opt-in"]
     opt_in = identity_rules["stamp-identity-on-opt-in"]["mutate"]
@@ -325,7 +345,7 @@ def test_library_annotations_on_every_policy(defaults):
         assert annotations["policies.kyverno.io/severity"] in ("low", "medium", "high")
         assert set(annotations["policies.kyverno.io/subject"].split(", ")) <= {
             "VirtualMachine", "VirtualMachineInstance", "VirtualMachineInstanceReplicaSet", "VirtualMachinePool",
-            "Ingress", "Namespace", "NetworkPolicy"}
+            "Ingress", "Namespace", "NetworkPolicy", "ConfigMap"}
         assert annotations["kyverno.io/kyverno-version"] == policies.KYVERNO_MIN_VERSION
 
 
@@ -648,12 +668,14 @@ def test_a_new_seed_updates_the_bmc_policy_in_place(defaults):
     assert policies.policies_to_recreate(before, after) == []
     old, new = (rules(p[policies.POLICY_NAMES["bmc"]])["bmc-secret"]["generate"]["data"]["metadata"]["annotations"]
                 for p in (before, after))
-    assert old == {policies.SEED_VERSION_ANNOTATION: policies.seed_version(SEED)}
-    assert new == {policies.SEED_VERSION_ANNOTATION: policies.seed_version(other)}
+    generation = {policies.GENERATION_ANNOTATION: "{{ generation }}"}
+    assert old == {policies.SEED_VERSION_ANNOTATION: policies.seed_version(SEED), **generation}
+    assert new == {policies.SEED_VERSION_ANNOTATION: policies.seed_version(other), **generation}
     assert old != new
-    # Only the Secret carries it; the reference tree (no seed) has none.
+    # Only the Secret carries it; the reference tree (no seed) has the generation alone.
     reference = _policies_of(policies.render_kubernetes(defaults, None))
-    assert "annotations" not in rules(reference[policies.POLICY_NAMES["bmc"]])["bmc-secret"]["generate"]["data"]["metadata"]
+    assert rules(reference[policies.POLICY_NAMES["bmc"]])["bmc-secret"]["generate"]["data"]["metadata"][
+        "annotations"] == generation
 
 
 @given(st.text(min_size=1, max_size=64), st.text(min_size=1, max_size=64))
@@ -667,7 +689,7 @@ def test_seed_versions_differ_per_seed_and_never_show_it(a, b):
 
 # --- the reconciler's own RBAC (issue 23) -------------------------------------------------------
 
-def test_the_reconciler_may_get_create_and_update_its_lease_and_nothing_else(defaults):
+def test_the_reconciler_may_get_create_and_update_its_lease_and_the_rotations_and_nothing_else(defaults):
     manifests = policies.render_kubernetes(defaults, SEED)
     objects = policies.parse(manifests[policies.RECONCILER_RBAC_FILE])
     assert [(o["kind"], o["metadata"]["name"], o["metadata"]["namespace"]) for o in objects] == [
@@ -677,6 +699,9 @@ def test_the_reconciler_may_get_create_and_update_its_lease_and_nothing_else(def
     assert role["rules"] == [
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["maas-kubevirt-reconciler"],
+         "verbs": ["get", "update"]},
+        # Issue 25 item 2: that one ConfigMap, get and update; no list or watch, no Secret.
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["maas-kubevirt-rotations"],
          "verbs": ["get", "update"]},
     ]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
@@ -696,7 +721,85 @@ def test_the_reconciler_may_get_create_and_update_its_lease_and_nothing_else(def
 def test_the_reconcilers_rbac_follows_the_lease_values(defaults):
     values = values_with(defaults, reconciler__lease={**defaults["reconciler"]["lease"], "name": "site-7",
                                                       "namespace": "leases"})
-    account, role, binding = policies.parse(policies.render_kubernetes(values, SEED)[policies.RECONCILER_RBAC_FILE])
+    account, role, binding, rotations_role, rotations_binding = policies.parse(
+        policies.render_kubernetes(values, SEED)[policies.RECONCILER_RBAC_FILE])
     assert {o["metadata"]["namespace"] for o in (account, role, binding)} == {"leases"}
     assert role["rules"][1]["resourceNames"] == ["site-7"]
     assert binding["subjects"][0]["namespace"] == "leases"
+    # The rotations ConfigMap stays in the system namespace: the same one grant, there.
+    assert [r["resources"] for r in role["rules"]] == [["leases"], ["leases"]]
+    assert (rotations_role["kind"], rotations_binding["kind"]) == ("Role", "RoleBinding")
+    assert {o["metadata"]["namespace"] for o in (rotations_role, rotations_binding)} == {"maas-kubevirt"}
+    assert rotations_role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"],
+                                        "resourceNames": ["maas-kubevirt-rotations"], "verbs": ["get", "update"]}]
+    assert rotations_binding["roleRef"]["name"] == rotations_role["metadata"]["name"]
+    assert rotations_binding["subjects"] == [{"kind": "ServiceAccount", "name": "maas-kubevirt-reconciler",
+                                              "namespace": "leases"}]
+
+
+# --- credential generations (issue 25 item 2) ----------------------------------------------------
+
+def test_the_rotations_configmap_is_rendered_without_data(defaults):
+    """`kubectl apply -k` must never reset the generations the reconciler wrote: the rendered
+    ConfigMap has no data (nor binaryData) for apply's three-way merge to reconcile."""
+    manifests = policies.render_kubernetes(defaults, SEED)
+    (configmap,) = policies.parse(manifests[policies.ROTATIONS_FILE])
+    assert configmap["kind"] == "ConfigMap" and set(configmap) == {"apiVersion", "kind", "metadata"}
+    assert configmap["metadata"]["name"] == identity.ROTATIONS_CONFIGMAP
+    assert configmap["metadata"]["namespace"] == defaults["kubernetes"]["system_namespace"]
+    assert policies.ROTATIONS_FILE in yaml.safe_load(manifests["kustomization.yaml"])["resources"]
+
+
+def _parses_as_serial(key: str) -> bool:
+    try:
+        identity.parse_serial(key)
+        return True
+    except identity.IdentityError:
+        return False
+
+
+def _parses_as_generation(value: str) -> bool:
+    try:
+        identity.parse_generation(value)
+        return True
+    except identity.IdentityError:
+        return False
+
+
+_key_text = st.one_of(
+    st.text(alphabet="abz09-.A _", max_size=20),
+    st.builds(lambda vm, ns: f"{vm}.{ns}", st.from_regex(r"[a-z0-9]([-a-z0-9.]{0,70}[a-z0-9])?", fullmatch=True),
+              st.from_regex(r"[a-z0-9-]{1,66}", fullmatch=True)),
+)
+
+
+@settings(derandomize=True, max_examples=400)
+@given(key=_key_text, value=st.one_of(st.text(alphabet="0123456789 -+x", max_size=11), st.integers(0, 2 * 10**9).map(str)))
+def test_the_configmap_admits_what_the_reconciler_parses(key, value):
+    """SERIAL_KEY_REGEX and GENERATION_REGEX (RE2, in the validate rule) accept exactly what
+    identity.parse_serial and parse_generation accept (ConfigMap keys are at most 253 characters)."""
+    import re
+
+    if len(key) <= 253:
+        assert bool(re.search(policies.SERIAL_KEY_REGEX, key)) == _parses_as_serial(key), key
+    assert bool(re.search(policies.GENERATION_REGEX, value)) == _parses_as_generation(value), value
+
+
+def test_the_upgrade_to_generations_prints_the_procedure(defaults):
+    """A BMC policy rendered before credential generations (no `rotations` context) cannot be
+    updated in place; render names it and says the upgrade changes no credential."""
+    import copy as copy_
+
+    after = _policies_of(policies.render_kubernetes(defaults, SEED))
+    before = copy_.deepcopy(after)
+    secret_rule = rules(before[policies.POLICY_NAMES["bmc"]])["bmc-secret"]
+    secret_rule["context"] = [c for c in secret_rule["context"] if c["name"] == "seed"]
+    del before[policies.POLICY_NAMES["rotations"]]
+    assert policies.before_rotations(before[policies.POLICY_NAMES["bmc"]])
+    assert not policies.before_rotations(after[policies.POLICY_NAMES["bmc"]])
+    names = policies.policies_to_recreate(before, after)
+    assert names == [policies.POLICY_NAMES["bmc"]]
+    text = policies.recreate_procedure(names, [], "out/kubernetes", before)
+    assert "upgrade to per-VM credential generations" in text and identity.ROTATIONS_CONFIGMAP in text
+    assert "kubectl delete clusterpolicy maas-kubevirt-vm-bmc\n  kubectl apply -k out/kubernetes" in text
+    assert "stay in place" in text

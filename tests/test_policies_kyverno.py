@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import hashlib
 import json
 import os
 import re
@@ -74,12 +75,19 @@ def test_web1_in_two_namespaces_gets_different_uuid_host_user_and_password():
     assert len(set(uuids.values())) == 2
     hosts = {load(f"bmc/generated-ingress-{ns}.yaml")["spec"]["rules"][0]["host"] for ns in fx.OPTED_IN}
     assert hosts == {"web1.tenant-a.bmc.example.com", "web1.tenant-b.bmc.example.com"}
+    generations = {ns: identity.parse_generation(fx.BMC_ROTATIONS.get(f"web1.{ns}", "0")) for ns in fx.OPTED_IN}
+    assert generations == {"tenant-a": 0, "tenant-b": 3}
     passwords = {base64.b64decode(load(f"bmc/generated-secret-{ns}.yaml")["data"]["password"]).decode() for ns in fx.OPTED_IN}
-    assert passwords == {identity.bmc_password(fx.TEST_SEED, f"web1.{ns}") for ns in fx.OPTED_IN}
+    assert passwords == {identity.bmc_password(fx.TEST_SEED, f"web1.{ns}", generations[ns]) for ns in fx.OPTED_IN}
     assert len(passwords) == 2
     users = {base64.b64decode(load(f"bmc/generated-secret-{ns}.yaml")["data"]["username"]).decode() for ns in fx.OPTED_IN}
-    assert users == {identity.bmc_user(fx.TEST_SEED, f"web1.{ns}") for ns in fx.OPTED_IN}
+    assert users == {identity.bmc_user(fx.TEST_SEED, f"web1.{ns}", generations[ns]) for ns in fx.OPTED_IN}
     assert len(users) == 2 and not users & passwords
+    # Generation 0 is the derivation every site had before rotation existed.
+    secret_a = load("bmc/generated-secret-tenant-a.yaml")
+    assert secret_a["metadata"]["annotations"] == {policies.GENERATION_ANNOTATION: "0"}
+    assert base64.b64decode(secret_a["data"]["password"]).decode() == hashlib.sha256(
+        f"{fx.TEST_SEED}:web1.tenant-a".encode()).hexdigest()[:32]
 
 
 def test_kyverno_test_suites_pass(kyverno):
@@ -129,13 +137,26 @@ _subdomain = st.lists(_label, min_size=1, max_size=3).map(".".join)
 _seed = st.text(alphabet=string.ascii_letters + string.digits + string.punctuation + " é€", min_size=16, max_size=48)
 
 
+# A VM's generation in the rotations ConfigMap: None (no key: 0), or a value, small or up to the
+# largest the ConfigMap admits ("0" explicitly too).
+_generation = st.one_of(st.none(), st.just(0), st.integers(1, 20), st.integers(0, identity.GENERATION_MAX))
+
+
+def _rotations(vms: list, generations: list) -> dict[str, str]:
+    """The ConfigMap data for the VMs whose generation is not None."""
+    return {f"{name}.{ns}": str(g) for (name, ns), g in zip(vms, generations) if g is not None}
+
+
 @settings(max_examples=25 if os.environ.get("HYPOTHESIS_PROFILE") == "ci" else 4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(
     vms=st.lists(st.tuples(st.one_of(_label, _subdomain), _label), min_size=1, max_size=12, unique=True),
-    seed=_seed,
+    seed=_seed, data=st.data(),
 )
-def test_engine_uuid_and_password_equal_the_identity_module(kyverno, tmp_path_factory, vms, seed):
-    """Random VMs through `kyverno test`: exact patched serial/UUID and generated Secret/VMBMC/Ingress."""
+def test_engine_uuid_and_password_equal_the_identity_module(kyverno, tmp_path_factory, vms, seed, data):
+    """Random VMs, seeds and generations through `kyverno test`: exact patched serial/UUID and
+    generated Secret (identity.bmc_user/bmc_password at the VM's generation)/VMBMC/Ingress."""
+    generations = data.draw(st.lists(_generation, min_size=len(vms), max_size=len(vms)))
+    rotations = _rotations(vms, generations)
     values = load_values(None)
     directory = tmp_path_factory.mktemp("engine")
     suite = directory / "suite"
@@ -144,11 +165,14 @@ def test_engine_uuid_and_password_equal_the_identity_module(kyverno, tmp_path_fa
     bmc_ok = [(name, ns) for name, ns in vms if re.fullmatch(policies.BMC_NAME_REGEX, name)]
     generated = []
     for name, ns in bmc_ok:
-        generated += [fx.expected_secret(name, ns, seed=seed), fx.expected_vmbmc(name, ns), fx.expected_ingress(name, ns, values)]
+        generation = int(rotations.get(f"{name}.{ns}", "0"))
+        generated += [fx.expected_secret(name, ns, seed=seed, generation=generation), fx.expected_vmbmc(name, ns),
+                      fx.expected_ingress(name, ns, values)]
     namespaces = sorted({ns for _, ns in vms})
     values_doc = {
         "apiVersion": "cli.kyverno.io/v1alpha1", "kind": "Values",
-        "policies": [{"name": policies.POLICY_NAMES["bmc"], "rules": [{"name": "bmc-secret", "values": {"seed": seed}}]}],
+        "policies": [{"name": policies.POLICY_NAMES["bmc"], "rules": [{"name": "bmc-secret", "values": {
+            "seed": seed, "rotations": rotations}}]}],
         "namespaceSelector": [{"name": ns, "labels": dict(fx.OPT_IN)} for ns in namespaces],
     }
     refs = [f"{ns}/{name}" for name, ns in vms]
@@ -174,18 +198,24 @@ def test_engine_uuid_and_password_equal_the_identity_module(kyverno, tmp_path_fa
 
 
 @settings(max_examples=25 if os.environ.get("HYPOTHESIS_PROFILE") == "ci" else 4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(vms=st.lists(st.tuples(_label, _label), min_size=1, max_size=12, unique=True), seed=_seed)
-def test_engine_user_equals_the_identity_module(kyverno, tmp_path_factory, vms, seed):
-    """Random VMs and seeds through `kyverno test`: the <vm>-bmc Secret's username is identity.bmc_user exactly.
+@given(vms=st.lists(st.tuples(_label, _label), min_size=1, max_size=12, unique=True), seed=_seed, data=st.data())
+def test_engine_user_equals_the_identity_module(kyverno, tmp_path_factory, vms, seed, data):
+    """Random VMs, seeds and generations through `kyverno test`: the <vm>-bmc Secret's username
+    and password are identity.bmc_user and bmc_password at the VM's generation, exactly.
 
     Every _label is a name kubevirtBMC serves, so every VM gets its Secret."""
+    generations = data.draw(st.lists(_generation, min_size=len(vms), max_size=len(vms)))
+    rotations = _rotations(vms, generations)
     suite = tmp_path_factory.mktemp("user")
-    secrets = [fx.expected_secret(name, ns, seed=seed) for name, ns in vms]
-    for secret, (name, ns) in zip(secrets, vms):
-        assert base64.b64decode(secret["data"]["username"]).decode() == identity.bmc_user(seed, f"{name}.{ns}")
+    secrets = [fx.expected_secret(name, ns, seed=seed, generation=g or 0) for (name, ns), g in zip(vms, generations)]
+    for secret, (name, ns), g in zip(secrets, vms, generations):
+        assert base64.b64decode(secret["data"]["username"]).decode() == identity.bmc_user(seed, f"{name}.{ns}", g or 0)
+        if not g:  # generation 0, given or absent: today's derivation exactly
+            assert secret == fx.expected_secret(name, ns, seed=seed)
     values_doc = {
         "apiVersion": "cli.kyverno.io/v1alpha1", "kind": "Values",
-        "policies": [{"name": policies.POLICY_NAMES["bmc"], "rules": [{"name": "bmc-secret", "values": {"seed": seed}}]}],
+        "policies": [{"name": policies.POLICY_NAMES["bmc"], "rules": [{"name": "bmc-secret", "values": {
+            "seed": seed, "rotations": rotations}}]}],
         "namespaceSelector": [{"name": ns, "labels": dict(fx.OPT_IN)} for ns in sorted({ns for _, ns in vms})],
     }
     results = [{"policy": policies.POLICY_NAMES["bmc"], "rule": "bmc-secret", "resources": [f"{ns}/{name}"],
@@ -314,3 +344,31 @@ def test_the_catch_all_rule_refuses_a_default_backend_by_its_own_condition(kyver
     _, results = _apply(kyverno, tmp_path / "without", without)
     assert (policies.POLICY_NAMES["isolation"], "ingress-no-catch-all", "pass") in {
         (r["policy"], r["rule"], r["result"]) for r in results}
+
+
+def test_the_rotation_suites_expect_what_the_identity_module_decides():
+    """The committed rotations suites: refused exactly when a key is no serial or a value no
+    generation for identity.parse_serial/parse_generation; annotated exactly the VMs whose
+    annotation differs from their generation in the ConfigMap."""
+    def admitted(data) -> bool:
+        try:
+            for key, value in (data or {}).items():
+                identity.parse_serial(key)
+                identity.parse_generation(value)
+            return True
+        except identity.IdentityError:
+            return False
+
+    for case, data, outcome in fx.ROTATION_VALIDATION_CASES:
+        assert outcome == ("pass" if admitted(data) else "fail"), case
+    targets = list(yaml.safe_load_all((fx.SUITES_DIR / "rotations/targets.yaml").read_text()))
+    expected = {f"{t['metadata']['namespace']}/{t['metadata']['name']}": fx.ROTATION_CASE.get(
+        f"{t['metadata']['name']}.{t['metadata']['namespace']}", "0") for t in targets
+        if (t["metadata"].get("annotations") or {}).get(policies.GENERATION_ANNOTATION, "0")
+        != fx.ROTATION_CASE.get(f"{t['metadata']['name']}.{t['metadata']['namespace']}", "0")}
+    test = yaml.safe_load((fx.SUITES_DIR / "rotations/kyverno-test.yaml").read_text())
+    (annotate,) = [r for r in test["results"] if r["rule"] == "annotate-rotated-vms"]
+    assert sorted(annotate["resources"]) == sorted(expected)
+    patched = list(yaml.safe_load_all((fx.SUITES_DIR / "rotations/patched.yaml").read_text()))
+    assert {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p["metadata"]["annotations"][
+        policies.GENERATION_ANNOTATION] for p in patched} == expected

@@ -925,15 +925,15 @@ def test_the_service_reads_its_secrets_as_systemd_credentials(tmp_path, double, 
     assert_no_secrets(double, out, err)
 
 
-def test_the_readme_names_the_placeholder_the_code_uses():
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+def test_the_docs_name_the_placeholder_the_code_uses():
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "maas.md").read_text()
     assert f"`{identity.PLACEHOLDER_PASSWORD}`" in readme
 
 
-# (not in test_render.py: the package build runs that file without README.md)
-def test_the_readme_seed_rotation_commands_make_a_new_private_seed_and_render_with_it(tmp_path):
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme[readme.index("### Rotating the seed"):]
+# (not in test_render.py: the package build runs that file without docs/)
+def test_the_docs_seed_rotation_commands_make_a_new_private_seed_and_render_with_it(tmp_path):
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    section = readme[readme.index("## Rotating the seed"):]
     block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
     cli_command = f"{sys.executable} -m maas_kubevirt"
     script = block.replace(".venv/bin/maas-kubevirt", cli_command)

@@ -63,6 +63,18 @@ ALIAS_HOST_LABELS_REGEX = "^[[:space:]]*([a-z0-9]([-a-z0-9]*[a-z0-9])?[.])+"
 OPTED_IN_ANNOTATION = "maas-kubevirt/opted-in"
 # On each generated <vm>-bmc Secret: which seed its user and password come from (seed_version).
 SEED_VERSION_ANNOTATION = "maas-kubevirt/seed-version"
+# On each <vm>-bmc Secret, and on each VM the rotations policy touches: the credential generation
+# (identity.parse_generation) its user and password are derived with. On the VM it is only the
+# trigger of a re-derivation: the bmc-secret rule reads the generation from the ConfigMap.
+GENERATION_ANNOTATION = "maas-kubevirt/credential-generation"
+# The keys and values the rotations ConfigMap admits: a serial identity.parse_serial accepts (a
+# DNS-1123 subdomain, a dot, a DNS-1123 label; a ConfigMap key is at most 253 characters), and a
+# generation identity.parse_generation accepts. RE2 syntax, the same in Python's re.
+SERIAL_KEY_REGEX = (
+    "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?([.][a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*"
+    "[.][a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+)
+GENERATION_REGEX = "^(0|[1-9][0-9]{0,8})$"
 
 POLICY_NAMES = {
     "identity": "maas-kubevirt-vm-identity",
@@ -70,6 +82,7 @@ POLICY_NAMES = {
     "audit": "maas-kubevirt-audit-vm",
     "bmc": "maas-kubevirt-vm-bmc",
     "isolation": "maas-kubevirt-bmc-isolation",
+    "rotations": "maas-kubevirt-credential-rotations",
 }
 # kubevirtBMC (internal/controller/virtualmachinebmc/constant.go): every BMC pod carries this
 # label, and listens for Redfish on this port behind its Service's port 80.
@@ -83,18 +96,22 @@ KUSTOMIZATION_FILE = "kustomization.yaml"
 # The reconciler's ServiceAccount, and the name of its Role and RoleBinding on the Lease.
 RECONCILER_ACCOUNT = "maas-kubevirt-reconciler"
 RECONCILER_RBAC_FILE = "reconciler-rbac.yaml"
+# The rotations ConfigMap (identity.ROTATIONS_CONFIGMAP), rendered without data.
+ROTATIONS_FILE = "credential-rotations.yaml"
 # Output files. kustomize sorts the objects itself (namespaces, RBAC and Secrets before
 # custom resources), so this order is only the order of the kustomization's list.
 FILES = [
     "system-namespace.yaml",
     "rbac.yaml",
     RECONCILER_RBAC_FILE,
+    ROTATIONS_FILE,
     SEED_SECRET_FILE,
     "policy-vm-identity.yaml",
     "policy-identity-claims.yaml",
     "policy-vm-audit.yaml",
     "policy-vm-bmc.yaml",
     "policy-bmc-isolation.yaml",
+    "policy-credential-rotations.yaml",
     "example-namespace.yaml",
 ]
 
@@ -119,14 +136,24 @@ def uuid_jmespath(root: str = "request.object") -> str:
 
 
 UUID_JMESPATH = uuid_jmespath()
-# identity.bmc_password: sha256_hex(seed + ":" + serial)[0:32], serial = "<vm>.<namespace>".
-PASSWORD_JMESPATH = f"truncate(sha256(join('', [seed, ':', {_VM}, '.', {_NS}])), `32`)"
-# identity.bmc_user: BMC_USER_PREFIX + sha256_hex(seed + ":user:" + serial)[0:32]. kubevirtBMC
-# reads the user from the Secret's key `username` (bmcUserKey in
+# The VM's credential generation in the bmc-secret rule: its key <vm>.<namespace> in the rotations
+# ConfigMap (the `rotations` context entry holds that ConfigMap's data), '0' when absent. A
+# nested variable: Kyverno substitutes the inner {{ }} into the JMESPath text first
+# (loadVariable in pkg/engine/context/loaders/variable.go runs SubstituteAll on entry.Variable.JMESPath).
+GENERATION_JMESPATH = (
+    'rotations."{{ request.object.metadata.name }}.{{ request.object.metadata.namespace }}" || \'0\''
+)
+# identity.bmc_password: sha256_hex(seed + ":" + serial [+ ":" + generation])[0:32], serial =
+# "<vm>.<namespace>"; ':0$' removed, so generation 0 hashes exactly what it did before rotation.
+PASSWORD_JMESPATH = (
+    f"truncate(sha256(regex_replace_all(':0$', join('', [seed, ':', {_VM}, '.', {_NS}, ':', generation]), '')), `32`)"
+)
+# identity.bmc_user: BMC_USER_PREFIX + sha256_hex(seed + ":user:" + serial [+ ":" + generation])[0:32].
+# kubevirtBMC reads the user from the Secret's key `username` (bmcUserKey in
 # internal/controller/virtualmachinebmc/controller.go, BMC_USERNAME in cmd/virtbmc/main.go).
 USER_JMESPATH = (
     f"join('', [{_jmespath_string(identity.BMC_USER_PREFIX)}, "
-    f"truncate(sha256(join('', [seed, ':user:', {_VM}, '.', {_NS}])), `32`)])"
+    f"truncate(sha256(regex_replace_all(':0$', join('', [seed, ':user:', {_VM}, '.', {_NS}, ':', generation]), '')), `32`)])"
 )
 # kubevirtBMC names its Service <vm>-virtbmc: a DNS-1035 label, so <vm> is one of <= 55 chars.
 BMC_NAME_REGEX = "^[a-z]([-a-z0-9]{0,53}[a-z0-9])?$"
@@ -308,6 +335,13 @@ def _context(values: dict, seed: str | None) -> dict[str, Any]:
         "nginx_annotation_prefix": NGINX_ANNOTATION_PREFIX,
         "snippet_suffix": SNIPPET_SUFFIX,
         "seed_url_path": f"/api/v1/namespaces/{kubernetes['system_namespace']}/secrets/{kubernetes['seed_secret']}",
+        "rotations_configmap": identity.ROTATIONS_CONFIGMAP,
+        "rotations_url_path": f"/api/v1/namespaces/{kubernetes['system_namespace']}/configmaps/{identity.ROTATIONS_CONFIGMAP}",
+        "generation_jmespath": GENERATION_JMESPATH,
+        "generation_annotation": GENERATION_ANNOTATION,
+        "serial_key_regex": SERIAL_KEY_REGEX,
+        "generation_regex": GENERATION_REGEX,
+        "target_generation_jmespath": 'request.object.data."{{ target.metadata.name }}.{{ target.metadata.namespace }}" || \'0\'',
         "ingress_annotations": annotations,
         "bmc_pod_label": BMC_POD_LABEL,
         "redfish_pod_port": REDFISH_POD_PORT,
@@ -416,6 +450,14 @@ def policies_to_recreate(previous: dict[str, dict], current: dict[str, dict]) ->
     )
 
 
+def before_rotations(policy: dict) -> bool:
+    """True for a BMC policy rendered before credential generations (no `rotations` context entry)."""
+    for rule in policy.get("spec", {}).get("rules", []):
+        if rule.get("name") == "bmc-secret":
+            return not any(entry.get("name") == "rotations" for entry in rule.get("context") or [])
+    return False
+
+
 def keeps_downstream(policy: dict) -> bool:
     """True when deleting the policy leaves its generated objects (orphanDownstreamOnPolicyDelete)."""
     return all(rule["generate"].get("orphanDownstreamOnPolicyDelete") is True
@@ -430,8 +472,17 @@ def recreate_procedure(names: list[str], retired: list[str], kustomize_dir: str 
         lines.append(
             "Kyverno cannot update " + ", ".join(names) + " in place: the change reaches a part of a "
             "synchronised generate rule that Kyverno keeps immutable (its match, which holds the "
-            "opt-in label, or its context, which names the seed Secret). `kubectl apply -k` alone "
-            "would be refused."
+            "opt-in label, or its context, which names the seed Secret and the rotations ConfigMap). "
+            "`kubectl apply -k` alone would be refused."
+        )
+    if any(before_rotations(previous[name]) for name in names):
+        lines.append(
+            "This is the upgrade to per-VM credential generations: the bmc-secret rule now also reads "
+            f"ConfigMap {identity.ROTATIONS_CONFIGMAP} (which `kubectl apply -k` creates, empty) and "
+            "derives each VM's user and password with its generation there. Every VM starts at "
+            "generation 0, which derives exactly the user and password it has now: the Secrets gain only "
+            f"the annotation {GENERATION_ANNOTATION}: \"0\", and MAAS needs nothing. Do it in one go, "
+            "and apply right after the delete."
         )
     if retired:
         lines.append("This version no longer has " + ", ".join(retired) + "; `kubectl apply -k` does not remove it.")

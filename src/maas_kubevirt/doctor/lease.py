@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from maas_kubevirt.maas import MAASClient
 
 NAME = "reconciler.lease"
-README = "README: \"One reconciler per site: the lease\""
+README = "docs/operations.md: \"One reconciler per site: the lease\""
 # A token that ends within this is worth renewing now.
 TOKEN_WARNING = timedelta(days=7)
 
