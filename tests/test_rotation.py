@@ -154,6 +154,7 @@ def test_a_generation_bumped_by_hand_is_followed_on_that_vm_only(double, tmp_pat
 def test_without_cluster_access_the_reconciler_says_which_command_rotates(double, tmp_path, capsys):
     sid = double.add_vm("web1", "vms", status="New", mac_addresses=[MAC])
     reconciler = reconciler_for(double, tmp_path, None, Clock())
+    reconciler.values_path = "/etc/maas-kubevirt/values.yaml"
     reconciler.cycle()
     re_point(double)
     reconciler.cycle()
@@ -161,7 +162,7 @@ def test_without_cluster_access_the_reconciler_says_which_command_rotates(double
     assert double.power[sid]["power_pass"] == PLACEHOLDER
     assert list(reconciler.needing_rotation()) == [("web1", "vms")]
     told = [line for line in capsys.readouterr().err.splitlines() if "may have leaked" in line]
-    assert len(told) == 1 and "maas-kubevirt --values VALUES rotate web1.vms" in told[0]
+    assert len(told) == 1 and "maas-kubevirt --values /etc/maas-kubevirt/values.yaml rotate web1.vms" in told[0]
     assert records(tmp_path, "rotate") == []
 
 
@@ -225,3 +226,26 @@ def test_a_failed_bump_is_audited_and_tried_again_next_cycle(double, tmp_path):
     reconciler.cycle()
     assert [r["outcome"] for r in records(tmp_path, "rotate")] == ["failed", "ok"]
     assert rotations.generations == {("web1", "vms"): 1}
+
+
+def test_status_names_each_vm_to_rotate_and_the_exact_command(double, tmp_path, capsys):
+    from reconcile_helpers import write_values
+
+    from maas_kubevirt import cli
+
+    values = write_values(tmp_path, double, commission="never")
+    sid = double.add_vm("web1", "vms", status="New", mac_addresses=[MAC])
+    reconciler = reconciler_for(double, tmp_path, None, Clock())
+    reconciler.cycle()
+    re_point(double)
+    reconciler.cycle()
+    capsys.readouterr()
+    assert cli.main(["--values", str(values), "status"]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("possible leak")]
+    assert line == (f"possible leak: web1.vms: its password (generation 0) sat beside another address on {sid} "
+                    f"and was taken back; rotate it: maas-kubevirt --values {values} rotate web1.vms")
+    assert cli.main(["--values", str(values), "status", "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["rotations"] == [{"vm": "web1", "namespace": "vms", "system_id": sid, "generation": 0,
+                                      "command": f"maas-kubevirt --values {values} rotate web1.vms"}]
+    assert document["summary"]["rotations"] == 1

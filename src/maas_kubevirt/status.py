@@ -1,7 +1,8 @@
 """``maas-kubevirt status``: one row per MAAS machine whose power address names a KubeVirt VM's
 BMC (its address shown, a look-alike marked suspect), whether its password is the derived one,
 why its commission waits if it does, and one line per duplicate claim; with reconciler.lease,
-who holds the site's Lease and since when. ``--json`` prints the same as one JSON document."""
+who holds the site's Lease and since when; each VM whose password may have leaked and the command
+that rotates it. ``--json`` prints the same as one JSON document."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from maas_kubevirt.audit import Audit
 from maas_kubevirt.console import error, escape_controls, table, warn
 from maas_kubevirt.maas import MAASAuthError, MAASError, client_from_values
 from maas_kubevirt.reconcile import (SKIP, Passwords, Reconciler, Settings, claims, duplicate_note, needs_pools,
-                                     plan, pool_of)
+                                     plan, pool_of, rotate_command)
 
 SUSPECT_MARK = " (suspect: not the bare host)"
 # How the plan's skip note of a pool it will not move a machine into reads.
@@ -52,6 +53,8 @@ class Report:
     pool_refused: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     lease: dict | None = None
+    # VMs whose password may have leaked and is not rotated yet (from maas.audit_log).
+    rotations: list[dict] = field(default_factory=list)
 
     @property
     def suspects(self) -> int:
@@ -81,13 +84,13 @@ def main(values: dict, args: Any) -> int:
             return EXIT_FAILED
     finally:
         client.close()
-    report = build_report(values, settings, reconciler, machines, power, matches, pools)
+    report = build_report(values, settings, reconciler, machines, power, matches, pools, getattr(args, "values", None))
     print(render_json(report) if getattr(args, "json", False) else render_table(report), flush=True)
     return EXIT_OK
 
 
 def build_report(values: dict, settings: Settings, reconciler: Reconciler, machines: list, power: dict,
-                 matches: list, pools: list) -> Report:
+                 matches: list, pools: list, values_path: str | None = None) -> Report:
     """The rows, duplicate claims, refused pools and lease of one observation."""
     waiting = reconciler.backoff.pending()
     report = Report(domain=settings.domain)
@@ -111,6 +114,11 @@ def build_report(values: dict, settings: Settings, reconciler: Reconciler, machi
         if action.kind == SKIP and POOL_REFUSED in action.note:
             report.pool_refused.append({"system_id": action.system_id, "hostname": action.hostname,
                                         "pool": action.after, "note": action.note})
+    for (vm, namespace), exposure in sorted(reconciler.needing_rotation().items()):
+        report.rotations.append({
+            "vm": vm, "namespace": namespace, "system_id": exposure.system_id, "generation": exposure.generation,
+            "command": rotate_command(vm, namespace, values_path),
+        })
     if lease.configured(values):
         report.lease = lease_state(values)
     return report
@@ -138,9 +146,16 @@ def render_table(report: Report) -> str:
     lines += report.notes
     lines += [escape_controls(f"duplicate claim: {d['note']}") for d in report.duplicates]
     lines += [escape_controls(f"{p['system_id']} {p['hostname']}: {p['note']}") for p in report.pool_refused]
+    lines += [rotation_line(r) for r in report.rotations]
     if report.lease is not None:
         lines.append(escape_controls(report.lease["line"]))
     return "\n".join(lines)
+
+
+def rotation_line(rotation: dict) -> str:
+    return (f"possible leak: {rotation['vm']}.{rotation['namespace']}: its password (generation "
+            f"{rotation['generation']}) sat beside another address on {rotation['system_id']} and was taken "
+            f"back; rotate it: {rotation['command']}")
 
 
 def render_json(report: Report) -> str:
@@ -153,10 +168,12 @@ def render_json(report: Report) -> str:
         "pool_refused": report.pool_refused,
         "notes": report.notes,
         "lease": report.lease,
+        "rotations": report.rotations,
         "summary": {
             "machines": len(report.rows) - suspects, "suspects": suspects,
             "waiting": sum(row.waiting is not None for row in report.rows),
             "duplicates": len(report.duplicates), "pool_refused": len(report.pool_refused),
+            "rotations": len(report.rotations),
         },
     }, indent=2)
 

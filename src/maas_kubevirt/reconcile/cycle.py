@@ -3,6 +3,7 @@ apply; what a restart must keep comes back from the audit log."""
 
 from __future__ import annotations
 
+import shlex
 import threading
 import time
 from dataclasses import dataclass, field
@@ -56,8 +57,10 @@ class Exposure:
     generation: int
 
 
-def rotate_command(vm: str, namespace: str) -> str:
-    return f"maas-kubevirt --values VALUES rotate {vm}.{namespace}"
+def rotate_command(vm: str, namespace: str, values_path: str | None = None) -> str:
+    """The exact command line that rotates one VM's credentials, with these values."""
+    values = f" --values {shlex.quote(values_path)}" if values_path else ""
+    return f"maas-kubevirt{values} rotate {vm}.{namespace}"
 
 
 def _as_audited(value: Any) -> Any:
@@ -126,6 +129,7 @@ class Reconciler:
         self.settling: dict[tuple[str, str], float] = {}
         self.wall = wall
         self._told_rotation: set[tuple[tuple[str, str], int]] = set()
+        self.values_path: str | None = None   # the --values file, for the commands it prints
         self._generations_read = False
 
     def restore(self, records: Iterable[Mapping[str, Any]]) -> None:
@@ -468,7 +472,8 @@ class Reconciler:
                 if (who, generation) not in self._told_rotation:
                     self._told_rotation.add((who, generation))
                     warn(f"{vm}.{namespace}: its password may have leaked (it sat beside another "
-                         f"address on {exposure.system_id}); rotate it: {rotate_command(vm, namespace)} "
+                         f"address on {exposure.system_id}); rotate it: "
+                         f"{rotate_command(vm, namespace, self.values_path)} "
                          "(needs reconciler.lease, whose cluster access the reconciler reads "
                          "generations with)")
                 continue
