@@ -504,7 +504,7 @@ def test_status_json_has_the_tables_rows_and_no_secret(tmp_path, double, capsys)
     out, err = capsys.readouterr()
     assert all(c.isprintable() or c == "\n" for c in out)            # json.dumps escaped them
     report = json.loads(out)
-    assert set(report) == {"domain", "rows", "duplicates", "pool_refused", "notes", "lease", "summary"}
+    assert set(report) == {"domain", "rows", "duplicates", "pool_refused", "notes", "lease", "rotations", "summary"}
     rows = {r["system_id"]: r for r in report["rows"]}
     evil = next(s for s, m in double.machines.items() if m["hostname"] == "evil1")
     assert set(rows) == {web1, web2, first, second, rogue, evil}
@@ -523,7 +523,8 @@ def test_status_json_has_the_tables_rows_and_no_secret(tmp_path, double, capsys)
     (refused,) = report["pool_refused"]
     assert (refused["system_id"], refused["hostname"], refused["pool"]) == (rogue, "rogue", "default")
     assert report["lease"] is None and report["notes"] == []
-    assert report["summary"] == {"machines": 5, "suspects": 1, "waiting": 1, "duplicates": 1, "pool_refused": 1}
+    assert report["summary"] == {"machines": 5, "suspects": 1, "waiting": 1, "duplicates": 1, "pool_refused": 1,
+                                 "rotations": 0}
     # No secret, and no power parameter but the address: not even the derived user.
     users = [derived_user(vm, ns) for vm, ns in (("web1", "vms"), ("web2", "vms"), ("db", "team-b"), ("x", "gpu-prod"))]
     assert_no_secrets(double, out, err)
