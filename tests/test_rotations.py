@@ -1,0 +1,96 @@
+"""rotations.py against a fake CoreV1Api: parsing, the optimistic-concurrency bump, the error lines.
+
+The same module against a real API server, RBAC and Kyverno is in test_rotation_tier.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kubernetes import client as k8s_client
+from kubernetes.client.exceptions import ApiException
+
+from maas_kubevirt import identity, rotations
+
+
+class FakeCore:
+    """read/replace_namespaced_config_map on one stored ConfigMap, with resourceVersion checks."""
+
+    def __init__(self, data: dict | None = None, exists: bool = True, conflicts: int = 0, fail: int | None = None):
+        self.data, self.exists, self.conflicts, self.fail = data, exists, conflicts, fail
+        self.version = 1
+        self.replaces = 0
+
+    def read_namespaced_config_map(self, name, namespace):
+        if self.fail:
+            raise ApiException(status=self.fail, reason="Forbidden" if self.fail == 403 else "Error")
+        if not self.exists or name != identity.ROTATIONS_CONFIGMAP:
+            raise ApiException(status=404, reason="Not Found")
+        return k8s_client.V1ConfigMap(metadata=k8s_client.V1ObjectMeta(
+            name=name, namespace=namespace, resource_version=str(self.version)), data=dict(self.data) if self.data is not None else None)
+
+    def replace_namespaced_config_map(self, name, namespace, body):
+        self.replaces += 1
+        if self.conflicts:
+            self.conflicts -= 1
+            self.version += 1          # another writer got there first
+            raise ApiException(status=409, reason="Conflict")
+        assert body.metadata.resource_version == str(self.version)
+        self.data, self.version = dict(body.data), self.version + 1
+        return body
+
+
+def test_read_returns_the_generations_and_reports_malformed_entries():
+    said = []
+    api = FakeCore({"web1.tenant-a": "3", "db.primary.tenant-b": "0", "web1": "1", "web2.tenant-a": "01"})
+    got = rotations.read(api, report=said.append)
+    assert got == {("web1", "tenant-a"): 3, ("db.primary", "tenant-b"): 0}
+    assert len(got.malformed) == 2 and said == got.malformed
+    assert all(identity.ROTATIONS_CONFIGMAP in line for line in said)
+    assert got.resource_version == "1"
+    assert rotations.read(FakeCore(None)) == {}
+
+
+def test_bump_increments_one_vm_and_leaves_the_others():
+    api = FakeCore({"web1.tenant-a": "3", "web2.tenant-a": "1"})
+    assert rotations.bump(api, "web2", "tenant-a") == 2
+    assert rotations.bump(api, "web9", "tenant-b") == 1       # absent: 0 -> 1
+    assert api.data == {"web1.tenant-a": "3", "web2.tenant-a": "2", "web9.tenant-b": "1"}
+    assert rotations.bump(FakeCore(None), "web1", "tenant-a") == 1  # no data at all (as rendered)
+
+
+def test_bump_retries_on_conflict_and_gives_up_after_the_attempts():
+    api = FakeCore({"web1.tenant-a": "3"}, conflicts=2)
+    assert rotations.bump(api, "web1", "tenant-a") == 4 and api.replaces == 3
+    stuck = FakeCore({"web1.tenant-a": "3"}, conflicts=99)
+    with pytest.raises(rotations.RotationsError, match="409 Conflict 5 times"):
+        rotations.bump(stuck, "web1", "tenant-a")
+    assert stuck.data == {"web1.tenant-a": "3"}
+
+
+def test_errors_are_one_line_and_name_the_fix():
+    with pytest.raises(rotations.RotationsError) as missing:
+        rotations.bump(FakeCore(exists=False), "web1", "tenant-a")
+    assert "does not exist" in str(missing.value) and "kubectl apply -k" in str(missing.value)
+    with pytest.raises(rotations.RotationsError) as forbidden:
+        rotations.read(FakeCore(fail=403))
+    assert "403" in str(forbidden.value) and "Role maas-kubevirt-reconciler" in str(forbidden.value)
+    for error in (missing.value, forbidden.value):
+        assert "\n" not in str(error)
+    with pytest.raises(rotations.RotationsError, match="correct it by hand"):
+        rotations.bump(FakeCore({"web1.tenant-a": "01"}), "web1", "tenant-a")
+    with pytest.raises(rotations.RotationsError, match="rotate the site seed"):
+        rotations.bump(FakeCore({"web1.tenant-a": str(identity.GENERATION_MAX)}), "web1", "tenant-a")
+    with pytest.raises(rotations.RotationsError, match="not a DNS-1123"):
+        rotations.bump(FakeCore({}), "Web1", "tenant-a")
+
+
+def test_a_refusal_by_the_policy_carries_its_message():
+    class Refusing(FakeCore):
+        def replace_namespaced_config_map(self, name, namespace, body):
+            error = ApiException(status=400, reason="Bad Request")
+            error.body = json.dumps({"message": "admission webhook denied the request: generations-are-canonical: ..."})
+            raise error
+
+    with pytest.raises(rotations.RotationsError, match="refused: admission webhook denied"):
+        rotations.bump(Refusing({}), "web1", "tenant-a")
