@@ -76,6 +76,8 @@ def test_unit_is_hardened_conditional_and_runs_a_valid_command():
     for key, value in {
         "Documentation": "man:maas-kubevirt(1)",
         "Restart": "on-failure",
+        "Type": "notify",
+        "NotifyAccess": "main",
         "DynamicUser": "yes",
         "NoNewPrivileges": "yes",
         "ProtectSystem": "strict",

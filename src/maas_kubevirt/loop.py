@@ -157,13 +157,15 @@ def main(values: dict, args: Any) -> int:
     passwords = Passwords(seed.load(values))
     stop = threading.Event()
     notifier = Notifier()
-    if notifier.watchdog and settings.cycle_deadline is not None \
-            and notifier.watchdog < settings.cycle_deadline + WATCHDOG_MARGIN:
-        # Only WATCHDOG=1 between cycles proves the loop alive: a legitimate cycle must fit.
-        wanted = settings.cycle_deadline + WATCHDOG_MARGIN
-        warn(f"the unit's WatchdogSec ({notifier.watchdog:g} s) is shorter than maas.cycle_deadline "
-             f"+ {WATCHDOG_MARGIN} s: raised to {wanted:g} s for this run")
-        notifier.extend_watchdog(wanted)
+    if settings.cycle_deadline is not None:
+        # Only WATCHDOG=1 between cycles proves the loop alive, so the longest legitimate cycle
+        # must fit in the watchdog's timeout, and the first one in the start-up's.
+        longest = settings.cycle_deadline + WATCHDOG_MARGIN
+        if notifier.watchdog and notifier.watchdog < longest:
+            warn(f"the unit's WatchdogSec ({notifier.watchdog:g} s) is shorter than maas.cycle_deadline "
+                 f"+ {WATCHDOG_MARGIN} s: raised to {longest:g} s for this run")
+            notifier.extend_watchdog(longest)
+        notifier.extend_start(longest)
     try:
         metrics = _serve_metrics(values, dry_run)
     except OSError as failure:

@@ -78,10 +78,16 @@ class Notifier:
             self.notify("WATCHDOG=1")
 
     def extend_watchdog(self, seconds: float) -> None:
-        """WATCHDOG_USEC=: a new watchdog timeout for the rest of this run (systemd 236+)."""
+        """WATCHDOG_USEC=: systemd's watchdog timeout for the rest of this run (systemd 236+). The
+        loop keeps feeding at the pace of the unit's own WatchdogSec (sooner is harmless)."""
         if self.watchdog and seconds > self.watchdog:
-            self.watchdog = seconds
             self.notify(f"WATCHDOG_USEC={int(seconds * 1e6)}")
+
+    def extend_start(self, seconds: float) -> None:
+        """EXTEND_TIMEOUT_USEC=: the next message (READY=1) comes within this many seconds, though
+        longer than TimeoutStartSec= (systemd 236+): the first cycle may take maas.cycle_deadline."""
+        if not self.readied:
+            self.notify(f"EXTEND_TIMEOUT_USEC={int(seconds * 1e6)}")
 
     def stopping(self) -> None:
         self.notify("STOPPING=1", "STATUS=stopping")
