@@ -30,6 +30,7 @@ from maas_kubevirt.values import load_values  # noqa: E402
 DOMAIN = "bmc.example.com"
 SEED = hashlib.sha256(b"test_doctor seed").hexdigest()   # 32 bytes of hex, with no pattern the seed rules refuse
 VMS = [("web1", "vms"), ("web2", "vms"), ("db1", "tenant")]
+RACKS = ["10.0.0.5/32", "10.0.0.6/32", "fd00::5/128"]
 
 
 class Site:
@@ -50,6 +51,8 @@ class Site:
         self.values_file.write_text(yaml.safe_dump({
             "redfish": {"domain": DOMAIN},
             "seed": {"file": str(self.seed_file)},
+            # The rack controllers only: the allowlist a healthy site keeps (ingress.source_ranges).
+            "ingress": {"source_ranges": RACKS},
             "maas": {"url": double.url, "api_key_file": str(key), "timeout": 2,
                      "audit_log": str(tmp_path / "audit.log")},
         }))
@@ -118,9 +121,10 @@ def test_a_healthy_site_passes_every_maas_and_network_check(site):
         "maas.version": "ok", "maas.admin": "ok", "maas.script": "ok", "maas.enlist_commissioning": "ok",
         "maas.claims": "ok", "maas.suspects": "ok", "maas.pools": "ok", "maas.power_password": "ok",
         "maas.commission": "ok",
-        "maas.seed_file": "ok", "reconciler.lease": "ok", "cluster": "skip",
+        "maas.seed_file": "ok", "reconciler.lease": "ok", "cluster": "skip", "ingress.source_ranges": "ok",
         "network.dns": "ok", "network.redfish": "ok",
     }
+    assert checks["ingress.source_ranges"].found == "10.0.0.5/32, 10.0.0.6/32, fd00::5/128: 3 address(es) may reach the BMCs"
     assert "3 machine(s)" in checks["maas.power_password"].found
     # One VM per namespace is probed, with the Host header of its BMC.
     assert sorted(r["host"] for r in site.responder.requests) == sorted(
@@ -350,17 +354,32 @@ def test_doctor_command_table_and_json(site, monkeypatch, capsys):
     header = out.splitlines()[0].split()
     assert header == ["CHECK", "STATUS", "FOUND", "FIX"]
     assert table_statuses(out)["cluster"] == "skip"
-    assert out.rstrip().endswith("13 ok, 0 warn, 0 fail, 1 skip")
+    assert out.rstrip().endswith("14 ok, 0 warn, 0 fail, 1 skip")
     code = cli.main(["--values", str(site.values_file), "doctor", "--json"])
     out, err = capsys.readouterr()
     report = json.loads(out)
     assert code == 0
-    assert report["summary"] == {"ok": 13, "warn": 0, "fail": 0, "skip": 1}
+    assert report["summary"] == {"ok": 14, "warn": 0, "fail": 0, "skip": 1}
     assert all(set(c) == {"check", "status", "found", "fix", "subjects"} for c in report["checks"])
     assert report["checks"][0]["check"] == "maas.version"
     assert {c["check"]: c["status"] for c in report["checks"]} == table_statuses(table)
     for secret in site.secrets():
         assert secret not in out + err
+
+
+def test_wide_source_ranges_warn_and_doctor_still_exits_0(site, monkeypatch, capsys):
+    """The shipped example's private ranges admit millions of hosts: a warning, not a failure."""
+    monkeypatch.setattr(doctor, "system_resolve", site.resolve)
+    monkeypatch.setattr(doctor, "HTTPS_PORT", site.redfish_port)
+    values = yaml.safe_load(site.values_file.read_text())
+    del values["ingress"]
+    site.values_file.write_text(yaml.safe_dump(values))
+    assert cli.main(["--values", str(site.values_file), "doctor", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    (row,) = [c for c in report["checks"] if c["check"] == "ingress.source_ranges"]
+    assert row["status"] == "warn" and row["subjects"] == ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]
+    assert "17,891,328 addresses may reach the BMCs" in row["found"] and "rack-controllers read" in row["fix"]
+    assert report["summary"] == {"ok": 13, "warn": 1, "fail": 0, "skip": 1}
 
 
 def test_doctor_command_exits_1_on_a_failure_and_prints_no_secret(site, monkeypatch, capsys):

@@ -1,4 +1,5 @@
-"""doctor's cluster checks as pure functions over the objects the API server returns.
+"""doctor's cluster checks as pure functions over the objects the API server returns, and the
+width rule of ingress.source_ranges (a check that needs no cluster).
 
 The objects are built like the API server's answers; the bundle's expectations (policy
 names, ClusterRoles, generated object names, the allowlist) come from a real render.
@@ -508,3 +509,80 @@ def test_maas_version_rule(major, minor, point, suffix):
 def test_an_unreadable_maas_version_is_a_warning():
     assert doctor.version_check("garbage\x1b[31m").status == "warn"
     assert "\x1b" not in doctor.version_check("garbage\x1b[31m").found
+
+
+# --- ingress.source_ranges: at most a few hosts (issue 25 item 3) -------------------------------
+
+_v4_small = st.builds(lambda third, host, prefix: f"10.0.{third}.{host}/{prefix}",
+                      st.integers(0, 3), st.integers(0, 255), st.integers(24, 32))
+_v6_small = st.builds(lambda host, prefix: f"fd00::{host:x}/{prefix}", st.integers(0, 0xffff), st.integers(116, 128))
+
+
+def _hosts(cidr: str) -> set:
+    import ipaddress
+
+    return set(ipaddress.ip_network(cidr, strict=False))
+
+
+@given(st.lists(st.one_of(_v4_small, _v6_small), min_size=1, max_size=6))
+def test_the_allowed_addresses_are_the_union_of_the_ranges(ranges):
+    """Overlapping ranges count once, a host bit set counts as its network, and the row is ok
+    exactly when that count is at most MAX_ALLOWED_ADDRESSES."""
+    union = set().union(*(_hosts(r) for r in ranges))
+    assert doctor.allowed_addresses(ranges) == (len(union), [])
+    check = doctor.source_ranges_check(ranges, APPLY)
+    assert check.name == "ingress.source_ranges"
+    assert check.status == ("ok" if len(union) <= doctor.MAX_ALLOWED_ADDRESSES else "warn")
+    assert (check.fix == "") == (check.status == "ok")
+
+
+@given(st.integers(0, 2 ** 32 - 1), st.integers(1, 32))
+def test_one_ipv4_range_is_ok_up_to_a_slash_28(address, prefix):
+    import ipaddress
+
+    cidr = f"{ipaddress.IPv4Address(address)}/{prefix}"
+    check = doctor.source_ranges_check([cidr], APPLY)
+    assert check.status == ("ok" if prefix >= 28 else "warn"), check
+    assert f"{2 ** (32 - prefix):,} address" in check.found
+
+
+@given(st.integers(0, 2 ** 128 - 1), st.integers(1, 128))
+def test_one_ipv6_range_is_ok_up_to_a_slash_124(address, prefix):
+    import ipaddress
+
+    check = doctor.source_ranges_check([f"{ipaddress.IPv6Address(address)}/{prefix}"], APPLY)
+    assert check.status == ("ok" if prefix >= 124 else "warn"), check
+
+
+@given(st.sets(st.integers(0, 2 ** 24 - 1), min_size=1, max_size=40), st.booleans())
+def test_single_hosts_are_ok_up_to_sixteen_of_them(hosts, ipv6):
+    """/32s or /128s, one per rack controller: the 17th is one too many."""
+    import ipaddress
+
+    ranges = [f"{ipaddress.IPv6Address(0xfd00 << 112 | h)}/128" if ipv6 else f"{ipaddress.IPv4Address(10 << 24 | h)}/32"
+              for h in sorted(hosts)]
+    check = doctor.source_ranges_check(ranges, APPLY)
+    assert doctor.allowed_addresses(ranges)[0] == len(hosts)
+    assert check.status == ("ok" if len(hosts) <= 16 else "warn")
+
+
+@pytest.mark.parametrize("ranges, version", [
+    (["0.0.0.0/0"], "IPv4"), (["10.0.0.5/32", "::/0"], "IPv6"), (["::/0", "0.0.0.0/0"], "IPv4 and IPv6"),
+])
+def test_the_whole_address_space_is_said_plainly(ranges, version):
+    check = doctor.source_ranges_check(ranges, APPLY)
+    assert check.status == "warn" and check.subjects == tuple(r for r in ranges if r.endswith("/0"))
+    assert f"every {version} address may reach the BMCs" in check.found
+
+
+def test_the_fix_names_the_edit_and_where_maas_lists_its_rack_controllers():
+    check = doctor.source_ranges_check(VALUES["ingress"]["source_ranges"], APPLY)
+    # The shipped example (the private ranges) is far wider than a few hosts.
+    assert check.status == "warn" and check.subjects == ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")
+    assert "17,891,328 addresses may reach the BMCs" in check.found
+    assert "each as /32 (IPv4) or /128 (IPv6)" in check.fix and "`source_ranges: [10.0.0.5/32, 10.0.0.6/32]`" in check.fix
+    assert "`maas $PROFILE rack-controllers read`" in check.fix and check.fix.endswith(APPLY)
+    assert "2^120 addresses" in doctor.source_ranges_check(["fd00::/8"], APPLY).found
+    assert doctor.source_ranges_check(["10.0.0.5/32", "10.0.0.6/32"], APPLY, rack_controllers=2).found == (
+        "10.0.0.5/32, 10.0.0.6/32: 2 address(es) may reach the BMCs; MAAS lists 2 rack controller(s): "
+        "1 address(es) allowed per rack controller")

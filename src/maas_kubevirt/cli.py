@@ -113,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
         "lease (who holds it and when it was renewed; a warning when MAAS lists several region "
         "controllers and no lease is configured), the cluster "
         "(CRDs, Kyverno and its RBAC, the policies, the seed Secret, KubeMacPool labels, each VM's "
-        "MACs, Secret, VirtualMachineBMC and Ingress allowlist) and the network (DNS, Redfish). "
+        "MACs, Secret, VirtualMachineBMC and Ingress allowlist), how many hosts ingress.source_ranges "
+        "admits (a few: the rack controllers) and the network (DNS, Redfish). "
         "One row per check: ok, warn, fail or skip, what was found and the exact fix. Read-only.",
         epilog="Exit status: 0 nothing fails, 1 some check fails, 2 usage or configuration error.",
     )

@@ -69,7 +69,8 @@ def _skipped(names: Iterable[str], reason: str) -> list[Check]:
 
 # The families import the helpers above from this module, so they are imported after them.
 from maas_kubevirt.doctor.network import (  # noqa: E402
-    HTTPS_PORT, REDFISH_DEADLINE, Credentials, dns_check, redfish_check, redfish_probe, redfish_url, system_resolve,
+    HTTPS_PORT, MAX_ALLOWED_ADDRESSES, REDFISH_DEADLINE, Credentials, allowed_addresses, dns_check, redfish_check,
+    redfish_probe, redfish_url, source_ranges_check, system_resolve,
 )
 from maas_kubevirt.doctor.maas import (  # noqa: E402
     FIXED_DNS_VERSIONS, KEY_REFUSED, MAAS_CHECKS, admin_check, claims, claims_check, enlist_commissioning_check,
@@ -89,7 +90,7 @@ __all__ = [
     "OK", "WARN", "FAIL", "SKIP", "STATUSES", "Check", "Options", "Reach", "run", "summary",
     "render_table", "render_json", "main",
     "HTTPS_PORT", "REDFISH_DEADLINE", "Credentials", "dns_check", "redfish_check", "redfish_probe", "redfish_url",
-    "system_resolve",
+    "system_resolve", "MAX_ALLOWED_ADDRESSES", "allowed_addresses", "source_ranges_check",
     "FIXED_DNS_VERSIONS", "MAAS_CHECKS", "admin_check", "claims", "claims_check", "enlist_commissioning_check",
     "maas_checks", "password_check", "script_check", "seed_file_check", "version_check",
     "CLUSTER_CHECKS", "CRDS", "KUBEMACPOOL_VALUE", "KYVERNO_CONTROLLERS", "KYVERNO_MIN", "KYVERNO_POLICY_CRD",
@@ -134,7 +135,8 @@ class _Fixes:
 
 
 def run(values: Mapping[str, Any], client: MAASClient, cluster: Any | None, options: Options) -> list[Check]:
-    """Every check, in order: MAAS, the seed file, the reconciler's lease, the cluster, the network."""
+    """Every check, in order: MAAS, the seed file, the reconciler's lease, the cluster, the
+    Ingress allowlist's width, the network."""
     fixes = _Fixes(options.command, values)
     reach = Reach()
     seed_check, seed = seed_file_check(values["seed"]["file"])
@@ -146,6 +148,7 @@ def run(values: Mapping[str, Any], client: MAASClient, cluster: Any | None, opti
                             f"`{options.command} doctor --kubeconfig FILE` (read access is enough)"))
     else:
         checks.extend(cluster_checks(values, cluster, seed, fixes, reach))
+    checks.append(source_ranges_check(values["ingress"]["source_ranges"], fixes.apply))
     resolve = options.resolve or system_resolve
     checks.append(dns_check(reach.hosts, resolve, values["redfish"]["domain"]))
     checks.append(redfish_check(reach.credentials, resolve, options.redfish_deadline,

@@ -1,22 +1,88 @@
-"""doctor's network checks: the BMC host names resolve, and Redfish answers MAAS's credentials."""
+"""doctor's network checks: the Ingress allowlist holds only a few hosts, the BMC host names
+resolve, and Redfish answers MAAS's credentials."""
 
 from __future__ import annotations
 
 import base64
 import http.client
+import ipaddress
 import posixpath
 import socket
 import ssl
 import time
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Iterable, Mapping
 from urllib.parse import urlsplit
 
-from maas_kubevirt.doctor import FAIL, OK, SKIP, Check, Resolver, _some
+from maas_kubevirt.doctor import FAIL, OK, SKIP, WARN, Check, Resolver, _some
 
 REDFISH_DEADLINE = 5.0
 # MAAS's Redfish driver reaches a bare-host power address over https on the default port.
 HTTPS_PORT = 443
+
+
+# A BMC password is worth something only from inside ingress.source_ranges, so those should
+# hold the MAAS rack controllers and nothing else. A site has one to a few rack controllers,
+# each one address (or one per IP version): 16 addresses leave room for several racks,
+# dual-stack, as 16 /32s or one /28, while anything wider is a subnet in which other hosts
+# (PXE-booting machines, tenants' VMs) could use a leaked password.
+MAX_ALLOWED_ADDRESSES = 16
+
+
+def allowed_addresses(ranges: Iterable[str]) -> tuple[int, list[str]]:
+    """(how many addresses the ranges admit together, overlaps counted once; the items that are
+    not a CIDR). A host bit set is read as its network, as the Ingress controller reads it."""
+    networks: dict[int, list] = {4: [], 6: []}
+    unparsed = []
+    for item in ranges:
+        try:
+            network = ipaddress.ip_network(str(item).strip(), strict=False)
+        except ValueError:
+            unparsed.append(str(item))
+            continue
+        networks[network.version].append(network)
+    total = sum(n.num_addresses for nets in networks.values() for n in ipaddress.collapse_addresses(nets))
+    return total, unparsed
+
+
+def _how_many(count: int) -> str:
+    """A count of addresses as a person reads it: 2^64 rather than twenty digits."""
+    if count >= 2 ** 32 and count & (count - 1) == 0:
+        return f"2^{count.bit_length() - 1}"
+    return f"about 2^{count.bit_length() - 1}" if count > 2 ** 32 else f"{count:,}"
+
+
+def _version(cidr: str) -> str:
+    return f"IPv{ipaddress.ip_network(cidr.strip(), strict=False).version}"
+
+
+def source_ranges_check(ranges: Iterable[str], apply: str, rack_controllers: int | None = None) -> Check:
+    """ingress.source_ranges admits at most MAX_ALLOWED_ADDRESSES addresses: the rack controllers.
+
+    rack_controllers: how many MAAS lists, when it was asked (the row then says how many
+    addresses that leaves each one)."""
+    ranges = [str(item) for item in ranges]
+    total, unparsed = allowed_addresses(ranges)
+    shown = _some(ranges)
+    per_rack = ""
+    if rack_controllers:
+        per_rack = f"; MAAS lists {rack_controllers} rack controller(s): {_how_many(-(-total // rack_controllers))} " \
+                   "address(es) allowed per rack controller"
+    whole = [r for r in ranges if r not in unparsed and ipaddress.ip_network(r.strip(), strict=False).prefixlen == 0]
+    fix = ("list only the MAAS rack controllers' addresses in ingress.source_ranges, each as /32 (IPv4) or /128 "
+           "(IPv6), e.g. `source_ranges: [10.0.0.5/32, 10.0.0.6/32]` (MAAS lists its rack controllers and their "
+           f"addresses: `maas $PROFILE rack-controllers read`, or GET /MAAS/api/2.0/rackcontrollers/), then {apply}")
+    if whole:
+        return Check("ingress.source_ranges", WARN,
+                     f"{_some(whole)}: every {' and '.join(sorted({_version(r) for r in whole}))} address may reach "
+                     "the BMCs, so anyone who learns a BMC password can use it" + per_rack, fix, tuple(whole))
+    if unparsed:
+        return Check("ingress.source_ranges", WARN, f"not a CIDR: {_some(unparsed)}", fix, tuple(unparsed))
+    if total > MAX_ALLOWED_ADDRESSES:
+        return Check("ingress.source_ranges", WARN,
+                     f"{shown}: {_how_many(total)} addresses may reach the BMCs (more than {MAX_ALLOWED_ADDRESSES}: "
+                     "a BMC password is worth something from anywhere in them)" + per_rack, fix, tuple(ranges))
+    return Check("ingress.source_ranges", OK, f"{shown}: {total} address(es) may reach the BMCs" + per_rack)
 
 
 def system_resolve(host: str) -> list[str]:
