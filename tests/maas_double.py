@@ -1495,6 +1495,10 @@ class MaasDouble(LoopbackServer):
                 # src/maasserver/api/regioncontrollers.py: RegionControllersHandler lists the
                 # nodes of type region controller, or region and rack controller (add_node).
                 return 200, [n for n in self.other_nodes.values() if n["node_type"] in (3, 4)], {}
+            if path == "rackcontrollers/" and method == "GET" and op is None:
+                # src/maasserver/api/rackcontrollers.py: RackControllersHandler lists the nodes
+                # of type rack controller, or region and rack controller.
+                return 200, [n for n in self.other_nodes.values() if n["node_type"] in (2, 4)], {}
             if path == "users/" and method == "GET" and op == "whoami":
                 # src/maasserver/api/users.py: UsersHandler.whoami returns request.user, emitted
                 # with UserHandler.fields (username, email, is_local, is_superuser).

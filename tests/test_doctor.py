@@ -124,7 +124,8 @@ def test_a_healthy_site_passes_every_maas_and_network_check(site):
         "maas.seed_file": "ok", "reconciler.lease": "ok", "cluster": "skip", "ingress.source_ranges": "ok",
         "network.dns": "ok", "network.redfish": "ok",
     }
-    assert checks["ingress.source_ranges"].found == "10.0.0.5/32, 10.0.0.6/32, fd00::5/128: 3 address(es) may reach the BMCs"
+    assert checks["ingress.source_ranges"].found == (
+        "10.0.0.5/32, 10.0.0.6/32, fd00::5/128: 3 address(es) may reach the BMCs; MAAS lists no rack controller")
     assert "3 machine(s)" in checks["maas.power_password"].found
     # One VM per namespace is probed, with the Host header of its BMC.
     assert sorted(r["host"] for r in site.responder.requests) == sorted(
@@ -167,6 +168,8 @@ def test_maas_not_answering(site):
     checks = site.run()
     assert checks["maas.version"].status == "fail"
     assert all(checks[name].status == "skip" for name in doctor.MAAS_CHECKS[1:])
+    # The allowlist is judged without MAAS, and MAAS is not asked for its rack controllers.
+    assert checks["ingress.source_ranges"].status == "ok" and "rack controller" not in checks["ingress.source_ranges"].found
 
 
 def test_the_script_missing(site):
@@ -448,6 +451,17 @@ def test_several_region_controllers_and_no_lease_is_a_warning_naming_them(site):
     assert "MAAS lists 2 region controller(s) (region-1, region-2)" in check.found
     assert "the reconciler of every region host acts" in check.found
     assert "reconciler.lease.kubeconfig" in check.fix and check.subjects == ("region-1", "region-2")
+
+
+def test_the_allowlist_row_counts_the_rack_controllers_maas_lists(site):
+    """Rack controllers, and region controllers that are racks too: each needs its address (or two)."""
+    site.double.add_node("region-1", "region_and_rack_controller")
+    site.double.add_node("rack-1", "rack_controller")
+    site.double.add_node("region-2", "region_controller")   # not a rack: it never reaches a BMC
+    site.double.add_node("printer", "device")
+    check = site.run()["ingress.source_ranges"]
+    assert check.status == "ok"
+    assert check.found.endswith("; MAAS lists 2 rack controller(s): 2 address(es) allowed per rack controller")
 
 
 def lease_kubeconfig(tmp_path: Path, port: int) -> Path:

@@ -148,13 +148,27 @@ def run(values: Mapping[str, Any], client: MAASClient, cluster: Any | None, opti
                             f"`{options.command} doctor --kubeconfig FILE` (read access is enough)"))
     else:
         checks.extend(cluster_checks(values, cluster, seed, fixes, reach))
-    checks.append(source_ranges_check(values["ingress"]["source_ranges"], fixes.apply))
+    checks.append(source_ranges_check(values["ingress"]["source_ranges"], fixes.apply,
+                                      _rack_controllers(client, checks)))
     resolve = options.resolve or system_resolve
     checks.append(dns_check(reach.hosts, resolve, values["redfish"]["domain"]))
     checks.append(redfish_check(reach.credentials, resolve, options.redfish_deadline,
                                 options.redfish_https_port or HTTPS_PORT))
     reach.credentials.clear()
     return checks
+
+
+def _rack_controllers(client: MAASClient, checks: Sequence[Check]) -> int | None:
+    """How many rack controllers MAAS lists; None when it cannot say (then it is not asked again
+    after its version check failed: a site without MAAS waits for no more timeouts)."""
+    from maas_kubevirt.maas import MAASError
+
+    if not checks or checks[0].name != "maas.version" or checks[0].status in (FAIL, SKIP):
+        return None
+    try:
+        return len(client.rack_controllers())
+    except MAASError:
+        return None
 
 
 def summary(checks: Sequence[Check]) -> dict[str, int]:

@@ -64,7 +64,7 @@ def source_ranges_check(ranges: Iterable[str], apply: str, rack_controllers: int
     ranges = [str(item) for item in ranges]
     total, unparsed = allowed_addresses(ranges)
     shown = _some(ranges)
-    per_rack = ""
+    per_rack = "; MAAS lists no rack controller" if rack_controllers == 0 else ""
     if rack_controllers:
         per_rack = f"; MAAS lists {rack_controllers} rack controller(s): {_how_many(-(-total // rack_controllers))} " \
                    "address(es) allowed per rack controller"

@@ -226,6 +226,14 @@ class Endpoints:
             raise MAASError("GET", "regioncontrollers/", 200, "expected a list of region controllers", "malformed")
         return data
 
+    def rack_controllers(self) -> list[Any]:
+        """Every rack controller MAAS knows (src/maasserver/api/rackcontrollers.py,
+        RackControllersHandler: the nodes of type rack, or region and rack)."""
+        data = self.call("GET", "rackcontrollers/")
+        if not isinstance(data, list):
+            raise MAASError("GET", "rackcontrollers/", 200, "expected a list of rack controllers", "malformed")
+        return data
+
     def config(self, name: str) -> Any:
         """One MAAS configuration value (src/maasserver/api/maas.py, ``get_config``: the value as JSON)."""
         return self.call("GET", "maas/", [("op", "get_config"), ("name", name)])
