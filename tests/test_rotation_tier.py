@@ -1,0 +1,230 @@
+"""Credential rotation on the live control plane (issue 25 item 2): the bundle's policies, RBAC and
+ConfigMap, Kyverno's own controllers, and rotations.py as the reconciler's ServiceAccount.
+
+A bump of one VM's generation, written with a token of the rendered reconciler ServiceAccount
+(so its Role is proven too), changes exactly that VM's <vm>-bmc Secret to identity.bmc_user and
+bmc_password at the new generation, within a bounded wait; every other Secret and VM stays
+byte-identical (same resourceVersion). The times measured are printed (pytest -s) and kept in
+REDERIVATION_SECONDS.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from controlplane import _kubeconfig
+from maas_kubevirt import identity, policies, rotations
+from test_controlplane import (  # noqa: F401  (fixtures: bundle, site, make_namespace)
+    SETTLE, b64, bundle, create, eventually, get, make_namespace, objects_match, site, vm,
+)
+
+pytestmark = pytest.mark.usefixtures("bundle")
+
+ACCOUNT = policies.RECONCILER_ACCOUNT
+# What the issue allows for Kyverno to re-derive after a bump ("within seconds", not hourly).
+REDERIVE_BOUND = 30
+# How long a change that must not happen is given to happen anyway.
+QUIET = 8
+REDERIVATION_SECONDS: list[float] = []
+
+
+def system_namespace(bundle) -> str:
+    return bundle.values["kubernetes"]["system_namespace"]
+
+
+@pytest.fixture
+def reconciler_api(control_plane, bundle, tmp_path_factory):
+    """A CoreV1Api as the rendered reconciler ServiceAccount (a bounded token, as the README says)."""
+    cp = control_plane
+    token = cp.kubectl("create", "token", ACCOUNT, "-n", "maas-kubevirt", "--duration", "2h").stdout.strip()
+    path = _kubeconfig(tmp_path_factory.mktemp("reconciler") / "kubeconfig", cp.server, cp.ca, {"token": token})
+    return rotations.core_api(str(path))
+
+
+@pytest.fixture
+def admin_api(control_plane, bundle):
+    return rotations.core_api(str(control_plane.kubeconfig))
+
+
+def secret(cp, name: str, namespace: str) -> dict | None:
+    return get(cp, "secret", f"{name}-bmc", namespace)
+
+
+def derived_with(bundle, name: str, namespace: str, generation: int):
+    """A check: the Secret holds the user and password of that generation, and says so."""
+    serial = identity.format_serial(name, namespace)
+    expected = {"username": b64(identity.bmc_user(bundle.seed, serial, generation)),
+                "password": b64(identity.bmc_password(bundle.seed, serial, generation))}
+
+    def check(cp) -> bool:
+        found = secret(cp, name, namespace)
+        return bool(found) and found["data"] == expected and \
+            (found["metadata"].get("annotations") or {}).get(policies.GENERATION_ANNOTATION) == str(generation)
+
+    return check
+
+
+def fingerprint(obj: dict) -> str:
+    """The whole stored object (resourceVersion included): equal means not written since."""
+    return json.dumps(obj, sort_keys=True)
+
+
+def three_vms(cp, bundle, make_namespace) -> list[tuple[str, str]]:
+    """Two VMs in one opted-in namespace and one in another, each with its generation-0 Secret."""
+    first, second = make_namespace(), make_namespace()
+    vms = [("alpha", first), ("beta", first), ("alpha", second)]
+    for name, namespace in vms:
+        create(cp, vm(name, namespace)).check_returncode()
+    for name, namespace in vms:
+        eventually(cp, lambda: objects_match(cp, bundle.values, bundle.seed, name, namespace)
+                   and derived_with(bundle, name, namespace, 0)(cp), f"{namespace}/{name}'s BMC objects at generation 0")
+    return vms
+
+
+def timed_rederivation(cp, bundle, name: str, namespace: str, generation: int, began: float) -> float:
+    eventually(cp, lambda: derived_with(bundle, name, namespace, generation)(cp),
+               f"{namespace}/{name}-bmc re-derived at generation {generation}", timeout=SETTLE)
+    took = time.monotonic() - began
+    REDERIVATION_SECONDS.append(took)
+    print(f"\nre-derivation of {namespace}/{name}-bmc at generation {generation}: {took:.1f} s")
+    return took
+
+
+def test_a_bump_changes_exactly_that_vms_secret(control_plane, bundle, make_namespace, reconciler_api):
+    cp = control_plane
+    vms = three_vms(cp, bundle, make_namespace)
+    target, others = vms[0], vms[1:]
+    before = {v: fingerprint(secret(cp, *v)) for v in others}
+    vms_before = {v: fingerprint(get(cp, "virtualmachine", *v)) for v in others}
+    for generation in (1, 2):
+        began = time.monotonic()
+        assert rotations.bump(reconciler_api, *target, system_namespace=system_namespace(bundle)) == generation
+        took = timed_rederivation(cp, bundle, *target, generation, began)
+        assert took <= REDERIVE_BOUND, f"re-derivation took {took:.1f} s"
+    # The rotated VM carries its generation (the trigger); the others were never written.
+    annotations = get(cp, "virtualmachine", *target)["metadata"].get("annotations") or {}
+    assert annotations.get(policies.GENERATION_ANNOTATION) == "2"
+    time.sleep(QUIET)
+    assert {v: fingerprint(secret(cp, *v)) for v in others} == before
+    assert {v: fingerprint(get(cp, "virtualmachine", *v)) for v in others} == vms_before
+    # The reconciler reads back what it wrote; the new user is a new BMC row for MAAS too.
+    generations = rotations.read(reconciler_api, system_namespace(bundle))
+    assert generations[target] == 2 and all(v not in generations for v in others)
+    serial = identity.format_serial(*target)
+    assert identity.bmc_user(bundle.seed, serial, 2) != identity.bmc_user(bundle.seed, serial, 0)
+    # `kubectl apply -k` again (an upgrade, a values change) keeps every generation written.
+    rotated = fingerprint(secret(cp, *target))
+    cp.apply_bundle(bundle.output)
+    time.sleep(QUIET)
+    assert rotations.read(reconciler_api, system_namespace(bundle))[target] == 2
+    assert fingerprint(secret(cp, *target)) == rotated
+
+
+def test_a_tenant_annotating_its_own_vm_changes_no_derivation(control_plane, bundle, make_namespace, reconciler_api):
+    cp = control_plane
+    vms = three_vms(cp, bundle, make_namespace)
+    (name, namespace), witness = vms[0], vms[1]
+    before = secret(cp, name, namespace)
+    cp.kubectl("annotate", "--overwrite", "virtualmachine", name, "-n", namespace,
+               f"{policies.GENERATION_ANNOTATION}=7")
+    # A bump of another VM after it: once that is re-derived, Kyverno has had the tenant's update too.
+    began = time.monotonic()
+    assert rotations.bump(reconciler_api, *witness, system_namespace=system_namespace(bundle)) == 1
+    timed_rederivation(cp, bundle, *witness, 1, began)
+    time.sleep(QUIET)
+    after = secret(cp, name, namespace)
+    assert after["data"] == before["data"]
+    assert after["metadata"]["annotations"] == before["metadata"]["annotations"]
+    assert derived_with(bundle, name, namespace, 0)(cp)
+
+
+def test_a_malformed_configmap_update_is_refused(control_plane, bundle, reconciler_api):
+    cp = control_plane
+    where = ["-n", system_namespace(bundle)]
+    before = cp.get("configmap", identity.ROTATIONS_CONFIGMAP, system_namespace(bundle)).get("data")
+    for data in ({"web1": "1"}, {"Web1.tenant-a": "1"}, {"web1.tenant-a": "01"}, {"web1.tenant-a": " 1"},
+                 {"web1.tenant-a": "1000000000"}, {"web1.tenant-a": "one"}):
+        refused = cp.kubectl("patch", "configmap", identity.ROTATIONS_CONFIGMAP, *where, "--type=merge",
+                             "-p", json.dumps({"data": data}), check=False)
+        assert refused.returncode != 0 and "generations-are-canonical" in refused.stderr, (data, refused.stderr)
+    # The reconciler's own update of a malformed value is refused the same way, as one line.
+    configmap = reconciler_api.read_namespaced_config_map(identity.ROTATIONS_CONFIGMAP, system_namespace(bundle))
+    configmap.data = {**(configmap.data or {}), "web1.tenant-a": "007"}
+    with pytest.raises(Exception) as refused:
+        reconciler_api.replace_namespaced_config_map(identity.ROTATIONS_CONFIGMAP, system_namespace(bundle), configmap)
+    assert getattr(refused.value, "status", None) in (400, 422) and "generations-are-canonical" in str(refused.value.body)
+    assert cp.get("configmap", identity.ROTATIONS_CONFIGMAP, system_namespace(bundle)).get("data") == before
+
+
+def test_the_reconciler_may_get_and_update_that_configmap_and_read_no_secret(control_plane, bundle, make_namespace):
+    cp = control_plane
+    tenant = make_namespace()
+    who = f"system:serviceaccount:maas-kubevirt:{ACCOUNT}"
+    system = system_namespace(bundle)
+
+    def can(*args: str) -> bool:
+        answer = cp.kubectl("auth", "can-i", *args, "--as", who, check=False).stdout.strip()
+        assert answer in ("yes", "no"), answer
+        return answer == "yes"
+
+    assert can("get", f"configmaps/{identity.ROTATIONS_CONFIGMAP}", "-n", system)
+    assert can("update", f"configmaps/{identity.ROTATIONS_CONFIGMAP}", "-n", system)
+    for verb, what, where in (("list", "configmaps", system), ("watch", "configmaps", system),
+                              ("get", "configmaps/kube-root-ca.crt", system), ("create", "configmaps", system),
+                              ("delete", f"configmaps/{identity.ROTATIONS_CONFIGMAP}", system),
+                              ("patch", f"configmaps/{identity.ROTATIONS_CONFIGMAP}", system),
+                              ("get", "secrets", system), ("list", "secrets", system),
+                              ("get", f"secrets/{bundle.values['kubernetes']['seed_secret']}", system),
+                              ("get", "secrets", tenant), ("list", "secrets", tenant), ("get", "secrets/alpha-bmc", tenant),
+                              ("list", "configmaps", tenant), ("get", "configmaps", "--all-namespaces")):
+        if where.startswith("--"):
+            assert not can(verb, what, where), (verb, what, where)
+        else:
+            assert not can(verb, what, "-n", where), (verb, what, where)
+
+
+def test_rotations_errors_name_the_fix(control_plane, bundle, reconciler_api, admin_api):
+    # No ConfigMap where it is looked for (admin may read "default"): the fix is the bundle.
+    with pytest.raises(rotations.RotationsError) as missing:
+        rotations.bump(admin_api, "alpha", "tenant-a", system_namespace="default")
+    assert "404" in str(missing.value) and "kubectl apply -k" in str(missing.value)
+    # The reconciler's token where its Role does not reach: 403 naming the Role.
+    with pytest.raises(rotations.RotationsError) as forbidden:
+        rotations.read(reconciler_api, "default")
+    assert "403" in str(forbidden.value) and f"Role {ACCOUNT}" in str(forbidden.value)
+    for error in (missing.value, forbidden.value):
+        assert "\n" not in str(error) and bundle.seed not in str(error)
+
+
+def test_without_the_configmap_no_secret_changes(control_plane, bundle, make_namespace, admin_api, reconciler_api):
+    """Fail closed: with the ConfigMap gone, a rotated VM's Secret is not re-derived at generation 0
+    (its leaked password would come back), and a new VM gets no Secret until the ConfigMap is back."""
+    cp = control_plane
+    system = system_namespace(bundle)
+    (name, namespace), *_ = three_vms(cp, bundle, make_namespace)
+    began = time.monotonic()
+    assert rotations.bump(reconciler_api, name, namespace, system_namespace=system) == 1
+    timed_rederivation(cp, bundle, name, namespace, 1, began)
+    saved = cp.get("configmap", identity.ROTATIONS_CONFIGMAP, system).get("data") or {}
+    rotated = fingerprint(secret(cp, name, namespace))
+    cp.kubectl("delete", "configmap", identity.ROTATIONS_CONFIGMAP, "-n", system)
+    try:
+        cp.kubectl("annotate", "--overwrite", "virtualmachine", name, "-n", namespace, "example.org/touch=1")
+        create(cp, vm("newcomer", namespace)).check_returncode()
+        time.sleep(QUIET + 4)
+        assert fingerprint(secret(cp, name, namespace)) == rotated
+        assert secret(cp, "newcomer", namespace) is None
+    finally:
+        # Back as the operator would (the bundle), with the generations restored by hand.
+        cp.apply_bundle(bundle.output)
+        configmap = admin_api.read_namespaced_config_map(identity.ROTATIONS_CONFIGMAP, system)
+        configmap.data = saved
+        admin_api.replace_namespaced_config_map(identity.ROTATIONS_CONFIGMAP, system, configmap)
+    # Kyverno gave up on the newcomer's request while the ConfigMap was missing; its next update
+    # (or the hourly resync) brings its Secret. The rotated VM kept its generation throughout.
+    cp.kubectl("annotate", "--overwrite", "virtualmachine", "newcomer", "-n", namespace, "example.org/touch=2")
+    eventually(cp, lambda: derived_with(bundle, "newcomer", namespace, 0)(cp), "the newcomer's Secret once it is back")
+    assert derived_with(bundle, name, namespace, 1)(cp)
