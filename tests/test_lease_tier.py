@@ -45,6 +45,7 @@ from maas_kubevirt import identity, lease, loop, status
 # tries again as late after the duration: it takes over within duration + 4.4 x retry_period.
 DURATION, RENEW_DEADLINE, RETRY_PERIOD, INTERVAL = 6, 4, 1, 8
 FAST = {"duration": 3, "renew_deadline": 2, "retry_period": 1}
+ROTATIONS = identity.ROTATIONS_CONFIGMAP
 
 
 # --- fast: two loops in this process, the MAAS double, a fake Lease ------------------------------
@@ -58,8 +59,20 @@ def shared_lease(monkeypatch):
     names = (f"thread-{n}_{os.getpid()}" for n in itertools.count(1))
     monkeypatch.setattr(lease, "coordination_api", lambda path: FakeCoordination(store))
     monkeypatch.setattr(lease, "holder_identity", lambda: next(names))
+    # The same access reads the credential generations: none rotated here (test_rotation.py has them).
+    monkeypatch.setattr(loop, "rotator_from_values", lambda values: NoRotations())
     monkeypatch.delenv("MAAS_API_KEY", raising=False)
     return store
+
+
+class NoRotations:
+    """The rotations ConfigMap of a site that never rotated."""
+
+    def read(self) -> dict:
+        return {}
+
+    def bump(self, vm: str, namespace: str) -> int:
+        raise AssertionError(f"nothing here should need rotating, yet {vm}.{namespace} did")
 
 
 def leased_values(directory: Path, double: MaasDouble, **timings: int) -> dict:
@@ -310,6 +323,7 @@ def lease_site(lease_plane, real_maas, tmp_path_factory):
     assert rendered.returncode == 0, rendered.stderr
     # The API server alone runs no Kyverno: the objects this feature adds, and their namespace.
     lease_plane.kubectl("apply", "-f", str(output / "kubernetes" / "system-namespace.yaml"),
+                        "-f", str(output / "kubernetes" / "credential-rotations.yaml"),
                         "-f", str(output / "kubernetes" / "reconciler-rbac.yaml"))
     # README, "One reconciler per site: the lease": a bounded token, then a kubeconfig of its own.
     account = "maas-kubevirt-reconciler"
@@ -332,7 +346,7 @@ def as_reconciler(lease_plane, lease_site, *args: str) -> subprocess.CompletedPr
                           capture_output=True, text=True, timeout=60)
 
 
-def test_the_reconcilers_service_account_may_get_create_and_update_the_lease_and_nothing_else(
+def test_the_reconcilers_service_account_may_use_the_lease_and_the_rotations_configmap_and_nothing_else(
         lease_plane, lease_site):
     def can(*args: str) -> bool:
         done = as_reconciler(lease_plane, lease_site, "auth", "can-i", *args)
@@ -343,8 +357,15 @@ def test_the_reconcilers_service_account_may_get_create_and_update_the_lease_and
     assert can("get", f"leases/{NAME}", "-n", NAMESPACE) and can("update", f"leases/{NAME}", "-n", NAMESPACE)
     for verb, what in (("get", "leases/another"), ("update", "leases/another"), ("list", "leases"),
                        ("watch", "leases"), ("delete", f"leases/{NAME}"), ("patch", f"leases/{NAME}"),
-                       ("get", "secrets"), ("get", "configmaps"), ("create", "pods"), ("get", "serviceaccounts")):
+                       ("get", "secrets"), ("get", "configmaps"), ("create", "pods"), ("get", "serviceaccounts"),
+                       ("get", "configmaps/another"), ("list", "configmaps"), ("watch", "configmaps"),
+                       ("create", "configmaps"), ("delete", f"configmaps/{ROTATIONS}"),
+                       ("patch", f"configmaps/{ROTATIONS}")):
         assert not can(verb, what, "-n", NAMESPACE), (verb, what)
+    # The credential generations (issue 25): read every cycle, bumped after a possible leak.
+    assert can("get", f"configmaps/{ROTATIONS}", "-n", NAMESPACE)
+    assert can("update", f"configmaps/{ROTATIONS}", "-n", NAMESPACE)
+    assert not can("get", f"configmaps/{ROTATIONS}", "-n", "default")
     assert not can("create", "leases", "-n", "default") and not can("get", "namespaces")
     rules = as_reconciler(lease_plane, lease_site, "auth", "can-i", "--list", "-n", NAMESPACE).stdout
     # Resource rules first, then non-resource URLs (discovery, /healthz ...) as "[/path]".
@@ -352,7 +373,8 @@ def test_the_reconcilers_service_account_may_get_create_and_update_the_lease_and
         word for word in rules.split() if word.startswith("[")}
     # Besides the Lease: what every authenticated user may (system:basic-user's self-reviews).
     assert resources - {"selfsubjectreviews.authentication.k8s.io", "selfsubjectaccessreviews.authorization.k8s.io",
-                        "selfsubjectrulesreviews.authorization.k8s.io"} == {"leases.coordination.k8s.io"}, rules
+                        "selfsubjectrulesreviews.authorization.k8s.io"} == {"leases.coordination.k8s.io",
+                                                                          "configmaps"}, rules
 
 
 # --- the scenarios ------------------------------------------------------------------------------
