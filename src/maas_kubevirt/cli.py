@@ -105,6 +105,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--script", metavar="FILE", default=str(DEFAULT_OUTPUT / "commissioning" / SCRIPT_NAME),
         help="the rendered script (default: %(default)s)",
     )
+    rotate = commands.add_parser(
+        "rotate",
+        help="give one VM new BMC credentials (a password that may have leaked)",
+        description="Increment the credential generation of VM.NAMESPACE in the ConfigMap "
+        "maas-kubevirt-rotations of the system namespace, through the cluster access of "
+        "reconciler.lease (which it needs: the reconciler reads every generation there). Kyverno "
+        "derives the VM's <vm>-bmc Secret anew within seconds, and the reconciler sets the new user "
+        "and password in MAAS shortly after. The reconciler does the same by itself when it takes a "
+        "password back from beside another address; `status` and doctor name every VM still to "
+        "rotate. The rotation is written to maas.audit_log.",
+        epilog="Exit status: 0 rotated, 1 the cluster refused or did not answer, 2 usage or configuration error.",
+    )
+    rotate.add_argument("serial", metavar="VM.NAMESPACE", help="the VM, as its SMBIOS serial names it")
+    rotate.add_argument(
+        "--kubeconfig", metavar="FILE",
+        help="a kubeconfig allowed to update that ConfigMap (default: reconciler.lease.kubeconfig)",
+    )
     doctor = commands.add_parser(
         "doctor",
         help="check a whole site: MAAS, the cluster and the network",
@@ -136,6 +153,7 @@ def _command(name: str) -> ModuleType:
         "status": "status",
         "upload-script": "upload",
         "doctor": "doctor",
+        "rotate": "rotate",
     }[name]
     return importlib.import_module(f"maas_kubevirt.{module}")
 

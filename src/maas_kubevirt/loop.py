@@ -20,6 +20,7 @@ from maas_kubevirt.audit import Audit
 from maas_kubevirt.console import error, note, table, warn
 from maas_kubevirt.maas import MAASAuthError, MAASVersionError, client_from_values
 from maas_kubevirt.notify import Notifier
+from maas_kubevirt.rotate import rotator_from_values
 from maas_kubevirt.reconcile import Action, Cycle, Passwords, Reconciler, Settings, claim_of
 
 # Seconds a cycle may outlast maas.cycle_deadline before the watchdog should fire: the requests
@@ -180,8 +181,11 @@ def main(values: dict, args: Any) -> int:
     reconciler = Reconciler(client, settings, audit, stop, passwords=passwords)
     # What a restart would forget (commission backoffs, suspects reported), from maas.audit_log.
     reconciler.restore(Audit.read_file(values["maas"].get("audit_log", "")))
+    reconciler.values_path = getattr(args, "values", None)
     try:
         candidate = None if dry_run else lease.candidate_from_values(values)
+        # Every VM's credential generation, and its bump after a possible leak, on the same access.
+        reconciler.rotator = rotator_from_values(values)
     except lease.LeaseConfigError as failure:
         client.close()
         error(str(failure))

@@ -1,0 +1,84 @@
+"""``maas-kubevirt rotate VM.NAMESPACE``: a new credential generation for one VM, by hand; and the
+reconciler's rotator, both on the cluster access of ``reconciler.lease``.
+
+Kyverno re-derives the VM's ``<vm>-bmc`` Secret from the new generation within seconds, and the
+reconciler, which reads every generation each cycle, sets the new user and password in MAAS once
+``ROTATION_SETTLE`` has passed. Exit codes: 0 rotated, 1 the cluster refused or did not answer,
+2 usage or configuration error.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, identity, lease, rotations
+from maas_kubevirt.audit import Audit
+from maas_kubevirt.console import error, warn
+from maas_kubevirt.reconcile import ROTATE, ROTATION_SETTLE
+
+NEEDS_LEASE = ("reconciler.lease.kubeconfig is not set: the reconciler reads each VM's credential "
+               "generation through that cluster access, and without it would set the old password back; "
+               "configure the lease (docs/operations.md, \"One reconciler per site: the lease\"), then rotate")
+
+
+class Rotator:
+    """The rotations ConfigMap as the reconciler uses it: ``read()`` every generation, ``bump()`` one."""
+
+    def __init__(self, api: Any, system_namespace: str):
+        self.api = api
+        self.system_namespace = system_namespace
+        self._reported: set[str] = set()
+
+    def _report(self, line: str) -> None:
+        if line not in self._reported:   # read every cycle: each malformed entry said once
+            self._reported.add(line)
+            warn(line)
+
+    def read(self) -> dict[tuple[str, str], int]:
+        return dict(rotations.read(self.api, self.system_namespace, report=self._report))
+
+    def bump(self, vm: str, namespace: str) -> int:
+        return rotations.bump(self.api, vm, namespace, system_namespace=self.system_namespace)
+
+
+def rotator_from_values(values: Mapping[str, Any], kubeconfig: str | None = None) -> Rotator | None:
+    """The rotator on the Lease's kubeconfig (or this one); None without reconciler.lease.
+    Raises lease.LeaseConfigError when the kubeconfig cannot be used."""
+    if not lease.configured(values):
+        return None
+    api = rotations.core_api(kubeconfig or lease.kubeconfig_path(values))
+    return Rotator(api, values["kubernetes"]["system_namespace"])
+
+
+def main(values: dict, args: Any) -> int:
+    """``rotate VM.NAMESPACE [--kubeconfig FILE]``: 0 rotated, 1 the cluster failed, 2 usage."""
+    serial = args.serial
+    try:
+        vm, namespace = identity.parse_serial(serial)
+    except identity.IdentityError as failure:
+        error(f"rotate: {failure}")
+        return EXIT_USAGE
+    if not lease.configured(values):
+        error(f"rotate: {NEEDS_LEASE}")
+        return EXIT_USAGE
+    try:
+        rotator = rotator_from_values(values, getattr(args, "kubeconfig", None))
+    except lease.LeaseConfigError as failure:
+        error(f"rotate: {failure}")
+        return EXIT_USAGE
+    assert rotator is not None
+    try:
+        after = rotator.bump(vm, namespace)
+    except rotations.RotationsError as failure:
+        error(f"rotate {serial}: {failure}")
+        return EXIT_FAILED
+    try:
+        # So that status, doctor and a restarted reconciler know the exposure is dealt with.
+        Audit(values["maas"].get("audit_log", "")).write(ROTATE, None, None, str(after - 1), str(after), "ok",
+                                                          note="by hand (maas-kubevirt rotate)", identity=serial)
+    except Exception as failure:  # noqa: BLE001 - the rotation stands; only its record is missing
+        warn(f"rotate {serial}: rotated, but not recorded in maas.audit_log: {failure}")
+    print(f"{serial}: credential generation {after - 1} -> {after}. Kyverno re-derives the Secret "
+          f"{vm}-bmc in namespace {namespace} within seconds; the reconciler sets the new user and "
+          f"password in MAAS {ROTATION_SETTLE:.0f} s after its next cycle sees the generation.", flush=True)
+    return EXIT_OK
