@@ -72,14 +72,17 @@ RANK = {
     "render": 4,                  # the render command, and what upload (and doctor) compare with
     "reconcile": 3, "policies": 3,
     "lease": 3,                   # the election on a Lease (reads it through kube for status and doctor)
+    "rotate": 4,                  # the rotate command, and the reconciler's rotator on the Lease's access
+    "rotations": 2,               # the credential generations in their ConfigMap
     "maas": 2, "kube": 2, "audit": 2, "seed": 2, "events": 2,
     "values": 1, "console": 1,
+    "metrics": 1, "notify": 1,    # what the service tells Prometheus and systemd
     "upstream": 1,                # the releases proven, read from upstream.lock.yaml (doctor compares)
     "identity": 0, "paths": 0,
     "__init__": -1,               # PROG, the version and the exit codes: anyone may import them
 }
 COMMANDS = {"render": "render", "reconcile": "loop", "status": "status", "upload-script": "upload",
-            "doctor": "doctor"}
+            "doctor": "doctor", "rotate": "rotate"}
 
 
 def _imports(path: Path) -> set[str]:

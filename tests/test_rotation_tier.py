@@ -16,7 +16,7 @@ import time
 import pytest
 
 from controlplane import _kubeconfig
-from maas_kubevirt import identity, policies, rotations
+from maas_kubevirt import identity, policies, rotate, rotations
 from test_controlplane import (  # noqa: F401  (fixtures: bundle, site, make_namespace)
     SETTLE, b64, bundle, create, eventually, get, make_namespace, objects_match, site, vm,
 )
@@ -41,12 +41,12 @@ def reconciler_api(control_plane, bundle, tmp_path_factory):
     cp = control_plane
     token = cp.kubectl("create", "token", ACCOUNT, "-n", "maas-kubevirt", "--duration", "2h").stdout.strip()
     path = _kubeconfig(tmp_path_factory.mktemp("reconciler") / "kubeconfig", cp.server, cp.ca, {"token": token})
-    return rotations.core_api(str(path))
+    return rotate.core_api(str(path))
 
 
 @pytest.fixture
 def admin_api(control_plane, bundle):
-    return rotations.core_api(str(control_plane.kubeconfig))
+    return rotate.core_api(str(control_plane.kubeconfig))
 
 
 def secret(cp, name: str, namespace: str) -> dict | None:

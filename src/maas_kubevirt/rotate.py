@@ -41,12 +41,20 @@ class Rotator:
         return rotations.bump(self.api, vm, namespace, system_namespace=self.system_namespace)
 
 
+def core_api(kubeconfig: str) -> Any:
+    """A ``CoreV1Api`` on the kubeconfig the Lease uses, read as kubectl reads it.
+    Raises lease.LeaseConfigError when the kubeconfig cannot be used."""
+    from kubernetes import client as k8s_client
+
+    return k8s_client.CoreV1Api(lease.coordination_api(kubeconfig).api_client)
+
+
 def rotator_from_values(values: Mapping[str, Any], kubeconfig: str | None = None) -> Rotator | None:
     """The rotator on the Lease's kubeconfig (or this one); None without reconciler.lease.
     Raises lease.LeaseConfigError when the kubeconfig cannot be used."""
     if not lease.configured(values):
         return None
-    api = rotations.core_api(kubeconfig or lease.kubeconfig_path(values))
+    api = core_api(kubeconfig or lease.kubeconfig_path(values))
     return Rotator(api, values["kubernetes"]["system_namespace"])
 
 

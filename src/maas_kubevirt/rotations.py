@@ -173,13 +173,3 @@ def bump(api: Any, vm: str, namespace: str, *, system_namespace: str = DEFAULT_N
                                      "another writer keeps changing it; try again", 409) from None
             raise _error(error, "update", system_namespace) from None
     raise AssertionError("unreachable")  # pragma: no cover
-
-
-def core_api(kubeconfig: str) -> Any:
-    """A ``CoreV1Api`` on the kubeconfig the Lease uses (reconciler.lease.kubeconfig), read as
-    kubectl reads it. Raises lease.LeaseConfigError when the kubeconfig cannot be used."""
-    from kubernetes import client as k8s_client
-
-    from maas_kubevirt import lease
-
-    return k8s_client.CoreV1Api(lease.coordination_api(kubeconfig).api_client)
