@@ -1,0 +1,308 @@
+"""PATH shims for the documentation's commands that cannot run on a test machine.
+
+test_docs.py puts one executable per name below in front of PATH (`install(directory)`); each
+runs `python docs_shims.py NAME ARGS...`. A shim records its call in $DOCS_CALLS, checks its
+arguments against what exists (the package built from this tree, debian/, the drop-in the docs
+write) and exits non-zero, saying why, when they do not match. Why each exists:
+
+- sudo: the tests must not write the host's /etc. The page runs in a private mount namespace
+  whose /etc and /var/log are overlays, so `sudo CMD` runs CMD as it is there; every path it
+  names under /etc must be one the package ships or its postrm purges (so a purge leaves
+  nothing behind), and `sudo maas-kubevirt` runs the CLI of the package `apt install` unpacked.
+- sudoedit: an editor needs a person. It applies the next edit test_docs.py queued for that
+  file (a YAML merge) and fails when none is queued or the file does not exist yet.
+- apt, apt-get: installing a package on the test machine is not allowed. `apt-get build-dep ./`
+  runs dpkg-checkbuilddeps on ./debian/control; `apt install ./X.deb` checks the file is this
+  tree's package (name, version from debian/changelog), unpacks it into $DOCS_PKGROOT and copies
+  its /etc and /var/log into the overlays, as dpkg would.
+- systemctl: there is no systemd as PID 1. `daemon-reload` reads the unit and its drop-ins;
+  `restart maas-kubevirt` fails unless the unit is installed, its ConditionPathExists= paths and
+  every LoadCredential= file exist and drop-ins changed since were reloaded, then runs the
+  unit's ExecStart= in the background with $CREDENTIALS_DIRECTORY made as systemd makes it
+  (after stopping the one it started before), its output the journal; it waits for the first
+  line of output, and fails if the service exits.
+- journalctl: prints that output for `-u maas-kubevirt`, the only unit there is.
+- maas: MAAS's CLI needs a region host. `maas apikey --username NAME` prints the test MAAS's key;
+  with MAAS's source at hand (the real-MAAS tier's cache) it checks `apikey` takes --username.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMES = ("sudo", "sudoedit", "apt", "apt-get", "systemctl", "journalctl", "maas")
+UNIT = "maas-kubevirt"
+
+
+def install(directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in NAMES:
+        path = directory / name
+        path.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(__file__)} {name} \"$@\"\n")
+        path.chmod(0o755)
+    return directory
+
+
+def fail(message: str) -> None:
+    print(f"{os.path.basename(sys.argv[1])} (test shim): {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def env(name: str) -> Path:
+    return Path(os.environ[name])
+
+
+def record(name: str, args: list[str]) -> None:
+    with open(os.environ["DOCS_CALLS"], "a") as calls:
+        calls.write(json.dumps([name, *args]) + "\n")
+
+
+def real_path() -> str:
+    return os.environ["DOCS_REAL_PATH"]
+
+
+# --- sudo --------------------------------------------------------------------------------------
+
+def allowed_etc_paths() -> set[str]:
+    """/etc paths the package ships (its unpacked tree) or its postrm removes."""
+    paths = set()
+    postrm = (ROOT / "debian" / "maas-kubevirt.postrm").read_text()
+    paths.update(re.findall(r"/etc/[\w./-]+", postrm))
+    pkgroot = env("DOCS_PKGROOT")
+    if (pkgroot / "etc").is_dir():
+        paths.update("/" + str(p.relative_to(pkgroot)) for p in (pkgroot / "etc").rglob("*"))
+    return {p.rstrip("/.") for p in paths}
+
+
+def cli(args: list[str]) -> list[str]:
+    """The unpacked package's maas-kubevirt, run by the tests' Python with its own modules and data."""
+    pkgroot = env("DOCS_PKGROOT")
+    binary = pkgroot / "usr" / "bin" / "maas-kubevirt"
+    if not binary.is_file():
+        fail("maas-kubevirt is not installed: run `apt install` on the package first")
+    return [sys.executable, str(binary), *args]
+
+
+def cli_env() -> dict[str, str]:
+    pkgroot = env("DOCS_PKGROOT")
+    found = sorted((pkgroot / "usr" / "lib").glob("python3*/dist-packages"))
+    return {**os.environ, "PYTHONPATH": ":".join(map(str, found)),
+            "MAAS_KUBEVIRT_DATA": str(pkgroot / "usr" / "share" / "maas-kubevirt")}
+
+
+def sudo(args: list[str]) -> None:
+    if not args or args[0].startswith("-"):
+        fail(f"the docs call sudo with a command and no option, not {args}")
+    allowed = allowed_etc_paths()
+    for arg in args[1:]:
+        for path in re.findall(r"/etc/[\w./-]+", arg):
+            if path.rstrip("/") not in allowed:
+                fail(f"{path} is neither shipped by the package nor removed by its postrm: "
+                     f"a purge would leave it (known: {', '.join(sorted(allowed))})")
+    if args[0] == "maas-kubevirt":
+        os.execve(sys.executable, cli(args[1:]), cli_env())
+    os.execvp(args[0], args)
+
+
+def sudoedit(args: list[str]) -> None:
+    if len(args) != 1:
+        fail(f"expected one file, got {args}")
+    path = Path(args[0])
+    if not path.is_file():
+        fail(f"{path} does not exist (the package ships it: install the package first)")
+    queue = env("DOCS_EDITS")
+    edits = json.loads(queue.read_text()) if queue.exists() else []
+    if not edits:
+        fail(f"no edit of {path} is queued by the test")
+    edit, rest = edits[0], edits[1:]
+    if edit["path"] != str(path):
+        fail(f"the test queued an edit of {edit['path']}, not {path}")
+    import yaml
+    data = yaml.safe_load(path.read_text()) or {}
+
+    def merge(into: dict, changes: dict) -> None:
+        for key, value in changes.items():
+            if isinstance(value, dict) and isinstance(into.get(key), dict):
+                merge(into[key], value)
+            else:
+                into[key] = value
+    merge(data, edit["merge"])
+    path.write_text(yaml.safe_dump(data))
+    queue.write_text(json.dumps(rest))
+
+
+# --- apt ---------------------------------------------------------------------------------------
+
+def apt_get(args: list[str]) -> None:
+    if args != ["build-dep", "./"]:
+        fail(f"only `apt-get build-dep ./` is covered, not {args}")
+    if not Path("debian/control").is_file():
+        fail("./debian/control does not exist: run it in the source tree")
+    checked = subprocess.run(["dpkg-checkbuilddeps"], capture_output=True, text=True)
+    if checked.returncode:
+        fail(f"the build dependencies are not all installed: {checked.stderr.strip()}")
+
+
+def apt(args: list[str]) -> None:
+    if len(args) != 2 or args[0] != "install" or not args[1].startswith("./"):
+        fail(f"only `apt install ./FILE.deb` is covered, not {args}")
+    deb = Path(args[1])
+    version = subprocess.run(["dpkg-parsechangelog", "-l", str(ROOT / "debian" / "changelog"), "-S", "Version"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    if deb.name != f"maas-kubevirt_{version}_all.deb" or not deb.is_file():
+        fail(f"{deb} is not this tree's package maas-kubevirt_{version}_all.deb (did the glob match?)")
+    pkgroot = env("DOCS_PKGROOT")
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(pkgroot)], check=True)
+    for part in ("etc", "var/log"):
+        if (pkgroot / part).is_dir():
+            shutil.copytree(pkgroot / part, "/" + part, dirs_exist_ok=True)
+    if not (pkgroot / "lib" / "systemd" / "system" / f"{UNIT}.service").is_file():
+        fail("the package has no maas-kubevirt.service")
+
+
+# --- systemd -----------------------------------------------------------------------------------
+
+def unit_files() -> list[Path]:
+    unit = env("DOCS_PKGROOT") / "lib" / "systemd" / "system" / f"{UNIT}.service"
+    if not unit.is_file():
+        fail(f"unit {UNIT}.service is not installed")
+    return [unit, *sorted(Path(f"/etc/systemd/system/{UNIT}.service.d").glob("*.conf"))]
+
+
+def directives(files: list[Path]) -> list[tuple[str, str]]:
+    pairs = []
+    for path in files:
+        for line in path.read_text().splitlines():
+            if line.strip() and not line.startswith(("#", ";", "[")):
+                key, _, value = line.partition("=")
+                pairs.append((key.strip(), value.strip()))
+    return pairs
+
+
+def state() -> dict:
+    path = env("DOCS_JOURNAL").parent / "systemd-state.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def save(data: dict) -> None:
+    (env("DOCS_JOURNAL").parent / "systemd-state.json").write_text(json.dumps(data))
+
+
+def fingerprint(files: list[Path]) -> list:
+    return [[str(p), p.read_text()] for p in files]
+
+
+def stop_service(data: dict) -> None:
+    pid = data.pop("pid", None)
+    if pid:
+        try:
+            os.killpg(pid, signal.SIGTERM)
+            for _ in range(100):
+                os.kill(pid, 0)
+                time.sleep(0.1)
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def systemctl(args: list[str]) -> None:
+    data = state()
+    if args == ["daemon-reload"]:
+        data["loaded"] = fingerprint(unit_files())
+        save(data)
+        return
+    if len(args) != 2 or args[0] not in ("restart", "stop") or args[1] not in (UNIT, f"{UNIT}.service"):
+        fail(f"only daemon-reload and restart/stop {UNIT} are covered, not {args}")
+    files = unit_files()
+    if "loaded" in data and data["loaded"] != fingerprint(files):
+        fail("the unit or a drop-in changed since the last daemon-reload: run `systemctl daemon-reload`")
+    if "loaded" not in data and len(files) > 1:
+        fail("a drop-in exists that systemd has not loaded: run `systemctl daemon-reload`")
+    stop_service(data)
+    save(data)
+    if args[0] == "stop":
+        return
+    pairs = directives(files)
+    for key, value in pairs:
+        if key == "ConditionPathExists" and not Path(value).exists():
+            fail(f"ConditionPathExists={value} is not met: systemd would skip the unit")
+    for key, value in pairs:   # what systemd makes for the unit before it starts
+        if key == "LogsDirectory":
+            for name in value.split():
+                Path("/var/log", name).mkdir(parents=True, exist_ok=True)
+    credentials = env("DOCS_JOURNAL").parent / "credentials"
+    shutil.rmtree(credentials, ignore_errors=True)
+    credentials.mkdir(mode=0o700)
+    for key, value in pairs:
+        if key == "LoadCredential":
+            name, _, source = value.partition(":")
+            if not Path(source).is_file():
+                fail(f"LoadCredential={value}: {source} does not exist: the unit would fail to start")
+            shutil.copyfile(source, credentials / name)
+            (credentials / name).chmod(0o400)
+    (command,) = [shlex.split(value) for key, value in pairs if key == "ExecStart"]
+    if command[0] != "/usr/bin/maas-kubevirt":
+        fail(f"ExecStart runs {command[0]}, not the package's /usr/bin/maas-kubevirt")
+    journal = env("DOCS_JOURNAL")
+    with open(journal, "a") as log:
+        process = subprocess.Popen(cli(command[1:]), env={**cli_env(), "CREDENTIALS_DIRECTORY": str(credentials)},
+                                   stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   start_new_session=True)
+    data["pid"] = process.pid
+    save(data)
+    with open(os.environ["DOCS_PIDS"], "a") as pids:
+        pids.write(f"{process.pid}\n")
+    size = journal.stat().st_size
+    deadline = time.monotonic() + float(os.environ.get("DOCS_START_TIMEOUT", "30"))
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            fail(f"the service exited {process.returncode}:\n{journal.read_text()[-2000:]}")
+        if journal.stat().st_size > size and journal.read_text().endswith("\n"):
+            time.sleep(1)
+            if process.poll() is not None:
+                fail(f"the service exited {process.returncode}:\n{journal.read_text()[-2000:]}")
+            return
+        time.sleep(0.1)
+    fail(f"the service wrote nothing within {deadline} s")
+
+
+def journalctl(args: list[str]) -> None:
+    if args not in (["-u", UNIT], ["-u", f"{UNIT}.service"]):
+        fail(f"only `journalctl -u {UNIT}` is covered, not {args}")
+    unit_files()
+    journal = env("DOCS_JOURNAL")
+    sys.stdout.write(journal.read_text() if journal.exists() else "-- No entries --\n")
+
+
+# --- MAAS's CLI --------------------------------------------------------------------------------
+
+def maas(args: list[str]) -> None:
+    if len(args) != 3 or args[:2] != ["apikey", "--username"]:
+        fail(f"only `maas apikey --username NAME` is covered, not {args}")
+    source = os.environ.get("DOCS_MAAS_SOURCE", "")
+    command = Path(source) / "src" / "maasserver" / "management" / "commands" / "apikey.py"
+    if source and command.is_file() and '"--username"' not in command.read_text():
+        fail(f"MAAS's apikey command ({command}) takes no --username")
+    print(os.environ["DOCS_MAAS_KEY"])
+
+
+def main() -> None:
+    name, args = sys.argv[1], sys.argv[2:]
+    record(name, args)
+    os.environ["PATH"] = os.environ.get("PATH", "")
+    {"sudo": sudo, "sudoedit": sudoedit, "apt": apt, "apt-get": apt_get, "systemctl": systemctl,
+     "journalctl": journalctl, "maas": maas}[name](args)
+
+
+if __name__ == "__main__":
+    main()

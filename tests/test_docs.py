@@ -1,0 +1,642 @@
+"""Every command of every page (README.md and docs/*.md) is run, in the order the page gives.
+
+doc_commands.commands() reads the commands of each ```sh block. RUNNERS below names, for each
+page, every command it has, in order, and how it runs; test_every_command_has_a_runner fails
+when a page gains, loses or reorders a command, so a new command cannot go untested. Each
+page then runs in a sandbox of its own: a copy of this tree (uncommitted work included) in a
+temporary directory, with `.venv/bin/maas-kubevirt` running this tree's CLI, after the README's
+quick start (`make`) has run there, as every page assumes. A failure names the page, the line
+and the command, with its output.
+
+How a command runs (the `how` of its Step):
+
+- RUN: as written, in the sandbox's shell (variables kept from one command to the next).
+- MAAS: as written, against the MAAS double (tests/maas_double.py) on loopback, its URL and key
+  in the values the page uses (the test writes them where the page says an operator does:
+  site.yaml after `cp values.yaml site.yaml`, `api-key`, the sudoedit of the conffile).
+- CLUSTER: as written, with kubectl and KUBECONFIG of the control-plane tier (tests/controlplane.py;
+  skipped without it, failing under CI=true).
+- SHIM: as written, in a private mount namespace (overlays on /etc and /var/log) with the shims
+  of tests/docs_shims.py in front of PATH: sudo, sudoedit, apt, apt-get, systemctl, journalctl,
+  maas. The shims check their arguments against the package built from this tree and fail when
+  they do not match; their docstring says why each exists. Needs root (or a user namespace) and
+  dpkg's tools, else skipped (failing under CI=true).
+- CHECKED: cannot run inside a test (it is the test suite itself, or takes hours): the page marks
+  it with `<!-- docs-test: checked-only: COMMAND (why) -->` before its block, and the test checks
+  it with `make -n` (the target exists and expands) and that every value it passes exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import yaml
+
+import docs_shims
+from conftest import require
+from doc_commands import PAGES, ROOT, Command, CommandFailed, Shell, commands, copy_tree, quote
+from maas_double import MaasDouble
+
+RUN, MAAS, CLUSTER, SHIM, CHECKED = "run", "maas", "cluster", "shim", "checked"
+SETTLE = 120
+
+
+@dataclass
+class Step:
+    command: str                   # as doc_commands extracts it (comments dropped)
+    how: str
+    before: Callable | None = None  # (page) -> None, run before the command
+    after: Callable | None = None   # (page, result) -> None: checks what the command did
+    codes: tuple = (0,)
+    check: str | None = None        # CHECKED: the shell command run in its place
+    retry: str | None = None        # retry while stderr holds this (see the step's comment)
+    timeout: float = 600
+
+
+@dataclass
+class Page:
+    """One page's sandbox while its commands run."""
+    name: str
+    tmp: Path
+    repo: Path = None
+    shell: Shell = None
+    env: dict = field(default_factory=dict)
+    double: MaasDouble | None = None
+    plane: object | None = None
+    edits: Path = None
+    notes: dict = field(default_factory=dict)
+
+    def write_values(self, path: Path, changes: dict) -> None:
+        data = yaml.safe_load(path.read_text()) or {}
+        merge(data, changes)
+        path.write_text(yaml.safe_dump(data))
+
+    def queue_edit(self, path: str, changes: dict) -> None:
+        edits = json.loads(self.edits.read_text()) if self.edits.exists() else []
+        self.edits.write_text(json.dumps([*edits, {"path": path, "merge": changes}]))
+
+
+def merge(into: dict, changes: dict) -> None:
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def maas_values(page: Page, **extra) -> dict:
+    """What an operator sets for a site: the test MAAS's URL, the API key file and an audit log."""
+    values = {"redfish": {"domain": "bmc.example.com"},
+              "maas": {"url": page.double.url, "interval": 1}}
+    merge(values, extra)
+    return values
+
+
+# --- README.md ---------------------------------------------------------------------------------
+
+def site_yaml_edited(page: Page, result) -> None:
+    """`cp values.yaml site.yaml  # edit ...`: the edit the comment asks for."""
+    assert (page.repo / "site.yaml").read_text() == (page.repo / "values.yaml").read_text()
+    page.write_values(page.repo / "site.yaml", {"redfish": {"domain": "bmc.site.example"}})
+
+
+def rendered_with_site_yaml(page: Page, result) -> None:
+    text = "".join(p.read_text() for p in (page.repo / "build" / "kubernetes").glob("*.yaml"))
+    assert "bmc.site.example" in text, "make VALUES=site.yaml did not render site.yaml's domain"
+
+
+def bundle_rendered(page: Page, result) -> None:
+    assert (page.repo / "build" / "kubernetes" / "kustomization.yaml").is_file()
+    assert (page.repo / "build" / "seed").stat().st_mode & 0o777 == 0o600
+
+
+# --- docs/kubernetes.md ------------------------------------------------------------------------
+
+def kubectl(page: Page, *args, check=True, input=None):
+    return page.plane.kubectl(*args, check=check, input=input)
+
+
+def policies_ready(page: Page, result) -> None:
+    kubectl(page, "wait", "--for=condition=Ready", "clusterpolicy", "-l", "app.kubernetes.io/part-of=maas-kubevirt",
+            "--timeout=120s")
+
+
+def no_tenant_a(page: Page) -> None:
+    kubectl(page, "delete", "namespace", "tenant-a", "--ignore-not-found", "--wait=true", "--timeout=120s")
+
+
+def eventually(check, what: str, timeout: float = SETTLE):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(1)
+
+
+def get(page: Page, kind: str, name: str, namespace: str):
+    result = kubectl(page, "get", kind, name, "-n", namespace, "-o", "json", check=False)
+    return json.loads(result.stdout) if result.returncode == 0 else None
+
+
+def web1_gets_its_bmc(page: Page, result) -> None:
+    """The namespace is opted in: a VM made in it gets its serial and its BMC objects."""
+    kubectl(page, "apply", "-f", "-", input=json.dumps({
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
+        "metadata": {"name": "web1", "namespace": "tenant-a"},
+        "spec": {"runStrategy": "Halted", "template": {"spec": {
+            "domain": {"devices": {"interfaces": [{"name": "default", "masquerade": {},
+                                                   "macAddress": "02:00:00:00:00:01"}]},
+                       "resources": {"requests": {"memory": "1Gi"}}},
+            "networks": [{"name": "default", "pod": {}}]}}}}))
+    eventually(lambda: (get(page, "virtualmachine", "web1", "tenant-a") or {}).get("spec", {}).get("template", {})
+               .get("spec", {}).get("domain", {}).get("firmware", {}).get("serial") == "web1.tenant-a",
+               "web1 has the serial web1.tenant-a")
+    for kind, name in (("secret", "web1-bmc"), ("virtualmachinebmc", "web1"), ("ingress", "web1-bmc"),
+                       ("networkpolicy", "maas-kubevirt-bmc")):
+        eventually(lambda: get(page, kind, name, "tenant-a"), f"{kind} {name} in tenant-a")
+
+
+def bmc_objects_gone(page: Page, result) -> None:
+    assert "deleted" in result.stdout
+    for kind in ("secret", "virtualmachinebmc", "ingress", "networkpolicy"):
+        listed = json.loads(kubectl(page, "get", kind, "-n", "tenant-a", "-l", "app.kubernetes.io/part-of=maas-kubevirt",
+                                    "-o", "json").stdout)
+        assert listed["items"] == [], f"{kind} left in tenant-a"
+
+
+def serial_removed(page: Page, result) -> None:
+    firmware = get(page, "virtualmachine", "web1", "tenant-a")["spec"]["template"]["spec"]["domain"].get("firmware", {})
+    assert "serial" not in firmware
+
+
+# --- docs/maas.md ------------------------------------------------------------------------------
+
+def maas_site(page: Page) -> None:
+    """The site's values (README: cp values.yaml site.yaml, edited) and the operator's api-key file."""
+    shutil.copy(page.repo / "values.yaml", page.repo / "site.yaml")
+    page.write_values(page.repo / "site.yaml", maas_values(page, seed={"file": "build/seed"}))
+    (page.repo / "api-key").write_text(page.double.api_key_text + "\n")
+    page.notes["web1"] = page.double.add_vm("web1", "vms")
+
+
+def script_uploaded(page: Page, result) -> None:
+    assert "31-kubevirt-bmc-config" in page.double.scripts
+
+
+def planned_not_done(page: Page, result) -> None:
+    assert page.double.machines[page.notes["web1"]]["hostname"] != "web1-vms", "--dry-run changed MAAS"
+    assert "web1" in result.stdout
+
+
+def reconciled(page: Page, result) -> None:
+    assert page.double.machines[page.notes["web1"]]["hostname"] == "web1-vms"
+
+
+def a_vm_enlists_meanwhile(page: Page) -> None:
+    page.notes["web2"] = page.double.add_vm("web2", "vms")
+
+
+def loop_reconciled(page: Page, result) -> None:
+    assert page.double.machines[page.notes["web2"]]["hostname"] == "web2-vms", "the loop did not reconcile web2"
+
+
+def status_lists_them(page: Page, result) -> None:
+    assert "web1-vms" in result.stdout and "web2-vms" in result.stdout
+
+
+# The loop runs until stopped: here for 8 seconds, then SIGTERM, as the service is stopped.
+# timeout(1) sends it and --preserve-status keeps the loop's status.
+def for_a_while(command: str) -> str:
+    return f"timeout --preserve-status -s TERM 8 {command}"
+
+
+# --- docs/troubleshooting.md -------------------------------------------------------------------
+
+def documented_checks() -> list[str]:
+    text = (ROOT / "docs" / "troubleshooting.md").read_text()
+    return re.findall(r"^\| `([^`]+)` \|", text, re.M)
+
+
+def doctor_site(page: Page) -> None:
+    maas_site(page)
+    subprocess.run([str(page.repo / ".venv" / "bin" / "maas-kubevirt"), "--values", "site.yaml", "upload-script"],
+                   cwd=page.repo, env={**page.env, "MAAS_API_KEY": page.double.api_key_text}, check=True,
+                   capture_output=True)
+    page.env["MAAS_API_KEY"] = page.double.api_key_text
+    page.shell.env = page.env
+
+
+def doctor_rows_are_documented(page: Page, result) -> None:
+    documented = documented_checks()
+    for line in result.stdout.splitlines():
+        row = line.split()[0] if line.strip() else ""
+        if re.fullmatch(r"(maas|cluster|network|reconciler)\.[\w/.-]+", row):
+            assert any(row == name or (name.endswith("…") and row.startswith(name[:-1])) or
+                       (name.endswith("/<ns>") and row.startswith(name[:-4])) for name in documented), \
+                f"doctor printed the check {row}, which docs/troubleshooting.md does not list"
+
+
+def kube_config_home(page: Page) -> None:
+    (page.tmp / "home" / ".kube").mkdir(parents=True, exist_ok=True)
+    shutil.copy(page.env["KUBECONFIG"], page.tmp / "home" / ".kube" / "config")
+
+
+def doctor_json_rows_are_documented(page: Page, result) -> None:
+    report = json.loads(result.stdout)
+    documented = documented_checks()
+    names = [c.get("name") or c.get("check") for c in report.get("checks", report.get("rows", []))]
+    assert names, report
+    for row in names:
+        assert any(row == name or (name.endswith("…") and row.startswith(name[:-1])) or
+                   (name.endswith("/<ns>") and row.startswith(name[:-4])) for name in documented), row
+    assert any(n.startswith("cluster.") for n in names), "--kubeconfig gave no cluster check"
+
+
+# --- docs/operations.md ------------------------------------------------------------------------
+
+ETC = "/etc/maas-kubevirt/values.yaml"
+
+
+def package_values(page: Page) -> None:
+    page.queue_edit(ETC, maas_values(page, seed={"file": "/etc/maas-kubevirt/seed"},
+                                     maas={"audit_log": "/var/log/maas-kubevirt/audit.log"}))
+    page.notes["web1"] = page.double.add_vm("web1", "vms")
+
+
+def built(page: Page, result) -> None:
+    assert list((page.repo / "build" / "deb").glob("maas-kubevirt_*_all.deb"))
+
+
+def installed(page: Page, result) -> None:
+    assert (page.tmp / "pkgroot" / "usr" / "bin" / "maas-kubevirt").is_file()
+
+
+def service_reconciled(page: Page, result) -> None:
+    eventually(lambda: page.double.machines[page.notes["web1"]]["hostname"] == "web1-vms",
+               "the service renamed web1", timeout=30)
+    assert "web1" in result.stdout, "journalctl shows nothing of the service's work"
+
+
+def bundle_applied(page: Page) -> None:
+    apply_until_admitted(page)
+
+
+def apply_until_admitted(page: Page) -> None:
+    deadline = time.monotonic() + SETTLE
+    while True:
+        result = kubectl(page, "apply", "-k", str(page.repo / "build" / "kubernetes"), check=False)
+        if result.returncode == 0:
+            return
+        if "requires permissions" not in result.stderr or time.monotonic() > deadline:
+            raise AssertionError(result.stderr)
+        time.sleep(2)
+
+
+def can_i_yes(page: Page, result) -> None:
+    assert result.stdout.strip() == "yes"
+
+
+def lease_values(page: Page) -> None:
+    page.queue_edit(ETC, {"reconciler": {"lease": {"kubeconfig": "/etc/maas-kubevirt/kubeconfig"}}})
+
+
+def lease_held(page: Page, result) -> None:
+    """The line the page shows (`lease ...: held by ...`). A standby makes a missing Lease only
+    after reconciler.lease.duration (15 s), and systemd's restart of a Type=exec unit does not
+    wait for that: the command is asked again until then, as an operator would."""
+    deadline = time.monotonic() + 60
+    while not re.match(r"lease \S+: held by \S+", result.stdout.strip()):
+        assert time.monotonic() < deadline, f"the lease is still not held: {result.stdout}"
+        time.sleep(2)
+        result = page.shell.run(result.command)
+
+
+def stop_service(page: Page) -> None:
+    page.shell.run("systemctl stop maas-kubevirt")
+
+
+def new_seed_rendered(page: Page, result) -> None:
+    seed = (page.repo / "build" / "seed").read_text().strip()
+    assert seed != page.notes["seed"] and (page.repo / "build" / "seed").stat().st_mode & 0o777 == 0o600
+    assert seed in (page.repo / "build" / "kubernetes" / "seed-secret.yaml").read_text()
+
+
+def old_seed(page: Page) -> None:
+    page.notes["seed"] = (page.repo / "build" / "seed").read_text().strip()
+
+
+# --- the runners -------------------------------------------------------------------------------
+
+RUNNERS: dict[str, list[Step]] = {
+    "README.md": [
+        Step("make", RUN, after=bundle_rendered),
+        Step("make test", CHECKED, check="make -n test"),
+        Step("cp values.yaml site.yaml", RUN, after=site_yaml_edited),
+        Step("make VALUES=site.yaml", RUN, after=rendered_with_site_yaml),
+    ],
+    "docs/development.md": [
+        Step("make mutate", CHECKED, check="make -n mutate"),
+        Step('make mutate MODULES="identity values"', CHECKED,
+             check='make -n mutate MODULES="identity values" | grep -q "tools/mutate identity values"'
+                   ' && for m in identity values; do grep -q "\\"$m\\"" tools/mutate || exit 1; done'),
+    ],
+    "docs/kubernetes.md": [
+        # A fresh cluster's Kyverno may refuse the policies for a few seconds, until the
+        # aggregation controller merges the RBAC applied with them ("requires permissions"):
+        # retried then, as the control-plane tier does.
+        Step("kubectl apply -k build/kubernetes/", CLUSTER, before=no_tenant_a, after=policies_ready,
+             retry="requires permissions"),
+        Step("kubectl create namespace tenant-a", CLUSTER),
+        Step("kubectl label namespace tenant-a maas.io/kubevirt-bmc=enabled mutatevirtualmachines.kubemacpool.io=allocate",
+             CLUSTER, after=web1_gets_its_bmc),
+        Step("kubectl label namespace tenant-a maas.io/kubevirt-bmc-", CLUSTER),
+        Step("kubectl -n tenant-a delete secret,virtualmachinebmc,ingress,networkpolicy -l app.kubernetes.io/part-of=maas-kubevirt",
+             CLUSTER, after=bmc_objects_gone),
+        Step("kubectl -n tenant-a patch virtualmachine web1 --type json -p "
+             "'[{\"op\": \"remove\", \"path\": \"/spec/template/spec/domain/firmware/serial\"}]'", CLUSTER,
+             after=serial_removed),
+    ],
+    "docs/maas.md": [
+        Step("export MAAS_API_KEY=$(cat api-key)", MAAS, before=maas_site),
+        Step(".venv/bin/maas-kubevirt --values site.yaml upload-script", MAAS, after=script_uploaded),
+        Step(".venv/bin/maas-kubevirt --values site.yaml reconcile --dry-run", MAAS, after=planned_not_done),
+        Step(".venv/bin/maas-kubevirt --values site.yaml reconcile --once", MAAS, after=reconciled),
+        # Stopped by SIGTERM after 8 s (for_a_while): exit 0, or 143 if the signal came before the
+        # loop took it over; systemd counts both as a clean stop.
+        Step(".venv/bin/maas-kubevirt --values site.yaml reconcile", MAAS, before=a_vm_enlists_meanwhile,
+             after=loop_reconciled, codes=(0, 143)),
+        Step(".venv/bin/maas-kubevirt --values site.yaml status", MAAS, after=status_lists_them),
+    ],
+    "docs/operations.md": [
+        Step("sudo apt-get build-dep ./", SHIM),
+        Step("make deb", SHIM, after=built),
+        Step("sudo apt install ./build/deb/maas-kubevirt_*_all.deb", SHIM, after=installed),
+        Step("sudoedit /etc/maas-kubevirt/values.yaml", SHIM, before=package_values),
+        Step("sudo install -m 0600 /dev/null /etc/maas-kubevirt/api-key", SHIM),
+        Step("sudo maas apikey --username ADMIN | sudo tee /etc/maas-kubevirt/api-key >/dev/null", SHIM),
+        Step("sudo install -m 0600 build/seed /etc/maas-kubevirt/seed", SHIM),
+        Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml reconcile --once --dry-run", SHIM),
+        Step("sudo systemctl restart maas-kubevirt && journalctl -u maas-kubevirt", SHIM, after=service_reconciled),
+        Step("NS=maas-kubevirt SA=maas-kubevirt-reconciler KC=reconciler.kubeconfig", CLUSTER, before=bundle_applied),
+        Step("SERVER=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')", CLUSTER),
+        Step("kubectl config view --minify --raw -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' "
+             "| base64 -d >ca.crt", CLUSTER),
+        Step('kubectl --kubeconfig $KC config set-cluster site --server "$SERVER" --certificate-authority ca.crt '
+             '--embed-certs', CLUSTER),
+        Step('kubectl --kubeconfig $KC config set-credentials reconciler --token '
+             '"$(kubectl -n $NS create token $SA --duration 720h)"', CLUSTER),
+        Step("kubectl --kubeconfig $KC config set-context reconciler --cluster site --user reconciler --namespace $NS",
+             CLUSTER),
+        Step("kubectl --kubeconfig $KC config use-context reconciler", CLUSTER),
+        Step("kubectl --kubeconfig $KC auth can-i update leases/maas-kubevirt-reconciler", CLUSTER, after=can_i_yes),
+        Step("sudo install -m 0600 reconciler.kubeconfig /etc/maas-kubevirt/kubeconfig", SHIM),
+        Step("sudo mkdir -p /etc/systemd/system/maas-kubevirt.service.d", SHIM),
+        Step("printf '[Service]\\nLoadCredential=kubeconfig:/etc/maas-kubevirt/kubeconfig\\n' | "
+             "sudo tee /etc/systemd/system/maas-kubevirt.service.d/lease.conf >/dev/null", SHIM),
+        Step("sudoedit /etc/maas-kubevirt/values.yaml", SHIM, before=lease_values),
+        Step("sudo systemctl daemon-reload && sudo systemctl restart maas-kubevirt", SHIM),
+        Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml status | tail -n 1", SHIM, after=lease_held),
+        Step("install -m 0600 /dev/null build/seed.new", RUN, before=old_seed),
+        Step("python3 -c 'import secrets; print(secrets.token_hex(32))' >build/seed.new", RUN),
+        Step("mv build/seed.new build/seed", RUN),
+        Step(".venv/bin/maas-kubevirt render --output build", RUN, after=new_seed_rendered),
+    ],
+    "docs/troubleshooting.md": [
+        Step(".venv/bin/maas-kubevirt --values site.yaml doctor", MAAS, before=doctor_site, codes=(0, 1),
+             after=doctor_rows_are_documented),
+        Step(".venv/bin/maas-kubevirt --values site.yaml doctor --kubeconfig ~/.kube/config --json", CLUSTER,
+             before=kube_config_home, codes=(0, 1), after=doctor_json_rows_are_documented),
+    ],
+}
+
+
+# --- the tests ---------------------------------------------------------------------------------
+
+def test_every_command_has_a_runner():
+    """Each page's commands are exactly those RUNNERS lists for it, in the same order."""
+    problems = []
+    for page in PAGES:
+        found = commands(page)
+        steps = RUNNERS.get(page, [])
+        for index, command in enumerate(found):
+            if index >= len(steps) or steps[index].command != command.text:
+                problems.append(f"{command}: no runner covers this command at this place "
+                                f"(RUNNERS[{page!r}][{index}] is "
+                                f"{steps[index].command if index < len(steps) else 'missing'!r})")
+                break
+        else:
+            if len(steps) > len(found):
+                problems.append(f"{page}: RUNNERS lists {steps[len(found)].command!r}, which the page no longer has")
+    assert not [p for p in RUNNERS if p not in PAGES], "RUNNERS names a page that does not exist"
+    assert not problems, "\n".join(problems)
+
+
+def test_checked_only_commands_are_marked_in_their_page():
+    """A command that is checked, not run, says so in its page: `<!-- docs-test: checked-only:
+    COMMAND (why) -->` before its block; and a marker names a command the test only checks."""
+    for page in PAGES:
+        text = (ROOT / page).read_text()
+        marked = re.findall(r"<!-- docs-test: checked-only: (.+?) \(.*?\) -->", text)
+        checked = [s.command for s in RUNNERS.get(page, []) if s.how == CHECKED]
+        assert sorted(marked) == sorted(checked), f"{page}: marked {marked}, checked {checked}"
+
+
+def test_the_package_installs_every_page():
+    """The Debian package's docs (debian/maas-kubevirt.docs) hold the README and every page."""
+    listed = (ROOT / "debian" / "maas-kubevirt.docs").read_text().split()
+    for page in PAGES:
+        assert page in listed or page.split("/")[0] in listed, f"{page} is not installed by the package"
+
+
+def test_links_between_pages_resolve():
+    """Every relative link of a page names a page that exists, and an anchor it has."""
+    def anchors(page: str) -> set[str]:
+        heads = re.findall(r"^#+ (.*)$", (ROOT / page).read_text(), re.M)
+        return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in heads}
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)\s]+)\)", (ROOT / page).read_text()):
+            if re.match(r"\w+://", target):
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = os.path.normpath(os.path.join(os.path.dirname(page), path)) if path else page
+            assert (ROOT / resolved).exists(), f"{page}: link to {target}: no such file"
+            if anchor:
+                assert anchor in anchors(resolved), f"{page}: link to {target}: no such heading"
+
+
+def sandbox(tmp_path: Path, name: str) -> Page:
+    page = Page(name, tmp_path)
+    page.repo = copy_tree(tmp_path / "repo")
+    venv_bin = page.repo / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    # This tree's CLI from the copy's own src/ (so its data files are the copy's), with the tests'
+    # Python and libraries; .installed newer than pyproject.toml, so make installs nothing.
+    cli = venv_bin / "maas-kubevirt"
+    cli.write_text(f"#!/bin/sh\nPYTHONPATH={quote(page.repo / 'src')} exec {quote(sys.executable)} -m maas_kubevirt \"$@\"\n")
+    cli.chmod(0o755)
+    (page.repo / ".venv" / ".installed").touch()
+    os.utime(page.repo / "pyproject.toml", (time.time() - 60, time.time() - 60))
+    (tmp_path / "home").mkdir()
+    page.env = {k: v for k, v in os.environ.items()
+                if k not in ("MAAS_API_KEY", "CREDENTIALS_DIRECTORY", "MAAS_KUBEVIRT_DATA", "KUBECONFIG",
+                             "VALUES", "BUILD", "VENV", "MAKEFLAGS", "MFLAGS")}
+    page.env.update(HOME=str(tmp_path / "home"), LC_ALL="C.UTF-8")
+    page.shell = Shell(page.repo, page.env, tmp_path / "state.sh")
+    return page
+
+
+def run_page(page: Page) -> None:
+    steps = RUNNERS[page.name]
+    found = commands(page.name)
+    assert [c.text for c in found] == [s.command for s in steps], "see test_every_command_has_a_runner"
+    # Every page assumes the README's quick start: `make` has rendered build/ with its seed.
+    page.shell.run(Command("README.md", commands("README.md")[0].line, "make"))
+    for command, step in zip(found, steps):
+        if step.before:
+            step.before(page)
+        page.shell.env = page.env
+        text = step.check if step.how == CHECKED else None
+        if step.how == MAAS and command.text.endswith(" reconcile"):
+            text = for_a_while(command.text)
+        deadline = time.monotonic() + SETTLE
+        while True:
+            try:
+                result = page.shell.run(command, codes=step.codes, text=text, timeout=step.timeout)
+                break
+            except CommandFailed as failure:
+                if not step.retry or step.retry not in str(failure) or time.monotonic() > deadline:
+                    raise
+                time.sleep(2)
+        if step.after:
+            try:
+                step.after(page, result)
+            except AssertionError as error:
+                raise AssertionError(f"{command}: ran, but {error}\n--- stdout ---\n{result.stdout[-3000:]}"
+                                     f"\n--- stderr ---\n{result.stderr[-3000:]}") from None
+
+
+@pytest.fixture
+def double():
+    with MaasDouble() as running:
+        yield running
+
+
+def test_readme(tmp_path):
+    run_page(sandbox(tmp_path, "README.md"))
+
+
+def test_development(tmp_path):
+    run_page(sandbox(tmp_path, "docs/development.md"))
+
+
+def test_maas(tmp_path, double):
+    page = sandbox(tmp_path, "docs/maas.md")
+    page.double = double
+    run_page(page)
+
+
+def test_kubernetes(tmp_path, control_plane):
+    page = sandbox(tmp_path, "docs/kubernetes.md")
+    with_cluster(page, control_plane)
+    try:
+        run_page(page)
+    finally:
+        kubectl(page, "delete", "namespace", "tenant-a", "--ignore-not-found", "--wait=false", check=False)
+
+
+def with_cluster(page: Page, plane) -> None:
+    page.plane = plane
+    bin_dir = page.tmp / "cluster-bin"
+    bin_dir.mkdir()
+    (bin_dir / "kubectl").symlink_to(plane.bin_dir / "kubectl")
+    page.env["PATH"] = f"{bin_dir}:{page.env['PATH']}"
+    # An administrator's kubeconfig as most clusters hand it out: certificates embedded (the
+    # tier's names files; the lease's commands read the CA from certificate-authority-data).
+    flat = page.tmp / "admin.kubeconfig"
+    flat.write_text(plane.kubectl("config", "view", "--raw", "--flatten").stdout)
+    flat.chmod(0o600)
+    page.env["KUBECONFIG"] = str(flat)
+
+
+def test_troubleshooting(tmp_path, double, control_plane):
+    page = sandbox(tmp_path, "docs/troubleshooting.md")
+    page.double = double
+    with_cluster(page, control_plane)
+    run_page(page)
+
+
+def namespace_prefix(page: Page) -> list[str]:
+    """A private mount namespace, held open by a sleeping process, with /etc and /var/log as
+    overlays (writes land under tmp), that every command of the page enters."""
+    require(shutil.which("unshare") and shutil.which("nsenter") and os.geteuid() == 0,
+            "the package steps run in a private mount namespace: they need root, unshare and nsenter")
+    for tool in ("dpkg-deb", "dpkg-buildpackage", "dpkg-checkbuilddeps", "dpkg-parsechangelog", "git"):
+        require(shutil.which(tool) is not None, f"{tool} is not installed (apt-get install dpkg-dev git)")
+    mounts = []
+    for target in ("/etc", "/var/log"):
+        base = page.tmp / "overlay" / target.strip("/").replace("/", "-")
+        (base / "upper").mkdir(parents=True)
+        (base / "work").mkdir()
+        mounts.append(f"mount -t overlay overlay -o lowerdir={target},upperdir={base}/upper,workdir={base}/work {target}")
+    ready = page.tmp / "namespace-ready"
+    holder = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                               " && ".join(mounts) + f" && touch {quote(ready)} && exec sleep 3600"],
+                              start_new_session=True)
+    page.notes["holder"] = holder
+    eventually(lambda: ready.exists() or holder.poll() is not None, "the mount namespace is ready", timeout=10)
+    require(ready.exists(), "could not make a private mount namespace with overlays on /etc and /var/log")
+    # (not nsenter --wd: that directory would stay the one outside, another mount: EXDEV on rename)
+    return ["nsenter", "-t", str(holder.pid), "-m", "--", "env", f"--chdir={page.repo}"]
+
+
+def test_operations(tmp_path, double, control_plane):
+    page = sandbox(tmp_path, "docs/operations.md")
+    page.double = double
+    with_cluster(page, control_plane)
+    prefix = namespace_prefix(page)
+    shims = docs_shims.install(tmp_path / "shims")
+    page.edits = tmp_path / "edits.json"
+    page.env.update(
+        DOCS_REAL_PATH=page.env["PATH"], PATH=f"{shims}:{page.env['PATH']}", DOCS_CALLS=str(tmp_path / "calls"),
+        DOCS_PKGROOT=str(tmp_path / "pkgroot"), DOCS_EDITS=str(page.edits), DOCS_JOURNAL=str(tmp_path / "journal" / "log"),
+        DOCS_PIDS=str(tmp_path / "pids"), DOCS_MAAS_KEY=double.api_key_text, DOCS_START_TIMEOUT="60",
+        DOCS_MAAS_SOURCE=str(maas_source()), DEB_BUILD_OPTIONS="nocheck")
+    (tmp_path / "journal").mkdir()
+    page.shell = Shell(page.repo, page.env, tmp_path / "state.sh", prefix=prefix)
+    try:
+        run_page(page)
+        assert not json.loads(page.edits.read_text()), "a queued edit was not made by the page's sudoedit"
+    finally:
+        # The service stops as systemd stops it (SIGTERM: it releases the Lease), then anything left.
+        page.shell.run("systemctl stop maas-kubevirt", codes=(0, 1))
+        kubectl(page, "-n", "maas-kubevirt", "delete", "lease", "maas-kubevirt-reconciler", "--ignore-not-found",
+                check=False)
+        pids = (tmp_path / "pids").read_text().split() if (tmp_path / "pids").exists() else []
+        for pid in pids:
+            try:
+                os.killpg(int(pid), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        holder = page.notes["holder"]
+        holder.terminate()
+        holder.wait(10)
+
+
+def maas_source() -> Path | str:
+    for found in sorted(Path.home().glob(".cache/maas-kubevirt/maas-*/maas")):
+        return found
+    return ""
