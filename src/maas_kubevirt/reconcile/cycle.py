@@ -288,27 +288,40 @@ class Reconciler:
         return machines, power, matching(machines, power, self.settings.domain)
 
     def watched(self) -> set[str]:
-        """Our machines read every cycle because what ends their wait is not an event.
+        """Our machines whose power parameters are read every cycle, because what changes them is
+        not an event; their records are read only when those changed (``power_watched``).
 
         Commissioning and Testing (REREAD_STATUSES): a commissioning script can write the power
         parameters back mid-run, and MAC enlistment re-points a machine in Commissioning with no
         event (AnonMachinesHandler.create in src/maasserver/api/machines.py). New, where MAC
         enlistment reaches too: those holding a derived password, so one left beside a moved
-        address is taken back within one cycle; under ``maas.commission: approved`` all of ours,
-        as the approval tag is audited without the machine (src/maasserver/api/tags.py). The
-        claimants of a duplicate claim: deleting one (the usual fix) detaches its events. A
-        machine whose backoff is over.
+        address is taken back within one cycle.
         """
-        approved = self.settings.commission == "approved"
-
         def watch(status: Any, power: Power) -> bool:
-            if status in REREAD_STATUSES or (status == NEW and approved):
+            if status in REREAD_STATUSES:
                 return self._ours(power)
             return status == NEW and (power.password == RIGHT or power.held is not None)
 
+        return {system_id for system_id, (status, power) in self.known.items() if watch(status, power)}
+
+    def records_watched(self) -> set[str]:
+        """Our machines whose records are read every cycle: under ``maas.commission: approved`` all
+        of ours in New, as the approval tag is audited without the machine
+        (src/maasserver/api/tags.py); the claimants of a duplicate claim, as deleting one (the
+        usual fix) detaches its events; a machine whose backoff is over."""
+        approved = {system_id for system_id, (status, power) in self.known.items()
+                    if self.settings.commission == "approved" and status == NEW and self._ours(power)}
         disputed = {sid for claimants in self._duplicates.values() if claimants for sid in claimants.split(",")}
-        return {system_id for system_id, (status, power) in self.known.items() if watch(status, power)} | (
-            (self.backoff.due() | disputed) & set(self.known))
+        return approved | ((self.backoff.due() | disputed) & set(self.known))
+
+    def power_watched(self, skip: set[str]) -> set[str]:
+        """The watched machines (not in ``skip``) whose power parameters changed since read: one
+        bulk request of power parameters alone, a few hundred bytes a machine."""
+        wanted = sorted(self.watched() - skip)
+        if not wanted:
+            return set()
+        fresh = self.read_power(wanted)
+        return {sid for sid in wanted if sid not in fresh or fresh[sid] != self.known[sid][1]}
 
     def power_check_due(self) -> bool:
         if self.last_power_check is None:
@@ -366,7 +379,8 @@ class Reconciler:
     def observe_changed(self, changed: set[str]) -> tuple[list[dict], dict[str, Power], list[Match]]:
         """The machines named in new events, pending or watched, read by id, with every other
         machine known to claim the same ``<vm>.<namespace>`` (a duplicate claim must be seen)."""
-        machines = self.read_by_id(changed | self.pending | self.watched())
+        records = changed | self.pending | self.records_watched()
+        machines = self.read_by_id(records | self.power_watched(records))
         power = self.power_facts(machines, complete=False)
         claimed = {claim_of(p.address, self.settings.domain)[0] for p in power.values()}
         read = {m["system_id"] for m in machines}
