@@ -455,6 +455,16 @@ def test_checked_only_commands_are_marked_in_their_page():
         assert sorted(marked) == sorted(checked), f"{page}: marked {marked}, checked {checked}"
 
 
+def test_troubleshooting_lists_every_check_doctor_makes():
+    """Each check name in doctor's source is a row of docs/troubleshooting.md (fast: no tier)."""
+    names = set()
+    for source in (ROOT / "src" / "maas_kubevirt" / "doctor").glob("*.py"):
+        names.update(re.findall(r'"((?:maas|cluster|network|reconciler|ingress)\.[a-z_]+)(?:["/])', source.read_text()))
+    rows = {re.sub(r"/(…|<ns>)$", "", name) for name in documented_checks()}
+    assert names and not names - rows, f"not in docs/troubleshooting.md: {sorted(names - rows)}"
+    assert not rows - names, f"docs/troubleshooting.md lists checks doctor does not make: {sorted(rows - names)}"
+
+
 def test_the_package_installs_every_page():
     """The Debian package's docs (debian/maas-kubevirt.docs) hold the README and every page."""
     listed = (ROOT / "debian" / "maas-kubevirt.docs").read_text().split()
@@ -640,3 +650,38 @@ def maas_source() -> Path | str:
     for found in sorted(Path.home().glob(".cache/maas-kubevirt/maas-*/maas")):
         return found
     return ""
+
+
+def test_the_shims_refuse_what_does_not_exist(tmp_path):
+    """A shim must be able to fail: each refuses a call that reality would refuse (fast: no namespace)."""
+    shims = docs_shims.install(tmp_path / "shims")
+    (tmp_path / "pkgroot").mkdir()
+    env = {**os.environ, "DOCS_CALLS": str(tmp_path / "calls"), "DOCS_PKGROOT": str(tmp_path / "pkgroot"),
+           "DOCS_EDITS": str(tmp_path / "edits.json"), "DOCS_JOURNAL": str(tmp_path / "journal"),
+           "DOCS_PIDS": str(tmp_path / "pids"), "DOCS_MAAS_KEY": "a:b:c", "DOCS_REAL_PATH": os.environ["PATH"],
+           "DOCS_MAAS_SOURCE": ""}
+    (tmp_path / "deb").mkdir()
+    (tmp_path / "deb" / "maas-kubevirt_0.0.0_all.deb").write_text("")
+    refused = {
+        "sudo tee /etc/passwd": "neither shipped by the package nor removed by its postrm",
+        "sudo -u nobody true": "no option",
+        "sudo maas-kubevirt --help": "not installed",
+        "sudoedit /etc/hostname": "no edit of /etc/hostname is queued",
+        "apt install ./deb/maas-kubevirt_0.0.0_all.deb": "is not this tree's package",
+        "apt-get install maas-kubevirt": "only `apt-get build-dep ./`",
+        "systemctl restart maas-kubevirt": "is not installed",
+        "systemctl enable --now maas-kubevirt": "only daemon-reload and restart/stop",
+        "journalctl -f": "only `journalctl -u maas-kubevirt`",
+        "maas login admin http://localhost:5240/MAAS/": "only `maas apikey --username NAME`",
+    }
+    for command, reason in refused.items():
+        name, *args = command.split()
+        result = subprocess.run([str(shims / name), *args], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert result.returncode != 0 and reason in result.stderr, (command, result.stderr)
+    # The service's unit installed: a restart needs its credentials' files, and drop-ins reloaded.
+    unit = tmp_path / "pkgroot" / "lib" / "systemd" / "system" / "maas-kubevirt.service"
+    unit.parent.mkdir(parents=True)
+    unit.write_text("[Service]\nLoadCredential=api-key:" + str(tmp_path / "no-such-key") + "\nExecStart=/usr/bin/maas-kubevirt\n")
+    result = subprocess.run([str(shims / "systemctl"), "restart", "maas-kubevirt"], env=env, capture_output=True, text=True)
+    assert result.returncode == 1 and "does not exist: the unit would fail to start" in result.stderr, result.stderr
+    assert [json.loads(line)[0] for line in (tmp_path / "calls").read_text().splitlines()][-1] == "systemctl"
