@@ -231,9 +231,13 @@ def test_generate_rules_synchronise_existing_vms_and_never_use_random(defaults):
         "urlPath": "/api/v1/namespaces/maas-kubevirt/configmaps/maas-kubevirt-rotations", "jmesPath": "data || `{}`"}}
     assert generation == {"name": "generation", "variable": {"jmesPath": policies.GENERATION_JMESPATH}}
     rotation_rules = rules(policy(manifests, policies.POLICY_NAMES["rotations"]))
-    assert list(rotation_rules) == ["generations-are-canonical", "annotate-rotated-vms"]
-    assert rotation_rules["generations-are-canonical"]["validate"]["failureAction"] == "Enforce"
-    assert rotation_rules["generations-are-canonical"]["validate"]["allowExistingViolations"] is False
+    assert list(rotation_rules) == ["generations-are-canonical", "generations-never-decrease", "annotate-rotated-vms"]
+    for name in ("generations-are-canonical", "generations-never-decrease"):
+        assert rotation_rules[name]["validate"]["failureAction"] == "Enforce"
+        assert rotation_rules[name]["validate"]["allowExistingViolations"] is False
+        assert rotation_rules[name]["validate"]["message"].startswith(name + ": ")
+        assert "Fix: " in rotation_rules[name]["validate"]["message"]
+    assert rotation_rules["generations-never-decrease"]["match"]["any"][0]["resources"]["operations"] == ["UPDATE"]
     trigger = rotation_rules["annotate-rotated-vms"]["mutate"]
     assert trigger["mutateExistingOnPolicyUpdate"] is True
     (target,) = trigger["targets"]

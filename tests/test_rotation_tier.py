@@ -159,6 +159,23 @@ def test_a_malformed_configmap_update_is_refused(control_plane, bundle, reconcil
     assert cp.get("configmap", identity.ROTATIONS_CONFIGMAP, system_namespace(bundle)).get("data") == before
 
 
+def test_a_generation_never_goes_down(control_plane, bundle, make_namespace, reconciler_api):
+    """Lowering a VM's generation, or removing its key, would derive rotated-away credentials again."""
+    cp = control_plane
+    system = system_namespace(bundle)
+    key = identity.format_serial("gamma", make_namespace())
+    assert rotations.bump(reconciler_api, *identity.parse_serial(key), system_namespace=system) == 1
+    assert rotations.bump(reconciler_api, *identity.parse_serial(key), system_namespace=system) == 2
+    for patch in ({"data": {key: "1"}}, {"data": {key: "0"}}, {"data": {key: None}}):
+        refused = cp.kubectl("patch", "configmap", identity.ROTATIONS_CONFIGMAP, "-n", system, "--type=merge",
+                             "-p", json.dumps(patch), check=False)
+        assert refused.returncode != 0 and "generations-never-decrease" in refused.stderr, (patch, refused.stderr)
+    assert rotations.read(reconciler_api, system)[identity.parse_serial(key)] == 2
+    raised = cp.kubectl("patch", "configmap", identity.ROTATIONS_CONFIGMAP, "-n", system, "--type=merge",
+                        "-p", json.dumps({"data": {key: "5"}}), check=False)
+    assert raised.returncode == 0, raised.stderr
+
+
 def test_the_reconciler_may_get_and_update_that_configmap_and_read_no_secret(control_plane, bundle, make_namespace):
     cp = control_plane
     tenant = make_namespace()
