@@ -383,7 +383,7 @@ RUNNERS: dict[str, list[Step]] = {
     ],
     "docs/operations.md": [
         Step("sudo apt-get build-dep ./", SHIM),
-        Step("make deb", SHIM, after=built),
+        Step("make deb", RUN, after=built),   # for real, with DEB_BUILD_OPTIONS=nocheck (test_deb runs those tests)
         Step("sudo apt install ./build/deb/maas-kubevirt_*_all.deb", SHIM, after=installed),
         Step("sudoedit /etc/maas-kubevirt/values.yaml", SHIM, before=package_values),
         Step("sudo install -m 0600 /dev/null /etc/maas-kubevirt/api-key", SHIM),
@@ -450,7 +450,7 @@ def test_checked_only_commands_are_marked_in_their_page():
     COMMAND (why) -->` before its block; and a marker names a command the test only checks."""
     for page in PAGES:
         text = (ROOT / page).read_text()
-        marked = re.findall(r"<!-- docs-test: checked-only: (.+?) \(.*?\) -->", text)
+        marked = re.findall(r"^<!-- docs-test: checked-only: (.+?) \(.*?\) -->$", text, re.M)
         checked = [s.command for s in RUNNERS.get(page, []) if s.how == CHECKED]
         assert sorted(marked) == sorted(checked), f"{page}: marked {marked}, checked {checked}"
 
@@ -596,6 +596,9 @@ def namespace_prefix(page: Page) -> list[str]:
             "the package steps run in a private mount namespace: they need root, unshare and nsenter")
     for tool in ("dpkg-deb", "dpkg-buildpackage", "dpkg-checkbuilddeps", "dpkg-parsechangelog", "git"):
         require(shutil.which(tool) is not None, f"{tool} is not installed (apt-get install dpkg-dev git)")
+    deps = subprocess.run(["dpkg-checkbuilddeps"], cwd=ROOT, capture_output=True, text=True)
+    require(deps.returncode == 0, f"the package's build dependencies are missing (apt-get build-dep ./): "
+            f"{deps.stderr.strip()}")
     mounts = []
     for target in ("/etc", "/var/log"):
         base = page.tmp / "overlay" / target.strip("/").replace("/", "-")
