@@ -245,3 +245,70 @@ def test_without_the_configmap_no_secret_changes(control_plane, bundle, make_nam
     cp.kubectl("annotate", "--overwrite", "virtualmachine", "newcomer", "-n", namespace, "example.org/touch=2")
     eventually(cp, lambda: derived_with(bundle, "newcomer", namespace, 0)(cp), "the newcomer's Secret once it is back")
     assert derived_with(bundle, name, namespace, 1)(cp)
+
+
+def test_the_upgrade_procedure_render_prints_keeps_every_credential(control_plane, bundle, site, make_namespace,
+                                                                    reconciler_api):
+    """A site on the BMC policy from before generations (no rotations context; the password and
+    user without a generation): render prints the delete-and-recreate procedure, and following it
+    leaves every Secret's user and password as they were (generation 0), then rotation works."""
+    import secrets as secrets_
+    import shlex
+
+    import yaml
+
+    from test_controlplane import run_render, wait_policies_ready
+
+    cp = control_plane
+    output = site[0] / f"upgrade-{secrets_.token_hex(3)}"
+    assert run_render(bundle.values, output).returncode == 0
+    kubernetes = output / "kubernetes"
+    # The previous version's bundle: its BMC policy, and neither the rotations policy nor the ConfigMap.
+    old = yaml.safe_load((kubernetes / "policy-vm-bmc.yaml").read_text())
+    rule = next(r for r in old["spec"]["rules"] if r["name"] == "bmc-secret")
+    rule["context"] = [c for c in rule["context"] if c["name"] == "seed"]
+    vm_, ns_ = "request.object.metadata.name", "request.object.metadata.namespace"
+    rule["generate"]["data"]["data"] = {
+        "username": f"{{{{ base64_encode(join('', ['maas-kubevirt-', truncate(sha256(join('', [seed, ':user:', {vm_}, '.', {ns_}])), `32`)])) }}}}",
+        "password": f"{{{{ base64_encode(truncate(sha256(join('', [seed, ':', {vm_}, '.', {ns_}])), `32`)) }}}}",
+    }
+    rule["generate"]["data"]["metadata"]["annotations"].pop(policies.GENERATION_ANNOTATION)
+    (kubernetes / "policy-vm-bmc.yaml").write_text(yaml.safe_dump(old))
+    listed = yaml.safe_load((kubernetes / "kustomization.yaml").read_text())
+    listed["resources"] = [r for r in listed["resources"]
+                           if r not in (policies.ROTATIONS_FILE, "policy-credential-rotations.yaml")]
+    (kubernetes / "kustomization.yaml").write_text(yaml.safe_dump(listed))
+    for name in ("policy-credential-rotations.yaml", policies.ROTATIONS_FILE):
+        (kubernetes / name).unlink()
+    cp.kubectl("delete", "clusterpolicy", policies.POLICY_NAMES["bmc"], policies.POLICY_NAMES["rotations"], "--wait=true")
+    cp.apply_bundle(output)
+    wait_policies_ready(cp)
+    namespace = make_namespace()
+    for name in ("old1", "old2"):
+        create(cp, vm(name, namespace)).check_returncode()
+    for name in ("old1", "old2"):
+        eventually(cp, lambda: objects_match(cp, bundle.values, bundle.seed, name, namespace), f"{name}'s old Secret")
+    before = {name: secret(cp, name, namespace)["data"] for name in ("old1", "old2")}
+    assert all(policies.GENERATION_ANNOTATION not in (secret(cp, n, namespace)["metadata"].get("annotations") or {})
+               for n in before)
+
+    # The upgrade, as render says.
+    result = run_render(bundle.values, output)
+    said = result.stdout + result.stderr
+    assert result.returncode == 0, said
+    assert "upgrade to per-VM credential generations" in said and bundle.seed not in said
+    procedure = [line.strip() for line in said.splitlines() if line.strip().startswith("kubectl ")]
+    # The procedure, then "Next steps:" (its apply again, which is harmless).
+    assert procedure[:2] == [f"kubectl delete clusterpolicy {policies.POLICY_NAMES['bmc']}",
+                             f"kubectl apply -k {kubernetes}"], said
+    assert set(procedure[2:]) <= {f"kubectl apply -k {kubernetes}"}, said
+    for line in procedure:
+        cp.kubectl(*shlex.split(line)[1:])
+    wait_policies_ready(cp)
+    for name in before:
+        eventually(cp, lambda: derived_with(bundle, name, namespace, 0)(cp), f"{name}'s Secret adopted at generation 0")
+        assert secret(cp, name, namespace)["data"] == before[name]
+    began = time.monotonic()
+    assert rotations.bump(reconciler_api, "old1", namespace, system_namespace=system_namespace(bundle)) == 1
+    timed_rederivation(cp, bundle, "old1", namespace, 1, began)
+    assert secret(cp, "old2", namespace)["data"] == before["old2"]
