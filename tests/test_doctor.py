@@ -121,6 +121,7 @@ def test_a_healthy_site_passes_every_maas_and_network_check(site):
         "maas.version": "ok", "maas.admin": "ok", "maas.script": "ok", "maas.enlist_commissioning": "ok",
         "maas.claims": "ok", "maas.suspects": "ok", "maas.pools": "ok", "maas.power_password": "ok",
         "maas.commission": "ok",
+        "maas.rotations": "ok",
         "maas.seed_file": "ok", "reconciler.lease": "ok", "cluster": "skip", "ingress.source_ranges": "ok",
         "network.dns": "ok", "network.redfish": "ok",
     }
@@ -357,12 +358,12 @@ def test_doctor_command_table_and_json(site, monkeypatch, capsys):
     header = out.splitlines()[0].split()
     assert header == ["CHECK", "STATUS", "FOUND", "FIX"]
     assert table_statuses(out)["cluster"] == "skip"
-    assert out.rstrip().endswith("14 ok, 0 warn, 0 fail, 1 skip")
+    assert out.rstrip().endswith("15 ok, 0 warn, 0 fail, 1 skip")
     code = cli.main(["--values", str(site.values_file), "doctor", "--json"])
     out, err = capsys.readouterr()
     report = json.loads(out)
     assert code == 0
-    assert report["summary"] == {"ok": 14, "warn": 0, "fail": 0, "skip": 1}
+    assert report["summary"] == {"ok": 15, "warn": 0, "fail": 0, "skip": 1}
     assert all(set(c) == {"check", "status", "found", "fix", "subjects"} for c in report["checks"])
     assert report["checks"][0]["check"] == "maas.version"
     assert {c["check"]: c["status"] for c in report["checks"]} == table_statuses(table)
@@ -382,7 +383,7 @@ def test_wide_source_ranges_warn_and_doctor_still_exits_0(site, monkeypatch, cap
     (row,) = [c for c in report["checks"] if c["check"] == "ingress.source_ranges"]
     assert row["status"] == "warn" and row["subjects"] == ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]
     assert "17,891,328 addresses may reach the BMCs" in row["found"] and "rack-controllers read" in row["fix"]
-    assert report["summary"] == {"ok": 13, "warn": 1, "fail": 0, "skip": 1}
+    assert report["summary"] == {"ok": 14, "warn": 1, "fail": 0, "skip": 1}
 
 
 def test_doctor_command_exits_1_on_a_failure_and_prints_no_secret(site, monkeypatch, capsys):
@@ -435,6 +436,25 @@ def test_a_commission_maas_refused_is_explained(site):
     # Once the machine has left New, nothing waits.
     site.double.set_status(web1, "Commissioning")
     assert site.run()["maas.commission"].status == "ok"
+
+
+def test_a_password_taken_back_from_beside_another_address_waits_to_be_rotated(site):
+    """The reconciler's audit log (issue 25): each VM still to rotate, and the exact command."""
+    web1 = site.ids[("web1", "vms")]
+    reset = {"time": "2026-12-01T00:00:00.000000Z", "system_id": web1, "hostname": "web1-vms",
+             "action": "reset-password", "before": "derived", "after": "placeholder", "outcome": "ok",
+             "identity": "web1.vms", "leak": True, "generation": 0}
+    (site.tmp_path / "audit.log").write_text(json.dumps(reset) + "\n")
+    check = site.run()["maas.rotations"]
+    assert check.status == "warn" and check.subjects == ("web1.vms",)
+    assert f"web1.vms (taken back from {web1} at generation 0)" in check.found
+    assert check.fix.startswith("configure reconciler.lease")
+    assert check.fix.endswith("maas-kubevirt rotate web1.vms`")
+    # `rotate` by hand writes its record: nothing waits any more.
+    rotated = dict(reset, action="rotate", system_id=None, before="0", after="1", leak=None)
+    with open(site.tmp_path / "audit.log", "a") as log:
+        log.write(json.dumps(rotated) + "\n")
+    assert site.run()["maas.rotations"].status == "ok"
 
 
 # --- reconciler.lease (issue 23) -----------------------------------------------------------------

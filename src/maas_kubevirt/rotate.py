@@ -58,6 +58,19 @@ def rotator_from_values(values: Mapping[str, Any], kubeconfig: str | None = None
     return Rotator(api, values["kubernetes"]["system_namespace"])
 
 
+def read_generations(values: Mapping[str, Any]) -> tuple[dict | None, str]:
+    """Every VM's credential generation on reconciler.lease's access, for status and doctor:
+    (None, why) without the lease or when the ConfigMap cannot be read."""
+    if not lease.configured(values):
+        return None, "no cluster access (reconciler.lease is not configured)"
+    try:
+        rotator = rotator_from_values(values)
+        assert rotator is not None
+        return rotator.read(), ""
+    except (lease.LeaseConfigError, rotations.RotationsError) as failure:
+        return None, str(failure)
+
+
 def main(values: dict, args: Any) -> int:
     """``rotate VM.NAMESPACE [--kubeconfig FILE]``: 0 rotated, 1 the cluster failed, 2 usage."""
     serial = args.serial

@@ -140,7 +140,8 @@ def run(values: Mapping[str, Any], client: MAASClient, cluster: Any | None, opti
     fixes = _Fixes(options.command, values)
     reach = Reach()
     seed_check, seed = seed_file_check(values["seed"]["file"])
-    checks = maas_checks(values, client, seed, fixes, reach)
+    generations, unread = cluster_generations(values, cluster)
+    checks = maas_checks(values, client, seed, fixes, reach, generations, unread)
     checks.append(seed_check)
     checks.append(lease_checks(values, client))
     if cluster is None:
@@ -156,6 +157,29 @@ def run(values: Mapping[str, Any], client: MAASClient, cluster: Any | None, opti
                                 options.redfish_https_port or HTTPS_PORT))
     reach.credentials.clear()
     return checks
+
+
+def cluster_generations(values: Mapping[str, Any], cluster: Any | None) -> tuple[dict | None, str]:
+    """Every VM's credential generation, through reconciler.lease's access or else --kubeconfig;
+    (None, why) without either or when the ConfigMap cannot be read."""
+    from maas_kubevirt import identity, rotate, rotations
+    from maas_kubevirt import lease as leases   # not doctor.lease, this package's lease checks
+    from maas_kubevirt.kube import KubeError
+
+    if leases.configured(values):
+        generations, unread = rotate.read_generations(values)
+        return generations, _clean(unread)
+    if cluster is None:
+        return None, "no cluster access (reconciler.lease or --kubeconfig)"
+    path = (f"/api/v1/namespaces/{values['kubernetes']['system_namespace']}/configmaps/"
+            f"{identity.ROTATIONS_CONFIGMAP}")
+    try:
+        found = cluster.get(path)
+    except KubeError as failure:
+        return None, _clean(failure)
+    if not isinstance(found, Mapping):
+        return None, f"ConfigMap {identity.ROTATIONS_CONFIGMAP} does not exist"
+    return rotations.parse(found.get("data") or {})[0], ""
 
 
 def _rack_controllers(client: MAASClient, checks: Sequence[Check]) -> int | None:

@@ -10,7 +10,7 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from maas_kubevirt import identity, upstream
+from maas_kubevirt import identity, lease, upstream
 from maas_kubevirt import seed as seeds
 from maas_kubevirt.audit import Audit
 from maas_kubevirt.doctor import FAIL, OK, SKIP, WARN, Check, _clean, _skipped, _some, _version_text
@@ -24,8 +24,8 @@ from maas_kubevirt.maas import (
     parse_version,
 )
 from maas_kubevirt.paths import SCRIPT_NAME
-from maas_kubevirt.reconcile import (RIGHT, Backoff, Match, Passwords, Wait, in_default_pool, is_new, matching,
-                                     owned_pools, pool_of, trusted)
+from maas_kubevirt.reconcile import (RIGHT, Backoff, Exposure, Match, Passwords, Reconciler, Settings, Wait,
+                                     in_default_pool, is_new, matching, owned_pools, pool_of, trusted)
 # What upload-script checks before it uploads is what doctor checks in MAAS.
 from maas_kubevirt.render import REQUIRED_TAGS, rendering_problem
 from maas_kubevirt.values import ValuesError
@@ -157,15 +157,36 @@ def claims_check(claimed: Mapping[str, Sequence[str]]) -> Check:
                  tuple(sid for ids in duplicates.values() for sid in ids))
 
 
-def password_check(verdicts: Mapping[str, bool], reconcile: str) -> Check:
-    """Every sole claimant's stored power_pass is the one derived from the seed."""
+def password_check(verdicts: Mapping[str, bool], reconcile: str, unread: str = "") -> Check:
+    """Every sole claimant's stored power_pass is the one derived from the seed (and its VM's
+    credential generation; ``unread`` says why the generations are not known)."""
     wrong = sorted(sid for sid, right in verdicts.items() if not right)
     if not wrong:
         return Check("maas.power_password", OK,
                      f"{len(verdicts)} machine(s) hold the BMC password derived from the seed")
+    caveat = f" (credential generations not read: {unread}; a rotated VM's password shows as other)" if unread else ""
     return Check("maas.power_password", FAIL,
                  f"{len(wrong)} machine(s) hold a power password other than the one derived from the seed: "
-                 f"{_some(wrong)}", f"`{reconcile} reconcile --once` sets it", tuple(wrong))
+                 f"{_some(wrong)}{caveat}", f"`{reconcile} reconcile --once` sets it", tuple(wrong))
+
+
+def rotations_check(needing: Mapping[tuple[str, str], Exposure], command: str, audit_log: str,
+                    automatic: bool) -> Check:
+    """No VM's password waits to be rotated after it sat beside another address (from the audit log)."""
+    name = "maas.rotations"
+    if not audit_log:
+        return Check(name, SKIP, "maas.audit_log is not set: a password taken back from beside another "
+                     "address is not recorded")
+    if not needing:
+        return Check(name, OK, "no VM's password waits to be rotated")
+    named = [f"{vm}.{namespace} (taken back from {e.system_id} at generation {e.generation})"
+             for (vm, namespace), e in sorted(needing.items())]
+    commands = "; ".join(f"`{command} rotate {vm}.{namespace}`" for vm, namespace in sorted(needing))
+    fix = ("the reconciler rotates them at its next cycle on reconciler.lease's cluster access; by hand: "
+           if automatic else "configure reconciler.lease (the reconciler then rotates by itself), then: ")
+    return Check(name, WARN, f"{len(named)} VM(s) whose password may have leaked (MAAS held it beside an "
+                 f"address that is not the VM's BMC) and is not rotated: {_some(named)}", fix + commands,
+                 tuple(f"{vm}.{namespace}" for vm, namespace in sorted(needing)))
 
 
 
@@ -223,12 +244,15 @@ def commission_check(waits: Mapping[str, Wait], hosts: Mapping[str, str], audit_
 
 
 MAAS_CHECKS = ("maas.version", "maas.admin", "maas.script", "maas.enlist_commissioning",
-               "maas.claims", "maas.suspects", "maas.pools", "maas.power_password", "maas.commission")
+               "maas.claims", "maas.suspects", "maas.pools", "maas.power_password", "maas.commission",
+               "maas.rotations")
 
 
 def maas_checks(values: Mapping[str, Any], client: MAASClient, seed: str | None, fixes: _Fixes,
-                reach: Reach) -> list[Check]:
-    """The MAAS checks, and the hosts and credentials the network checks will use."""
+                reach: Reach, generations: Mapping[tuple[str, str], int] | None = None,
+                unread: str = "") -> list[Check]:
+    """The MAAS checks, and the hosts and credentials the network checks will use. ``generations``:
+    every VM's credential generation, when read (else ``unread`` says why)."""
     domain = values["redfish"]["domain"]
     checks: list[Check] = []
     try:
@@ -296,7 +320,7 @@ def maas_checks(values: Mapping[str, Any], client: MAASClient, seed: str | None,
                 reach.hosts[namespace] = identity.redfish_host(vm, namespace, domain)
                 chosen.add((vm, namespace))
 
-        passwords = Passwords(seed) if seed else None   # the reconciler's own comparison
+        passwords = Passwords(seed, generations) if seed else None   # the reconciler's own comparison
 
         def keep(parameters: Mapping[str, Any]) -> bool | None:
             """Whether the password is right; MAAS's credentials kept only for the chosen VMs."""
@@ -314,14 +338,21 @@ def maas_checks(values: Mapping[str, Any], client: MAASClient, seed: str | None,
         if seed is None:
             checks.append(Check("maas.power_password", SKIP, "no seed to derive the passwords from (see maas.seed_file)"))
         else:
-            checks.append(password_check({sid: bool(v) for sid, v in verdicts.items() if v is not None}, fixes.reconcile))
+            checks.append(password_check({sid: bool(v) for sid, v in verdicts.items() if v is not None}, fixes.reconcile,
+                                         unread if generations is None else ""))
         audit_log = values["maas"].get("audit_log", "")
+        records = Audit.read_file(audit_log)
         backoff = Backoff(values["maas"]["interval"])
-        backoff.restore(Audit.read_file(audit_log))
+        backoff.restore(records)
         new = {str(m.machine["system_id"]) for m in matches if m.canonical and is_new(m.machine)}
         waits = {sid: wait for sid, wait in backoff.pending().items() if sid in new}
         checks.append(commission_check(
             waits, {sid: identity.claimed_host(m.vm, m.namespace, domain) for sid, m in addresses.items()}, audit_log))
+        # What the reconciler would rotate: its own fold of the audit records.
+        restored = Reconciler(client, Settings.from_values(values), passwords=Passwords(seed or "-", generations))
+        restored.restore(records)
+        checks.append(rotations_check(restored.needing_rotation(), fixes.reconcile, audit_log,
+                                      lease.configured(values)))
     except MAASError as error:
         checks.append(Check("maas.claims", FAIL, f"cannot read the machines: {_clean(error)}", "check the MAAS region's logs"))
     return checks
