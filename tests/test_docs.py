@@ -325,6 +325,22 @@ def lease_held(page: Page, result) -> None:
         result = page.shell.run(result.command)
 
 
+def rotated_by_hand(page: Page, result) -> None:
+    """The generation in the cluster's ConfigMap, and the running service following it in MAAS
+    (after its settle) with exactly what Kyverno derives for generation 1."""
+    from maas_kubevirt import identity
+
+    found = json.loads(kubectl(page, "-n", "maas-kubevirt", "get", "configmap", identity.ROTATIONS_CONFIGMAP,
+                               "-o", "json").stdout)
+    assert (found.get("data") or {}).get("web1.vms") == "1", found
+    assert "credential generation 0 -> 1" in result.stdout
+    seed = (page.repo / "build" / "seed").read_text().strip()
+    power = page.double.power[page.notes["web1"]]
+    eventually(lambda: power["power_pass"] == identity.bmc_password(seed, "web1.vms", 1)
+               and power["power_user"] == identity.bmc_user(seed, "web1.vms", 1),
+               "the service set web1's generation-1 password", timeout=90)
+
+
 def stop_service(page: Page) -> None:
     page.shell.run("systemctl stop maas-kubevirt")
 
@@ -410,6 +426,7 @@ RUNNERS: dict[str, list[Step]] = {
         Step("sudoedit /etc/maas-kubevirt/values.yaml", SHIM, before=lease_values),
         Step("sudo systemctl daemon-reload && sudo systemctl restart maas-kubevirt", SHIM),
         Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml status | tail -n 1", SHIM, after=lease_held),
+        Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml rotate web1.vms", SHIM, after=rotated_by_hand),
         Step("install -m 0600 /dev/null build/seed.new", RUN, before=old_seed),
         Step("python3 -c 'import secrets; print(secrets.token_hex(32))' >build/seed.new", RUN),
         Step("mv build/seed.new build/seed", RUN),
