@@ -477,7 +477,9 @@ def test_troubleshooting_lists_every_check_doctor_makes():
     names = set()
     for source in (ROOT / "src" / "maas_kubevirt" / "doctor").glob("*.py"):
         names.update(re.findall(r'"((?:maas|cluster|network|reconciler|ingress)\.[a-z_]+)(?:["/])', source.read_text()))
-    rows = {re.sub(r"/(…|<ns>)$", "", name) for name in documented_checks()}
+    listed = documented_checks()
+    assert len(listed) == len(set(listed)), f"a check is listed twice: {sorted(n for n in listed if listed.count(n) > 1)}"
+    rows = {re.sub(r"/(…|<ns>)$", "", name) for name in listed}
     assert names and not names - rows, f"not in docs/troubleshooting.md: {sorted(names - rows)}"
     assert not rows - names, f"docs/troubleshooting.md lists checks doctor does not make: {sorted(rows - names)}"
 
