@@ -297,7 +297,7 @@ def test_a_name_that_does_not_resolve(site):
     checks = site.run(resolve=resolve)
     assert checks["network.dns"].status == "fail"
     assert site.host("db1", "tenant") in checks["network.dns"].found
-    assert f"*.{DOMAIN}" in checks["network.dns"].fix
+    assert f"*.tenant.{DOMAIN} for" in checks["network.dns"].fix   # the namespace that does not resolve
     assert checks["network.redfish"].status == "fail"
 
 

@@ -94,21 +94,26 @@ def dns_check(hosts: Mapping[str, str], resolve: Resolver, domain: str) -> Check
     """``<vm>.<ns>.<domain>`` resolves, for one VM per namespace."""
     if not hosts:
         return Check("network.dns", SKIP, "no VM known in MAAS or the cluster yet")
-    failed, answered = [], []
+    failed, answered, unresolved = [], [], []
     for namespace, host in sorted(hosts.items()):
         try:
             addresses = resolve(host)
         except (OSError, UnicodeError) as error:
             failed.append(f"{host} ({getattr(error, 'strerror', None) or type(error).__name__})")
+            unresolved.append(namespace)
             continue
         if not addresses:
             failed.append(f"{host} (no address)")
+            unresolved.append(namespace)
         else:
             answered.append(f"{host} -> {', '.join(addresses[:2])}")
     if failed:
+        # docs/kubernetes.md "DNS": one wildcard record per opted-in namespace, or a delegation.
+        records = ", ".join(f"*.{namespace}.{domain}" for namespace in unresolved)
         return Check("network.dns", FAIL, f"does not resolve: {_some(failed)}",
-                     f"add a wildcard DNS record *.{domain} for the Ingress controller's address, "
-                     "resolvable from the MAAS rack controllers", tuple(failed))
+                     f"add the wildcard DNS record {records} for the Ingress controller's address (one per "
+                     f"opted-in namespace), or delegate {domain} to a server that answers for it, resolvable "
+                     "from the MAAS rack controllers", tuple(failed))
     return Check("network.dns", OK, _some(answered))
 
 
