@@ -128,9 +128,12 @@ def test_a_watchdog_meant_for_another_process_is_not_fed():
     assert notifier.watchdog is None
 
 
-def test_a_socket_that_is_gone_is_not_an_error(tmp_path):
+def test_a_socket_that_is_gone_or_full_is_not_an_error(tmp_path, notify_socket):
     assert notify._datagram(str(tmp_path / "gone"), "READY=1") is False
     assert notify._datagram("vsock:2:1234", "READY=1") is False
+    # A manager that reads nothing: the queue fills, and sending never blocks the loop.
+    sent = [notify._datagram(notify_socket.address, "WATCHDOG=1") for _ in range(5000)]
+    assert sent[0] is True and sent[-1] is False
 
 
 def test_waiting_feeds_the_watchdog_and_ends_at_stop(notify_socket):
@@ -248,3 +251,47 @@ def test_the_units_watchdog_outlasts_the_longest_legitimate_cycle():
         minutes = settings[key]
         assert minutes.endswith("min"), f"{key}={minutes}: written in minutes"
         assert int(minutes[:-3]) * 60 >= longest, f"{key}={minutes} is shorter than {longest} s"
+
+
+class StandbyCandidate:
+    """A lease candidate that never gets the Lease (another host holds it)."""
+    where, duration, retry_period, terms = "maas-kubevirt/maas-kubevirt-reconciler", 0.4, 0.1, 0
+
+    def held(self):
+        return False
+
+    def wait_held(self, stop, timeout):
+        stop.wait(timeout)
+        return False
+
+    def holder(self):
+        return None
+
+    def start(self):
+        pass
+
+    def close(self, release):
+        pass
+
+
+def test_ready_comes_at_the_first_standby_wait_without_a_maas_request(tmp_path, double, notify_socket,
+                                                                       monkeypatch, capsys):
+    from maas_kubevirt import lease, loop
+    from reconcile_helpers import Args, values_for
+
+    double.add_vm("zebra1", "tenantq")
+    monkeypatch.setattr(lease, "candidate_from_values", lambda values: StandbyCandidate())
+    for key, value in environment(notify_socket, 0.2).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("MAAS_API_KEY", raising=False)
+    reader = threading.Thread(target=notify_socket.until, args=("STOPPING=1",), daemon=True)
+    reader.start()
+    assert loop.main(values_for(tmp_path, double), Args(once=True)) == 0
+    reader.join(TIMEOUT)
+    capsys.readouterr()
+    messages = [lines for _, lines in notify_socket.messages]
+    ready = next(m for m in messages if "READY=1" in m)
+    assert any(line.startswith("STATUS=standby") for line in ready)
+    assert ["WATCHDOG=1"] in messages[messages.index(ready) + 1:]   # fed while standing by
+    assert messages[-1] == ["STOPPING=1", "STATUS=stopping"]
+    assert double.request_count == 0

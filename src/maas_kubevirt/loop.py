@@ -188,6 +188,8 @@ def main(values: dict, args: Any) -> int:
         reconciler.rotator = rotator_from_values(values)
     except lease.LeaseConfigError as failure:
         client.close()
+        if metrics is not None:
+            metrics.close()
         error(str(failure))
         return EXIT_USAGE
     if candidate is not None:

@@ -30,9 +30,11 @@ def _datagram(address: str, message: str) -> bool:
     elif not address.startswith("/"):
         return False   # vsock: and other transports are not spoken here
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+        # Non-blocking: a service manager that does not read its queue must not stall the loop
+        # (a lost WATCHDOG=1 only brings the restart a watchdog is for).
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK) as sock:
             sock.connect(address)
-            sock.sendall(message.encode())
+            sock.send(message.encode())
     except OSError:
         return False
     return True
