@@ -19,8 +19,11 @@ write) and exits non-zero, saying why, when they do not match. Why each exists:
   `restart maas-kubevirt` fails unless the unit is installed, its ConditionPathExists= paths and
   every LoadCredential= file exist and drop-ins changed since were reloaded, then runs the
   unit's ExecStart= in the background with $CREDENTIALS_DIRECTORY made as systemd makes it
-  (after stopping the one it started before), its output the journal; it waits for the first
-  line of output, and fails if the service exits.
+  (after stopping the one it started before), its output the journal; it waits as systemd
+  waits: for READY=1 on $NOTIFY_SOCKET (a datagram socket it holds, as systemd does for
+  Type=notify, with $WATCHDOG_USEC from WatchdogSec=) within DOCS_START_TIMEOUT, else for the
+  first line of output, and fails if the service exits or never says it is ready.
+  `show -p NAME,... maas-kubevirt` prints those properties as the unit sets them.
 - journalctl: prints that output for `-u maas-kubevirt`, the only unit there is.
 - maas: MAAS's CLI needs a region host. `maas apikey --username NAME` prints the test MAAS's key;
   with MAAS's source at hand (the real-MAAS tier's cache) it checks `apikey` takes --username.
@@ -215,11 +218,57 @@ def stop_service(data: dict) -> None:
             pass
 
 
+# systemctl show's names of the directives the docs ask about (systemd.exec(5), systemd.service(5)).
+SHOWN = {"Type": "Type", "NotifyAccess": "NotifyAccess", "WatchdogUSec": "WatchdogSec",
+         "TimeoutStartUSec": "TimeoutStartSec", "Restart": "Restart"}
+
+
+def seconds(text: str) -> float:
+    """A systemd time span (systemd.time(7)): 11min, 30s, 1h 5min, 90."""
+    units = {"us": 1e-6, "ms": 1e-3, "s": 1, "sec": 1, "min": 60, "m": 60, "h": 3600, "hr": 3600}
+    total = 0.0
+    for number, unit in re.findall(r"(\d+(?:\.\d+)?)\s*([a-z]*)", text):
+        if unit not in units and unit:
+            fail(f"cannot read the time span {text!r}")
+        total += float(number) * units.get(unit or "s", 1)
+    return total
+
+
+def show(args: list[str]) -> None:
+    if len(args) != 3 or args[0] != "-p" or args[2] not in (UNIT, f"{UNIT}.service"):
+        fail(f"only `systemctl show -p NAME,... {UNIT}` is covered, not {args}")
+    found = dict(directives(unit_files()))
+    for name in args[1].split(","):
+        if name not in SHOWN:
+            fail(f"systemctl show -p {name}: not a property this shim knows ({', '.join(SHOWN)})")
+        print(f"{name}={found.get(SHOWN[name], '')}")
+
+
+def await_ready(process: subprocess.Popen, notify, journal: Path, deadline: float) -> None:
+    """Type=notify: systemctl returns once the service sends READY=1."""
+    import socket
+
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            fail(f"the service exited {process.returncode} before READY=1:\n{journal.read_text()[-2000:]}")
+        notify.settimeout(0.2)
+        try:
+            message = notify.recv(4096).decode("utf-8", "replace")
+        except socket.timeout:
+            continue
+        if "READY=1" in message.splitlines():
+            return
+    fail(f"no READY=1 from the Type=notify service within the start timeout:\n{journal.read_text()[-2000:]}")
+
+
 def systemctl(args: list[str]) -> None:
     data = state()
     if args == ["daemon-reload"]:
         data["loaded"] = fingerprint(unit_files())
         save(data)
+        return
+    if args[:1] == ["show"]:
+        show(args[1:])
         return
     if len(args) != 2 or args[0] not in ("restart", "stop") or args[1] not in (UNIT, f"{UNIT}.service"):
         fail(f"only daemon-reload and restart/stop {UNIT} are covered, not {args}")
@@ -254,8 +303,21 @@ def systemctl(args: list[str]) -> None:
     if command[0] != "/usr/bin/maas-kubevirt":
         fail(f"ExecStart runs {command[0]}, not the package's /usr/bin/maas-kubevirt")
     journal = env("DOCS_JOURNAL")
+    service_env = {**cli_env(), "CREDENTIALS_DIRECTORY": str(credentials)}
+    notify = None
+    if ("Type", "notify") in pairs:
+        import socket
+
+        path = env("DOCS_JOURNAL").parent / "notify.sock"
+        path.unlink(missing_ok=True)
+        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        notify.bind(str(path))
+        service_env["NOTIFY_SOCKET"] = str(path)
+        watchdog = [value for key, value in pairs if key == "WatchdogSec"]
+        if watchdog:
+            service_env["WATCHDOG_USEC"] = str(int(seconds(watchdog[-1]) * 1_000_000))
     with open(journal, "a") as log:
-        process = subprocess.Popen(cli(command[1:]), env={**cli_env(), "CREDENTIALS_DIRECTORY": str(credentials)},
+        process = subprocess.Popen(cli(command[1:]), env=service_env,
                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    start_new_session=True)
     data["pid"] = process.pid
@@ -264,6 +326,12 @@ def systemctl(args: list[str]) -> None:
         pids.write(f"{process.pid}\n")
     size = journal.stat().st_size
     deadline = time.monotonic() + float(os.environ.get("DOCS_START_TIMEOUT", "30"))
+    if notify is not None:
+        try:
+            await_ready(process, notify, journal, deadline)
+        finally:
+            notify.close()   # the manager is gone: the service's later messages are dropped
+        return
     while time.monotonic() < deadline:
         if process.poll() is not None:
             fail(f"the service exited {process.returncode}:\n{journal.read_text()[-2000:]}")

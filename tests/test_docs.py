@@ -291,6 +291,24 @@ def service_reconciled(page: Page, result) -> None:
     assert "web1" in result.stdout, "journalctl shows nothing of the service's work"
 
 
+def metrics_values(page: Page) -> None:
+    page.queue_edit(ETC, {"maas": {"metrics_address": "127.0.0.1:9639"}})
+
+
+def metrics_scraped(page: Page, result) -> None:
+    """The service (restarted by the shim once it said READY=1) serves its cycles."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = [s for family in text_string_to_metric_families(result.stdout) for s in family.samples]
+    assert samples and {s.name for s in samples} == {"maas_kubevirt_cycles_total"}, result.stdout
+    assert {s.labels["outcome"] for s in samples} <= {"ok", "failed", "error", "interrupted"}, result.stdout
+    assert sum(s.value for s in samples) >= 1, result.stdout
+
+
+def unit_is_notify(page: Page, result) -> None:
+    assert result.stdout.split() == ["Type=notify", "NotifyAccess=main", "WatchdogUSec=11min"], result.stdout
+
+
 def bundle_applied(page: Page) -> None:
     apply_until_admitted(page)
 
@@ -407,6 +425,10 @@ RUNNERS: dict[str, list[Step]] = {
         Step("sudo install -m 0600 build/seed /etc/maas-kubevirt/seed", SHIM),
         Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml reconcile --once --dry-run", SHIM),
         Step("sudo systemctl restart maas-kubevirt && journalctl -u maas-kubevirt", SHIM, after=service_reconciled),
+        Step("sudoedit /etc/maas-kubevirt/values.yaml", SHIM, before=metrics_values),
+        Step("sudo systemctl restart maas-kubevirt", SHIM),
+        Step("curl -s http://127.0.0.1:9639/metrics | grep '^maas_kubevirt_cycles_total'", RUN, after=metrics_scraped),
+        Step("systemctl show -p Type,NotifyAccess,WatchdogUSec maas-kubevirt", SHIM, after=unit_is_notify),
         Step("NS=maas-kubevirt SA=maas-kubevirt-reconciler KC=reconciler.kubeconfig", CLUSTER, before=bundle_applied),
         Step("SERVER=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')", CLUSTER),
         Step("kubectl config view --minify --raw -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' "
