@@ -117,6 +117,15 @@ def sudo(args: list[str]) -> None:
     os.execvp(args[0], args)
 
 
+def merge(into: dict, changes: dict) -> None:
+    """A YAML edit as a person makes it: nested keys set, the rest of the file kept."""
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            merge(into[key], value)
+        else:
+            into[key] = value
+
+
 def sudoedit(args: list[str]) -> None:
     if len(args) != 1:
         fail(f"expected one file, got {args}")
@@ -132,13 +141,6 @@ def sudoedit(args: list[str]) -> None:
         fail(f"the test queued an edit of {edit['path']}, not {path}")
     import yaml
     data = yaml.safe_load(path.read_text()) or {}
-
-    def merge(into: dict, changes: dict) -> None:
-        for key, value in changes.items():
-            if isinstance(value, dict) and isinstance(into.get(key), dict):
-                merge(into[key], value)
-            else:
-                into[key] = value
     merge(data, edit["merge"])
     path.write_text(yaml.safe_dump(data))
     queue.write_text(json.dumps(rest))

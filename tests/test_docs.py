@@ -87,12 +87,7 @@ class Page:
         self.edits.write_text(json.dumps([*edits, {"path": path, "merge": changes}]))
 
 
-def merge(into: dict, changes: dict) -> None:
-    for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            merge(into[key], value)
-        else:
-            into[key] = value
+merge = docs_shims.merge
 
 
 def maas_values(page: Page, **extra) -> dict:

@@ -675,15 +675,10 @@ def test_a_vm_slower_than_maas_timeout_is_commissioned_not_failed(real_maas, sit
 # --- (c) MAC enlistment re-points the VM's own machine (issue 25) ------------------------------
 
 
-@pytest.mark.parametrize("with_password", [False, True], ids=["no-password", "own-password"])
-@pytest.mark.parametrize("status", ["New", "Commissioning"])
-def test_a_mac_re_point_holds_no_derived_password_after_one_cycle(real_maas, site, tmp_path, status,
-                                                                  with_password):
-    """An anonymous POST machines/ with the VM's MAC and a harvesting address updates the VM's own
-    machine (AnonMachinesHandler.create, no event); the next cycle of a running reconciler, and a
-    restarted one, leave no derived password on any machine."""
+def enlist_by_mac(real_maas, site, tmp_path, namespace: str, status: str):
+    """VM web1 of namespace enlisted with the script's output and a MAC of its own, left in
+    status (New, or Commissioning with its scripts still running): (serial, MAC, Enlisted)."""
     real_maas.set_stub(True)
-    namespace = f"mac-{status[:3].lower()}{'p' if with_password else 'n'}"
     serial = f"web1.{namespace}"
     written = run_script(site["script"], serial, tmp_path / "vm")
     power_type = written.pop("power_type")
@@ -691,6 +686,18 @@ def test_a_mac_re_point_holds_no_derived_password_after_one_cycle(real_maas, sit
     vm = real_maas.enlist(written, mac, power_type=power_type, finish=status == "New")
     assert vm.status == 200, vm.body
     assert real_maas.machine(vm.system_id)["status_name"] == status
+    return serial, mac, vm
+
+
+@pytest.mark.parametrize("with_password", [False, True], ids=["no-password", "own-password"])
+@pytest.mark.parametrize("status", ["New", "Commissioning"])
+def test_a_mac_re_point_holds_no_derived_password_after_one_cycle(real_maas, site, tmp_path, status,
+                                                                  with_password):
+    """An anonymous POST machines/ with the VM's MAC and a harvesting address updates the VM's own
+    machine (AnonMachinesHandler.create, no event); the next cycle of a running reconciler, and a
+    restarted one, leave no derived password on any machine."""
+    namespace = f"mac-{status[:3].lower()}{'p' if with_password else 'n'}"
+    serial, mac, vm = enlist_by_mac(real_maas, site, tmp_path, namespace, status)
     log = tmp_path / "audit.log"
     loop = reconciler(real_maas, site, Audit(str(log)), commission="never")
     loop.cycle()
@@ -733,14 +740,8 @@ def test_the_running_loop_takes_a_mac_re_pointed_password_back_within_one_cycle(
     MAAS holds the derived password nowhere within one interval and one cycle (margin: three)."""
     import time
 
-    real_maas.set_stub(True)
     namespace = f"loop-{status[:3].lower()}"
-    serial = f"web1.{namespace}"
-    written = run_script(site["script"], serial, tmp_path / "vm")
-    power_type = written.pop("power_type")
-    mac = new_mac()
-    vm = real_maas.enlist(written, mac, power_type=power_type, finish=status == "New")
-    assert vm.status == 200, vm.body
+    serial, mac, vm = enlist_by_mac(real_maas, site, tmp_path, namespace, status)
     values = yaml.safe_load(site["values"].read_text())
     values["maas"].update(commission="never", audit_log=str(tmp_path / "audit.log"))
     values_file = tmp_path / "values.yaml"

@@ -13,10 +13,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from maas_double import MaasDouble  # noqa: E402
 from reconcile_helpers import SEED  # noqa: E402
+from test_reconcile_security import Clock, double, fast_retries  # noqa: E402,F401  (fixtures)
 
-from maas_kubevirt import identity, maas  # noqa: E402
+from maas_kubevirt import identity  # noqa: E402
 from maas_kubevirt.audit import Audit  # noqa: E402
-from maas_kubevirt.maas import MAASClient, RetryPolicy, Signer  # noqa: E402
+from maas_kubevirt.maas import MAASClient, Signer  # noqa: E402
 from maas_kubevirt.reconcile import ROTATION_SETTLE, Passwords, Reconciler, Settings  # noqa: E402
 
 DOMAIN = "bmc.example.com"
@@ -30,14 +31,6 @@ def password(vm: str, namespace: str, generation: int = 0) -> str:
 
 def user(vm: str, namespace: str, generation: int = 0) -> str:
     return identity.bmc_user(SEED, f"{vm}.{namespace}", generation)
-
-
-class Clock:
-    def __init__(self, now: float = 1_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Rotations:
@@ -59,17 +52,6 @@ class Rotations:
         self.bumps.append((vm, namespace))
         self.generations[(vm, namespace)] = self.generations.get((vm, namespace), 0) + 1
         return self.generations[(vm, namespace)]
-
-
-@pytest.fixture(autouse=True)
-def fast_retries(monkeypatch):
-    monkeypatch.setattr(maas, "RETRY", RetryPolicy(attempts=3, backoff=0.01, max_backoff=0.05, max_retry_after=0.05))
-
-
-@pytest.fixture
-def double():
-    with MaasDouble() as double:
-        yield double
 
 
 def reconciler_for(double: MaasDouble, tmp_path: Path, rotations: Rotations | None, wall: Clock,

@@ -218,21 +218,21 @@ class Endpoints:
                                 "not-admin")
         return user
 
+    def _controllers(self, path: str, kind: str) -> list[Any]:
+        data = self.call("GET", path)
+        if not isinstance(data, list):
+            raise MAASError("GET", path, 200, f"expected a list of {kind} controllers", "malformed")
+        return data
+
     def region_controllers(self) -> list[Any]:
         """Every region controller MAAS knows (src/maasserver/api/regioncontrollers.py,
         RegionControllersHandler: the nodes of type region, or region and rack)."""
-        data = self.call("GET", "regioncontrollers/")
-        if not isinstance(data, list):
-            raise MAASError("GET", "regioncontrollers/", 200, "expected a list of region controllers", "malformed")
-        return data
+        return self._controllers("regioncontrollers/", "region")
 
     def rack_controllers(self) -> list[Any]:
         """Every rack controller MAAS knows (src/maasserver/api/rackcontrollers.py,
         RackControllersHandler: the nodes of type rack, or region and rack)."""
-        data = self.call("GET", "rackcontrollers/")
-        if not isinstance(data, list):
-            raise MAASError("GET", "rackcontrollers/", 200, "expected a list of rack controllers", "malformed")
-        return data
+        return self._controllers("rackcontrollers/", "rack")
 
     def config(self, name: str) -> Any:
         """One MAAS configuration value (src/maasserver/api/maas.py, ``get_config``: the value as JSON)."""
