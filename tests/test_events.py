@@ -448,10 +448,14 @@ def test_bench_meets_the_idle_cycle_goal_at_100_machines():
                           env={**os.environ, "BENCH_SIZES": "100"})
     assert done.returncode == 0, done.stdout + done.stderr
     assert "met at every size" in done.stdout
-    rows = [line.split() for line in done.stdout.splitlines() if line.strip().startswith("100 ")]
+    table, _, watched = done.stdout.partition("watched for a MAC re-point:")
+    rows = [line.split() for line in table.splitlines() if line.strip().startswith("100 ")]
     assert [row[1] for row in rows] == ["events", "full", "per"]
     # A new VM converges in two changes: one PUT (password with its address, name, pool), one commission.
     assert rows[0][12] == "2.00"
+    # Ours left in New, watched for a MAC re-point: the events query and one bulk power read.
+    (line,) = [line for line in watched.splitlines() if line.strip().startswith("100 machines")]
+    assert "10 in New: idle cycle 3 request(s)" in " ".join(line.split()), line
 
 
 @pytest.mark.parametrize("body", [
