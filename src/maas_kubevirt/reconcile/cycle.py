@@ -63,6 +63,14 @@ def rotate_command(vm: str, namespace: str, values_path: str | None = None) -> s
     return f"maas-kubevirt{values} rotate {vm}.{namespace}"
 
 
+def _audited_generation(serial: Any, generation: Any) -> tuple[tuple[str, str], int] | None:
+    """((vm, namespace), generation) of an audit record's fields, or None when either is malformed."""
+    try:
+        return identity.parse_serial(serial), identity.parse_generation(str(generation))
+    except identity.IdentityError:
+        return None
+
+
 def _as_audited(value: Any) -> Any:
     """A MAAS-supplied string as an audit record keeps it."""
     return cap(value, NAME_LIMIT) if isinstance(value, str) else value
@@ -153,23 +161,16 @@ class Reconciler:
                     self._expose(system_id, record.get("identity"), record.get("generation"))
 
     def _expose(self, system_id: str, serial: Any, generation: Any) -> None:
-        try:
-            who = identity.parse_serial(serial)
-            generation = identity.parse_generation(str(generation))
-        except identity.IdentityError:
-            return
-        self.exposures[who] = Exposure(system_id, generation)
+        audited = _audited_generation(serial, generation)
+        if audited is not None:
+            self.exposures[audited[0]] = Exposure(system_id, audited[1])
 
     def _rotated(self, serial: Any, generation: Any) -> None:
         """An audit record of a rotation (the reconciler's or ``rotate``'s) to ``generation``."""
-        try:
-            who = identity.parse_serial(serial)
-            generation = identity.parse_generation(str(generation))
-        except identity.IdentityError:
-            return
-        exposure = self.exposures.get(who)
-        if exposure is not None and generation > exposure.generation:
-            del self.exposures[who]
+        audited = _audited_generation(serial, generation)
+        exposure = self.exposures.get(audited[0]) if audited is not None else None
+        if exposure is not None and audited[1] > exposure.generation:
+            del self.exposures[audited[0]]
 
     def needing_rotation(self) -> dict[tuple[str, str], Exposure]:
         """The identities whose password may have leaked and has not been rotated since."""
@@ -505,7 +506,7 @@ class Reconciler:
                              identity=serial)
             self.passwords.generations[who] = after
             self.settling[who] = self.wall() + ROTATION_SETTLE
-            self._rotated(serial, after)
+            del self.exposures[who]   # rotated past it: after is above the generation exposed
 
     def report_duplicates(self, actions: Sequence[Action]) -> None:
         """One audit record and one warning per duplicate claim and per suspect address, again
