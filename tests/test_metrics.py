@@ -250,3 +250,17 @@ def test_metrics_address_is_validated(address, ok):
 
 def test_metrics_are_off_by_default():
     assert load_values(None)["maas"]["metrics_address"] == ""
+
+
+def test_every_audit_record_is_counted_once_the_reconcilers_rotations_too():
+    """The loop's audit log counts at write, which records of actions and rotations both reach."""
+    from maas_kubevirt import loop
+    from maas_kubevirt.reconcile import Action
+
+    found = metrics.Metrics()
+    audit = loop._CountedAudit("", found.action)
+    audit.record(Action("set-password", "abc", "web1-vms", "web1", "vms"), "ok")
+    audit.write("rotate", "abc", None, "0", "1", "ok", identity="web1.vms")
+    text = generate_latest(found.registry).decode()
+    assert value(text, P + "actions_total", kind="set-password", outcome="ok") == 1
+    assert value(text, P + "actions_total", kind="rotate", outcome="ok") == 1

@@ -59,15 +59,17 @@ class _Signals:
 
 
 class _CountedAudit(Audit):
-    """The audit log, each record also counted (kind and outcome only) by the metrics."""
+    """The audit log, each record also counted (kind and outcome only) by the metrics: at write,
+    which every record goes through (the plan's actions and the reconciler's rotations alike)."""
 
     def __init__(self, path: str, count: Callable[[str, str], None]):
         super().__init__(path)
         self.count = count
 
-    def record(self, action: Any, outcome: str, reason: str = "", **extra: Any) -> dict:
-        self.count(action.kind, outcome)
-        return super().record(action, outcome, reason, **extra)
+    def write(self, action: str, system_id: str | None, hostname: str | None, before: Any, after: Any,
+              outcome: str, reason: str = "", note: str = "", **extra: Any) -> dict:
+        self.count(action, outcome)
+        return super().write(action, system_id, hostname, before, after, outcome, reason, note, **extra)
 
 
 def cycle_outcome(result: Cycle, stopped: bool) -> str:

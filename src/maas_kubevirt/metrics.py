@@ -41,7 +41,7 @@ FAILURES = ("connection", "timeout", "too-large")
 # Action kinds and outcomes as the reconciler writes them in audit records (reconcile/plan.py,
 # reconcile/apply.py); anything else is counted as "other" rather than trusted as a label.
 KINDS = ("create-pool", "set-password", "reset-password", "rename", "move-pool", "commission",
-         "skip", "duplicate-claim", "suspect-address")
+         "skip", "duplicate-claim", "suspect-address", "rotate")
 OUTCOMES = ("ok", "failed", "skipped", "unknown", "refused")
 # The machine states of maas_kubevirt_machines.
 STATES = ("ours", "converged", "pending", "waiting", "suspect", "duplicate", "held_password")
