@@ -170,10 +170,23 @@ POWER_SETTINGS: dict[str, dict[str, tuple[str, bool, str, bool, Any]]] = {
         "mac_address": ("Power MAC", False, "node", False, None),
         "power_off_mode": ("Power off mode", False, "bmc", False, "hard"),
     },
+    # src/provisioningserver/drivers/power/webhook.py: every setting BMC-scoped.
+    "webhook": {
+        "power_on_uri": ("URI to power on the node", True, "bmc", False, None),
+        "power_off_uri": ("URI to power off the node", True, "bmc", False, None),
+        "power_query_uri": ("URI to query the nodes power status", True, "bmc", False, None),
+        "power_on_regex": ("Regex to confirm the node is on", True, "bmc", False, r"status.*\:.*running"),
+        "power_off_regex": ("Regex to confirm the node is off", True, "bmc", False, r"status.*\:.*stopped"),
+        "power_user": ("Power user", False, "bmc", False, None),
+        "power_pass": ("Power password", False, "bmc", True, None),
+        "power_token": ("Power token, will be used in place of power_user and power_pass", False, "bmc", True,
+                        None),
+        "power_verify_ssl": ("Verify SSL connections with system CA certificates", True, "bmc", False, "n"),
+    },
     "manual": {},
 }
 # The drivers' `chassis` attribute: the machines of a chassis share one BMC row (get_or_create_bmc).
-CHASSIS = {"redfish": True, "ipmi": False, "manual": False}
+CHASSIS = {"redfish": True, "ipmi": False, "webhook": False, "manual": False}
 POWER_FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
     power_type: {name: (setting[0], setting[1]) for name, setting in settings.items()}
     for power_type, settings in POWER_SETTINGS.items()}
@@ -181,7 +194,10 @@ SKIP_CHECK = "power_parameters_skip_check"
 # src/provisioningserver/drivers/__init__.py: IP_EXTRACTOR_PATTERNS.IDENTITY, the pattern of
 # make_ip_extractor("power_address") that redfish.py and ipmi.py use.
 IP_EXTRACTORS = {"redfish": ("power_address", r"^(?P<address>.+?)$"),
-                 "ipmi": ("power_address", r"^(?P<address>.+?)$")}
+                 "ipmi": ("power_address", r"^(?P<address>.+?)$"),
+                 # webhook.py: make_ip_extractor("power_query_uri", IP_EXTRACTOR_PATTERNS.URL), whose
+                 # address is the URL's host alone (no "/" can reach netaddr).
+                 "webhook": ("power_query_uri", r"^(?:[^:/]+://)?(?:[^@/]*@)?(?P<address>[^/:]*)")}
 # netaddr's ValueError for an address with "/", which BMC.extract_ip_address
 # (src/maasserver/models/bmc.py) does not catch; src/maasserver/middleware.py
 # ExceptionMiddleware answers any other exception 500 with its text as text/plain.
@@ -1242,6 +1258,15 @@ class MaasDouble(LoopbackServer):
             if via == "ui":
                 self.record(system_id, "NODE", f"Set the resource pool to '{pool}'.",
                             username="admin")
+
+    def set_power_type(self, system_id: str, power_type: str, given: dict[str, Any]) -> None:
+        """An administrator's PUT machines/{id}/ with power_type and these parameters (no event): the
+        form fills the rest from the machine's current parameters, as for anonymous enlistment."""
+        with self.lock:
+            merged, problems = self._form_power_parameters(power_type, self.power_parameters(system_id), given)
+            if problems:
+                raise MaasRefused(400, {"power_parameters": problems})
+            self.set_power_config(system_id, power_type, merged)
 
     def set_power_address(self, system_id: str, address: str) -> None:
         """An operator edits the power address (PUT machines/{id}/ power_parameters_power_address:

@@ -121,7 +121,7 @@ def test_a_healthy_site_passes_every_maas_and_network_check(site):
         "maas.version": "ok", "maas.admin": "ok", "maas.script": "ok", "maas.enlist_commissioning": "ok",
         "maas.claims": "ok", "maas.suspects": "ok", "maas.pools": "ok", "maas.power_password": "ok",
         "maas.commission": "ok",
-        "maas.rotations": "ok",
+        "maas.rotations": "ok", "maas.generations": "skip", "maas.power_types": "ok",
         "maas.seed_file": "ok", "reconciler.lease": "ok", "cluster": "skip", "ingress.source_ranges": "ok",
         "network.dns": "ok", "network.redfish": "ok",
     }
@@ -358,12 +358,12 @@ def test_doctor_command_table_and_json(site, monkeypatch, capsys):
     header = out.splitlines()[0].split()
     assert header == ["CHECK", "STATUS", "FOUND", "FIX"]
     assert table_statuses(out)["cluster"] == "skip"
-    assert out.rstrip().endswith("15 ok, 0 warn, 0 fail, 1 skip")
+    assert out.rstrip().endswith("16 ok, 0 warn, 0 fail, 2 skip")
     code = cli.main(["--values", str(site.values_file), "doctor", "--json"])
     out, err = capsys.readouterr()
     report = json.loads(out)
     assert code == 0
-    assert report["summary"] == {"ok": 15, "warn": 0, "fail": 0, "skip": 1}
+    assert report["summary"] == {"ok": 16, "warn": 0, "fail": 0, "skip": 2}
     assert all(set(c) == {"check", "status", "found", "fix", "subjects"} for c in report["checks"])
     assert report["checks"][0]["check"] == "maas.version"
     assert {c["check"]: c["status"] for c in report["checks"]} == table_statuses(table)
@@ -383,7 +383,7 @@ def test_wide_source_ranges_warn_and_doctor_still_exits_0(site, monkeypatch, cap
     (row,) = [c for c in report["checks"] if c["check"] == "ingress.source_ranges"]
     assert row["status"] == "warn" and row["subjects"] == ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]
     assert "17,891,328 addresses may reach the BMCs" in row["found"] and "rack-controllers read" in row["fix"]
-    assert report["summary"] == {"ok": 14, "warn": 1, "fail": 0, "skip": 1}
+    assert report["summary"] == {"ok": 15, "warn": 1, "fail": 0, "skip": 2}
 
 
 def test_doctor_command_exits_1_on_a_failure_and_prints_no_secret(site, monkeypatch, capsys):
@@ -455,6 +455,36 @@ def test_a_password_taken_back_from_beside_another_address_waits_to_be_rotated(s
     with open(site.tmp_path / "audit.log", "a") as log:
         log.write(json.dumps(rotated) + "\n")
     assert site.run()["maas.rotations"].status == "ok"
+
+
+def test_a_machine_left_on_another_power_type_is_named_with_the_fix(site):
+    """An enlistment switched web1's machine to ipmi and the reconciler took its credentials back (issue 29)."""
+    web1 = site.ids[("web1", "vms")]
+    reset = {"time": "2026-12-01T00:00:00.000000Z", "system_id": web1, "hostname": "web1-vms",
+             "action": "reset-password", "before": "derived", "after": "placeholder", "outcome": "ok",
+             "identity": "web1.vms", "leak": True, "generation": 0, "power_type": "ipmi"}
+    (site.tmp_path / "audit.log").write_text(json.dumps(reset) + "\n")
+    assert site.run()["maas.power_types"].status == "ok"      # MAAS shows it redfish: nothing is left
+    site.double.set_power_type(web1, "ipmi", {"power_address": "10.66.66.66"})
+    check = site.run()["maas.power_types"]
+    assert check.status == "warn" and check.subjects == (web1,)
+    assert f"web1.vms on {web1} (ipmi)" in check.found and "`virtctl restart web1 -n vms`" in check.fix
+
+
+def test_a_generation_below_one_the_reconciler_used_fails_with_the_command_that_puts_it_back(site):
+    web1 = site.ids[("web1", "vms")]
+    rotated = {"time": "2026-12-01T00:00:00.000000Z", "system_id": web1, "hostname": None, "action": "rotate",
+               "before": "2", "after": "3", "outcome": "ok", "identity": "web1.vms"}
+    (site.tmp_path / "audit.log").write_text(json.dumps(rotated) + "\n")
+    from maas_kubevirt.doctor.maas import generations_check
+    check = generations_check({("web1", "vms"): 3}, {}, "", str(site.tmp_path / "audit.log"), "maas-kubevirt")
+    assert check.status == "fail" and check.subjects == ("web1.vms",)
+    assert "web1.vms (the cluster says 0, 3 was used)" in check.found
+    assert """kubectl -n maas-kubevirt patch configmap maas-kubevirt-rotations --type merge -p '{"data":{"web1.vms":"3"}}'""" in check.fix
+    assert generations_check({("web1", "vms"): 3}, {("web1", "vms"): 3}, "", "log", "ns").status == "ok"
+    unreadable = generations_check({}, None, "read ConfigMap x: no answer from the API server", "log", "ns")
+    assert unreadable.status == "fail" and "derives no password" in unreadable.found
+    assert generations_check({}, None, "no cluster access (reconciler.lease is not configured)", "", "ns").status == "skip"
 
 
 # --- reconciler.lease (issue 23) -----------------------------------------------------------------

@@ -346,7 +346,7 @@ def test_a_machine_no_longer_redfish_is_forgotten_event_driven(double):
     reconciler.cycle()
     reconciler.cycle()
     assert double.machines[vm]["status_name"] == "Commissioning"
-    double.machines[vm]["power_type"] = "manual"   # an API edit: no event of its own
+    double.set_power_type(vm, "manual", {})   # an API edit: no event; manual keeps no parameters
     double.set_status(vm, "Ready")
     reconciler.cycle()
     assert vm not in reconciler.known

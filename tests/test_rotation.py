@@ -178,14 +178,16 @@ def test_a_duplicate_claim_is_no_leak(double, tmp_path):
     assert rotations.bumps == [] and reconciler.needing_rotation() == {}
 
 
-def test_unreadable_generations_stop_the_cycle_before_any_write(double, tmp_path):
+def test_unreadable_generations_derive_no_password(double, tmp_path):
+    """Resets never wait for the cluster (tests/test_power_type.py); a new password does."""
     rotations = Rotations()
     rotations.fail = "GET configmaps/maas-kubevirt-rotations: no answer"
     sid = double.add_vm("web1", "vms", status="New")
     reconciler = reconciler_for(double, tmp_path, rotations, Clock())
     result = reconciler.cycle()
-    assert "cannot read the credential generations" in result.error and result.failed
-    assert double.power[sid]["power_pass"] == PLACEHOLDER and double.writes == []
+    assert "cannot be read from the cluster" in result.withheld and result.failed and not result.error
+    assert double.power[sid]["power_pass"] == PLACEHOLDER
+    assert not [w for w in double.writes if w[0] == "PUT" and "power_parameters_power_pass" in w[2]]
 
 
 def test_a_failed_bump_is_audited_and_tried_again_next_cycle(double, tmp_path):

@@ -267,6 +267,19 @@ BMC_USER_PREFIX = "maas-kubevirt-"
 ENLIST_USER_PREFIX = "maas-enlist-"
 
 
+# What the reconciler writes as the user when it takes a derived credential back: this and 32 hex
+# digits keyed by the seed and the machine, so the row is that machine's alone and nobody's to
+# name (a fixed user would let any machine join it), and a second reset writes the same.
+RESET_USER_PREFIX = "maas-kubevirt-reset-"
+
+
+def reset_user(seed: str, system_id: str) -> str:
+    """The power_user of a machine whose derived credentials were taken back: no VM's BMC user."""
+    if not isinstance(seed, str) or not seed:
+        raise IdentityError("seed: must be a non-empty string")
+    return RESET_USER_PREFIX + _sha256_hex(f"{seed}:reset:{system_id}")[:32]
+
+
 def bmc_user(seed: str, serial: str, generation: int = 0) -> str:
     """The VM's BMC user: BMC_USER_PREFIX and 32 hex digits of sha256(seed + ':user:' + serial
     [+ ':' + generation]).

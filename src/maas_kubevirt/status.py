@@ -55,6 +55,9 @@ class Report:
     lease: dict | None = None
     # VMs whose password may have leaked and is not rotated yet (from maas.audit_log).
     rotations: list[dict] = field(default_factory=list)
+    # Machines an enlistment switched to another power type, their VM's credentials taken back
+    # (from maas.audit_log) and still of that type: MAAS has no power control of the VM.
+    switched: list[dict] = field(default_factory=list)
 
     @property
     def suspects(self) -> int:
@@ -122,6 +125,12 @@ def build_report(values: dict, settings: Settings, reconciler: Reconciler, machi
             "vm": vm, "namespace": namespace, "system_id": exposure.system_id, "generation": exposure.generation,
             "command": rotate_command(vm, namespace, values_path),
         })
+    records = {m.get("system_id"): m for m in machines}
+    for system_id, switched in reconciler.still_switched(machines).items():
+        vm, namespace = switched.who
+        report.switched.append({"vm": vm, "namespace": namespace, "system_id": system_id,
+                                "hostname": records[system_id].get("hostname"), "power_type": switched.power_type,
+                                "fix": switched.fix()})
     if lease.configured(values):
         report.lease = lease_state(values)
     return report
@@ -150,6 +159,7 @@ def render_table(report: Report) -> str:
     lines += [escape_controls(f"duplicate claim: {d['note']}") for d in report.duplicates]
     lines += [escape_controls(f"{p['system_id']} {p['hostname']}: {p['note']}") for p in report.pool_refused]
     lines += [rotation_line(r) for r in report.rotations]
+    lines += [escape_controls(switched_line(s)) for s in report.switched]
     if report.lease is not None:
         lines.append(escape_controls(report.lease["line"]))
     return "\n".join(lines)
@@ -159,6 +169,12 @@ def rotation_line(rotation: dict) -> str:
     return (f"possible leak: {rotation['vm']}.{rotation['namespace']}: its password (generation "
             f"{rotation['generation']}) sat beside another address on {rotation['system_id']} and was taken "
             f"back; rotate it: {rotation['command']}")
+
+
+def switched_line(switched: dict) -> str:
+    return (f"power type switched: {switched['vm']}.{switched['namespace']}: machine {switched['system_id']} "
+            f"({switched['hostname']}) is {switched['power_type']!a} since an enlistment switched it; its derived "
+            f"credentials were taken back, so MAAS cannot power the VM; {switched['fix']}")
 
 
 def render_json(report: Report) -> str:
@@ -172,11 +188,12 @@ def render_json(report: Report) -> str:
         "notes": report.notes,
         "lease": report.lease,
         "rotations": report.rotations,
+        "switched": report.switched,
         "summary": {
             "machines": len(report.rows) - suspects, "suspects": suspects,
             "waiting": sum(row.waiting is not None for row in report.rows),
             "duplicates": len(report.duplicates), "pool_refused": len(report.pool_refused),
-            "rotations": len(report.rotations),
+            "rotations": len(report.rotations), "switched": len(report.switched),
         },
     }, indent=2)
 

@@ -24,8 +24,8 @@ from maas_kubevirt.maas import (
     parse_version,
 )
 from maas_kubevirt.paths import SCRIPT_NAME
-from maas_kubevirt.reconcile import (RIGHT, Backoff, Exposure, Match, Passwords, Reconciler, Settings, Wait,
-                                     in_default_pool, is_new, matching, owned_pools, pool_of, trusted)
+from maas_kubevirt.reconcile import (RIGHT, Backoff, Exposure, Match, Passwords, Reconciler, Settings, Switched, Wait,
+                                     in_default_pool, lowered_fix, lowered_generations, is_new, matching, owned_pools, pool_of, trusted)
 # What upload-script checks before it uploads is what doctor checks in MAAS.
 from maas_kubevirt.render import REQUIRED_TAGS, rendering_problem
 from maas_kubevirt.values import ValuesError
@@ -190,6 +190,45 @@ def rotations_check(needing: Mapping[tuple[str, str], Exposure], command: str, a
 
 
 
+def generations_check(highest: Mapping[tuple[str, str], int], generations: Mapping[tuple[str, str], int] | None,
+                      unread: str, audit_log: str, system_namespace: str) -> Check:
+    """The cluster's credential generations can be read, and none is below one the reconciler used."""
+    name = "maas.generations"
+    if generations is None:
+        return Check(name, SKIP if unread.startswith("no cluster access") else FAIL,
+                     f"the credential generations cannot be read: {unread}; the reconciler still takes derived "
+                     "credentials back, but derives no password until it can read them",
+                     "check reconciler.lease's cluster access and that ConfigMap "
+                     f"{system_namespace}/{identity.ROTATIONS_CONFIGMAP} exists: "
+                     f"`kubectl -n {system_namespace} get configmap {identity.ROTATIONS_CONFIGMAP}`")
+    if not audit_log:
+        return Check(name, SKIP, "maas.audit_log is not set: the generations the reconciler used are not recorded")
+    lowered = lowered_generations(highest, generations)
+    if not lowered:
+        return Check(name, OK, f"{len(generations)} VM(s) past generation 0; none below a generation the "
+                     "reconciler already used")
+    named = [f"{vm}.{namespace} (the cluster says {said}, {highest[(vm, namespace)]} was used)"
+             for (vm, namespace), said in lowered.items()]
+    return Check(name, FAIL, f"{len(named)} VM(s) whose generation the cluster says lower than the reconciler "
+                 f"already used, so it derives none of their passwords (rotated-away credentials would come "
+                 f"back): {_some(named)}", "put each back: " + "; ".join(
+                     f"`{lowered_fix(who, highest[who], system_namespace)}`" for who in lowered),
+                 tuple(f"{vm}.{namespace}" for vm, namespace in lowered))
+
+
+def switched_check(switched: Mapping[str, Switched], audit_log: str) -> Check:
+    """No machine whose VM's credentials were taken back after an enlistment switched its power type stays so."""
+    name = "maas.power_types"
+    if not audit_log:
+        return Check(name, SKIP, "maas.audit_log is not set: a switch of power type is not recorded")
+    if not switched:
+        return Check(name, OK, "no VM's machine is left on another power type than redfish")
+    named = [f"{s.who[0]}.{s.who[1]} on {sid} ({s.power_type})" for sid, s in switched.items()]
+    return Check(name, WARN, f"{len(named)} VM machine(s) switched to another power type by an enlistment; "
+                 f"their derived credentials were taken back, so MAAS cannot power those VMs: {_some(named)}",
+                 "; ".join(s.fix() for s in switched.values()), tuple(switched))
+
+
 KEY_REFUSED = "the API key was refused"
 
 
@@ -245,7 +284,7 @@ def commission_check(waits: Mapping[str, Wait], hosts: Mapping[str, str], audit_
 
 MAAS_CHECKS = ("maas.version", "maas.admin", "maas.script", "maas.enlist_commissioning",
                "maas.claims", "maas.suspects", "maas.pools", "maas.power_password", "maas.commission",
-               "maas.rotations")
+               "maas.rotations", "maas.generations", "maas.power_types")
 
 
 def maas_checks(values: Mapping[str, Any], client: MAASClient, seed: str | None, fixes: _Fixes,
@@ -353,6 +392,9 @@ def maas_checks(values: Mapping[str, Any], client: MAASClient, seed: str | None,
         restored.restore(records)
         checks.append(rotations_check(restored.needing_rotation(), fixes.reconcile, audit_log,
                                       lease.configured(values)))
+        checks.append(generations_check(restored.highest, generations, unread, audit_log,
+                                        values["kubernetes"]["system_namespace"]))
+        checks.append(switched_check(restored.still_switched(machines), audit_log))
     except MAASError as error:
         checks.append(Check("maas.claims", FAIL, f"cannot read the machines: {_clean(error)}", "check the MAAS region's logs"))
     return checks

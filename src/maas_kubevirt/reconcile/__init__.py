@@ -36,8 +36,8 @@ commands that run it live elsewhere: ``loop`` (reconcile), ``status``.
 from maas_kubevirt.audit import Audit
 from maas_kubevirt.reconcile.apply import Outcome, _classify, _fields, _perform, apply
 from maas_kubevirt.reconcile.backoff import MAX_BACKOFF, WALL_FORMAT, Backoff, Wait
-from maas_kubevirt.reconcile.cycle import (ROTATE, ROTATION_SETTLE, Cycle, Exposure, GenerationsUnreadable, Reconciler,
-                                          rotate_command)
+from maas_kubevirt.reconcile.cycle import (ROTATE, ROTATION_SETTLE, Cycle, Exposure, Reconciler, Switched,
+                                          lowered_fix, lowered_generations, rotate_command)
 from maas_kubevirt.reconcile.plan import (
     CHANGES, COMMISSION, CREATE_POOL, DEFAULT_POOL, DEFAULT_POOL_ID, DERIVED, DUPLICATE, MOVE_POOL, NEW, OTHER,
     PLACEHOLDER, RENAME, REREAD_STATUSES, RESET_PASSWORD, RIGHT, SET_PASSWORD, SKIP, SUSPECT, UNKNOWN, UNSET,
@@ -59,11 +59,13 @@ __all__ = [
     "Wait",
     "Cycle",
     "Exposure",
-    "GenerationsUnreadable",
     "ROTATE",
     "ROTATION_SETTLE",
     "rotate_command",
+    "lowered_fix",
+    "lowered_generations",
     "Reconciler",
+    "Switched",
     "CHANGES",
     "COMMISSION",
     "CREATE_POOL",

@@ -13,8 +13,8 @@ from maas_kubevirt.audit import Audit
 from maas_kubevirt.maas import MAASAuthError, MAASClient, MAASError
 from maas_kubevirt.reconcile.backoff import Backoff, _wall
 from maas_kubevirt.reconcile.plan import (
-    COMMISSION, CREATE_POOL, MOVE_POOL, RENAME, RESET_PASSWORD, SET_PASSWORD, UPDATES, Action, Passwords,
-    pool_description,
+    COMMISSION, CREATE_POOL, MOVE_POOL, PASSWORD_KEY, REDFISH, RENAME, RESET_PASSWORD, SET_PASSWORD, UPDATES,
+    USER_KEY, Action, Passwords, pool_description,
 )
 
 
@@ -50,12 +50,30 @@ def _fields(action: Action, passwords: Passwords | None) -> dict[str, str]:
             raise ValueError("set-password needs the canonical address it is written with")
         # The three BMC-row fields together: MAAS then updates the VM's own row in place
         # (Node.set_power_config, src/maasserver/models/node.py), a row no other machine can join.
-        return {"power_parameters_power_address": action.address,
+        # The type too: an enlistment that switched it since the re-read is undone by this PUT,
+        # never joined by the password (AdminMachineForm keeps what a request leaves out).
+        return {"power_type": REDFISH,
+                "power_parameters_power_address": action.address,
                 "power_parameters_power_user": passwords.user(action.vm, action.namespace),
                 "power_parameters_power_pass": passwords.password(action.vm, action.namespace)}
     if action.kind == RENAME:
         return {"hostname": action.after}
     return {"pool": action.after}
+
+
+def _reset_fields(action: Action, passwords: Passwords | None) -> dict[str, str]:
+    """The PUT machines/{id}/ fields that take a derived user and password back: a fresh random
+    user and the placeholder. A redfish machine keeps its address and says its type (a switch to
+    ipmi landing meanwhile is undone, with the address MAAS fills in; one MAAS cannot fill in is
+    refused, 400, and reset by type the next cycle); any other type is reset through the names
+    that hold them, as its own form calls them, and keeps its type."""
+    if passwords is None:
+        raise ValueError("reset-password needs the seed: pass apply(..., passwords=Passwords(seed))")
+    fresh = {USER_KEY: passwords.reset_user(str(action.system_id)), PASSWORD_KEY: identity.PLACEHOLDER_PASSWORD}
+    if action.power_type not in (None, REDFISH) and action.keys:
+        return {f"power_parameters_{name}": fresh[kind] for name, kind in action.keys}
+    return {"power_type": REDFISH, "power_parameters_power_user": fresh[USER_KEY],
+            "power_parameters_power_pass": identity.PLACEHOLDER_PASSWORD}
 
 
 def _perform(client: MAASClient, actions: Sequence[Action], passwords: Passwords | None) -> None:
@@ -67,7 +85,7 @@ def _perform(client: MAASClient, actions: Sequence[Action], passwords: Passwords
             fields.update(_fields(each, passwords))
         client.update_machine(action.system_id, **fields)
     elif action.kind == RESET_PASSWORD:
-        client.update_machine(action.system_id, power_parameters_power_pass=identity.PLACEHOLDER_PASSWORD)
+        client.update_machine(action.system_id, **_reset_fields(action, passwords))
     elif action.kind == CREATE_POOL:
         client.create_pool(action.after, pool_description(action.namespace))
     elif action.kind == COMMISSION:
@@ -126,7 +144,7 @@ def _lanes(batches: Sequence[list[Action]]) -> list[list[list[Action]]]:
 def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
           stop: threading.Event | None = None, passwords: Passwords | None = None,
           backoff: Backoff | None = None, concurrency: int = 1,
-          may_write: Callable[[], bool] | None = None) -> Outcome:
+          may_write: Callable[..., bool] | None = None) -> Outcome:
     """Carry out the changing actions; one audit record per attempted change.
 
     A machine's password, rename and pool move go in one PUT; when MAAS refuses it (400) each is
@@ -134,8 +152,11 @@ def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
     pool and a commission for its machine's password. A commission MAAS refuses starts or
     lengthens that machine's backoff, named in its audit record. With ``concurrency`` above 1
     the pools are made first, then up to that many machines' changes go at once (``_lanes``),
-    each machine's still in order. ``may_write`` is asked before every request: False (a leader
-    that could not renew its lease) starts no further one, as a signal does.
+    each machine's still in order. ``may_write(seconds)`` is asked before every request with the
+    client's timeout (``lease.Candidate.may_write``): False (a leader that could not renew its
+    lease in time) starts no further one, as a signal does. A commission, which may take longer
+    than any lease, is asked again once MAAS answers (``may_write()``: held now); lost meanwhile,
+    its audit record's note says so and what MAAS did, and no further request starts.
     """
     outcome = Outcome()
     lock = threading.RLock()      # the outcome, the backoff and whole audit records, one at a time
@@ -168,18 +189,34 @@ def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
                 audit.record(action, result, reason, retry_at=_wall(wait.until), failures=wait.failures)
                 return
         if action.kind in (SET_PASSWORD, RESET_PASSWORD):  # restored after a restart (Reconciler.restore)
+            generation = passwords.generation(action.vm, action.namespace) if passwords is not None else 0
             extra: dict[str, Any] = {}
-            if action.kind == RESET_PASSWORD and action.leak:   # the generation that may have leaked
-                extra = {"leak": True, "generation": passwords.generation(action.vm, action.namespace)
-                         if passwords is not None else 0}
+            if action.kind == SET_PASSWORD:   # the least the reconciler ever derives again (Reconciler.highest)
+                extra = {"generation": generation}
+            elif action.leak:   # the generation that may have leaked
+                extra = {"leak": True, "generation": generation}
+            if action.kind == RESET_PASSWORD and action.power_type not in (None, REDFISH):
+                extra["power_type"] = action.power_type
             audit.record(action, result, reason, identity=f"{action.vm}.{action.namespace}", **extra)
             return
         audit.record(action, result, reason)
 
     def send(batch: list[Action]) -> bool:
         """Carry out one batch; False when the cycle must stop (a signal, the deadline, the lease)."""
-        if may_write is not None and not may_write():
+        from dataclasses import replace
+
+        commission = batch[0].kind == COMMISSION
+        # A commission starts with an ordinary request's margin too: MAAS commits Commissioning
+        # within it, before the power-on its answer waits for, which no lease margin covers.
+        seconds = getattr(client, "timeout", None)   # None: a stand-in client stating none
+        if may_write is not None and not (may_write() if seconds is None else may_write(seconds)):
             return False   # not attempted, so not audited: the next holder plans it afresh
+
+        def answered(action: Action, what: str) -> Action:
+            """The action as audited when the lease was lost while MAAS answered its commission."""
+            said = f"the lease was lost while MAAS answered: {what}; no further write from this cycle"
+            return replace(action, note=f"{action.note}; {said}" if action.note else said)
+
         try:
             _perform(client, batch, passwords)
         except MAASAuthError:
@@ -187,19 +224,24 @@ def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
         except MAASError as failure:
             if len(batch) > 1 and failure.status == 400:
                 return all(send([action]) for action in batch)
+            held = not commission or may_write is None or may_write()
             stopped = failure.kind in ("interrupted", "deadline")  # every later request fails alike
-            if batch[0].kind == COMMISSION and failure.in_flight and not stopped:
+            if commission and failure.in_flight and not stopped:
                 status = _status_now(batch[0].system_id)
                 if status in COMMISSIONED_STATUSES:  # MAAS went on after the request stopped waiting
-                    record(batch[0], "ok", f"{failure}; MAAS shows the machine {status}")
-                    return True
+                    action = batch[0] if held else answered(batch[0], f"MAAS went on, it shows the machine {status}")
+                    record(action, "ok", f"{failure}; MAAS shows the machine {status}")
+                    return held
+            what = "MAAS may have carried it out (no answer)" if failure.in_flight else "MAAS refused it"
             for action in batch:
-                record(action, ("unknown" if failure.in_flight else "failed") if stopped
-                       else _classify(action, failure), str(failure))
-            return not stopped
+                record(action if held else answered(action, what),
+                       ("unknown" if failure.in_flight else "failed") if stopped else _classify(action, failure),
+                       str(failure))
+            return held and not stopped
+        held = not commission or may_write is None or may_write()
         for action in batch:
-            record(action, "ok")
-        return True
+            record(action if held else answered(action, "MAAS accepted the commission"), "ok")
+        return held
 
     def _status_now(system_id: str | None) -> str | None:
         """The machine's status as MAAS shows it now, or None when it cannot be read."""

@@ -16,9 +16,9 @@ from maas_kubevirt.maas import MAASAuthError, MAASClient, MAASError, MAASVersion
 from maas_kubevirt.reconcile.apply import Outcome, apply
 from maas_kubevirt.reconcile.backoff import Backoff
 from maas_kubevirt.reconcile.plan import (
-    DUPLICATE, NEW, PLACEHOLDER, REREAD_STATUSES, RESET_PASSWORD, RIGHT, SET_PASSWORD, SKIP, SUSPECT,
-    Action, Match, Passwords, Power, Settings, claim_of, is_new, machine_problem, matching, names_to_check,
-    needs_pools, plan, pool_of,
+    DUPLICATE, NEW, OTHER, PASSWORD_KEY, PLACEHOLDER, REDFISH, REREAD_STATUSES, RESET_PASSWORD, RIGHT,
+    SET_PASSWORD, SKIP, SUSPECT, USER_KEY, Action, Match, Passwords, Power, Settings, claim_of, is_new,
+    machine_problem, matching, names_to_check, needs_pools, plan, pool_of,
 )
 
 
@@ -44,8 +44,17 @@ ROTATION_SETTLE = 30.0
 ROTATE = "rotate"
 
 
-class GenerationsUnreadable(Exception):
-    """The rotations ConfigMap could not be read: the cycle writes nothing."""
+@dataclass(frozen=True)
+class Switched:
+    """A machine that an enlistment switched to another power type, its VM's credentials taken back."""
+
+    who: tuple[str, str]
+    power_type: str
+
+    def fix(self) -> str:
+        vm, namespace = self.who
+        return (f"if the switch was not an administrator's, let {vm} enlist again (it PXE-boots, MAAS knows it "
+                f"by its MAC and its script writes its redfish BMC back): `virtctl restart {vm} -n {namespace}`")
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,19 @@ def rotate_command(vm: str, namespace: str, values_path: str | None = None) -> s
     """The exact command line that rotates one VM's credentials, with these values."""
     values = f" --values {shlex.quote(values_path)}" if values_path else ""
     return f"maas-kubevirt{values} rotate {vm}.{namespace}"
+
+
+def lowered_fix(who: tuple[str, str], generation: int, system_namespace: str = "<system namespace>") -> str:
+    """The command that puts a VM's generation back where the reconciler last used it."""
+    patch = shlex.quote(f'{{"data":{{"{who[0]}.{who[1]}":"{generation}"}}}}')
+    return (f"kubectl -n {system_namespace} patch configmap {identity.ROTATIONS_CONFIGMAP} --type merge "
+            f"-p {patch}")
+
+
+def lowered_generations(highest: Mapping[tuple[str, str], int],
+                        said: Mapping[tuple[str, str], int]) -> dict[tuple[str, str], int]:
+    """(vm, namespace) -> the generation the cluster says, for each VM it says one below the highest used."""
+    return {who: said.get(who, 0) for who, used in sorted(highest.items()) if said.get(who, 0) < used}
 
 
 def _audited_generation(serial: Any, generation: Any) -> tuple[tuple[str, str], int] | None:
@@ -81,10 +103,12 @@ class Cycle:
     actions: list[Action] = field(default_factory=list)
     outcome: Outcome = field(default_factory=Outcome)
     error: str = ""
+    # Why no password could be derived this cycle (the generations unreadable); resets still ran.
+    withheld: str = ""
 
     @property
     def failed(self) -> bool:
-        return bool(self.error) or self.outcome.failed > 0
+        return bool(self.error) or bool(self.withheld) or self.outcome.failed > 0
 
 
 class Reconciler:
@@ -139,6 +163,18 @@ class Reconciler:
         self._told_rotation: set[tuple[tuple[str, str], int]] = set()
         self.values_path: str | None = None   # the --values file, for the commands it prints
         self._generations_read = False
+        # Why the generations could not be read in the last cycle ("" when they were): the cycle
+        # then derives nothing new, and judges with what it last knew.
+        self.generations_unread = ""
+        # (vm, namespace) -> the highest credential generation this reconciler has written or
+        # rotated to (from the audit log): it never derives a lower one, whatever the cluster says.
+        self.highest: dict[tuple[str, str], int] = {}
+        # (vm, namespace) -> the lower generation the cluster says, while it says one.
+        self.lowered: dict[tuple[str, str], int] = {}
+        # system_id -> (the identity, the power type) of each machine whose derived credentials were
+        # taken back because an enlistment switched its power type: it has no power control of the
+        # VM until the VM enlists again (``Switched``), which status and doctor say.
+        self.switched: dict[str, Switched] = {}
 
     def restore(self, records: Iterable[Mapping[str, Any]]) -> None:
         """Take back, from earlier audit records (oldest first), what a restart would forget: the
@@ -149,16 +185,45 @@ class Reconciler:
             system_id, action = record.get("system_id"), record.get("action")
             if action == ROTATE and record.get("outcome") == "ok":   # `rotate` by hand names no machine
                 self._rotated(record.get("identity"), record.get("after"))
+                self._used(record.get("identity"), record.get("after"))
             if not isinstance(system_id, str):
                 continue
             if action == SUSPECT:
                 self._suspects[system_id] = record.get("before")
             elif action == SET_PASSWORD and record.get("outcome") in ("ok", "unknown"):
                 self._credit(system_id, record.get("identity"))
+                self._used(record.get("identity"), record.get("generation", 0))
+                self.switched.pop(system_id, None)
             elif action == RESET_PASSWORD and record.get("outcome") == "ok":
                 self.credited.pop(system_id, None)
                 if record.get("leak") is True:
                     self._expose(system_id, record.get("identity"), record.get("generation"))
+                self._switch(system_id, record.get("identity"), record.get("power_type"))
+
+    def _switch(self, system_id: str, serial: Any, power_type: Any) -> None:
+        """A machine whose credentials were taken back from another power type (or, redfish, not)."""
+        if isinstance(power_type, str) and power_type != REDFISH and valid_system_id(system_id):
+            try:
+                self.switched[system_id] = Switched(identity.parse_serial(serial), cap(power_type, NAME_LIMIT))
+            except identity.IdentityError:
+                pass
+        else:
+            self.switched.pop(system_id, None)
+
+    def still_switched(self, machines: Iterable[Mapping[str, Any]]) -> dict[str, Switched]:
+        """The switched machines that MAAS still shows with another power type than redfish."""
+        types = {m.get("system_id"): m.get("power_type") for m in machines}
+        return {sid: s for sid, s in sorted(self.switched.items()) if sid in types and types[sid] != REDFISH}
+
+    def _used(self, serial: Any, generation: Any) -> None:
+        """An audited generation of a VM's credentials: the least it may ever be derived at again."""
+        audited = _audited_generation(serial, generation)
+        if audited is not None and audited[1] > self.highest.get(audited[0], 0):
+            self.highest[audited[0]] = audited[1]
+        if audited is not None and not self._generations_read:   # judged so until the cluster is read
+            current = self.passwords.generations.get(audited[0], 0)
+            if audited[1] > current:
+                self.passwords.generations[audited[0]] = audited[1]
 
     def _expose(self, system_id: str, serial: Any, generation: Any) -> None:
         audited = _audited_generation(serial, generation)
@@ -199,8 +264,9 @@ class Reconciler:
 
     def _ours(self, power: Power) -> bool:
         """Whether a machine concerns the reconciler: its address names an identity, or it holds a
-        derived password its address no longer names."""
-        return claim_of(power.address, self.settings.domain)[0] is not None or power.held is not None
+        derived credential its address no longer names."""
+        return (claim_of(power.address, self.settings.domain)[0] is not None or power.held is not None
+                or bool(power.derived))
 
     def read_power(self, system_ids: Iterable[str],
                    records: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Power]:
@@ -226,11 +292,24 @@ class Reconciler:
             claimed, canonical = claim_of(power.address, self.settings.domain)
             if canonical and power.password == RIGHT:
                 self.credited[system_id] = claimed
+            elif not power.derived and claimed is None:   # holds nothing of a VM's any more
+                self.credited.pop(system_id, None)
         return fetched
+
+    def tracked(self, machine: Mapping[str, Any]) -> bool:
+        """Whether a machine's power parameters are read: every redfish machine, and one of any other
+        type that the reconciler knows as its own (it gave it a derived credential, by the audit
+        log, or its name and pool say it filed it), because MAAS keeps the user and password
+        across a switch of power type (AdminMachineForm, src/maasserver/forms/__init__.py)."""
+        system_id = machine["system_id"]
+        if machine.get("power_type") == REDFISH or system_id in self.credited:
+            return True
+        entry = self.known.get(system_id)
+        return (entry is not None and self._ours(entry[1])) or filed_as(machine) is not None
 
     def power_facts(self, machines: Sequence[Mapping[str, Any]], complete: bool = True,
                     everything: bool = False) -> dict[str, Power]:
-        """Power of every redfish machine. One bulk request for those not seen before, whose
+        """Power of every tracked machine. One bulk request for those not seen before, whose
         status changed, or that are ours and in Commissioning or Testing.
 
         complete: machines is every machine (the others are forgotten). Otherwise they are the
@@ -241,7 +320,7 @@ class Reconciler:
         wanted: list[str] = []
         statuses: dict[str, Any] = {}
         for machine in machines:
-            if machine.get("power_type") != "redfish":
+            if not self.tracked(machine):
                 continue
             system_id = machine["system_id"]  # a string: every caller passes well_formed records
             status = statuses[system_id] = machine.get("status_name")
@@ -255,7 +334,9 @@ class Reconciler:
             records = {m["system_id"]: m for m in machines}
             fetched = self.read_power(wanted, records)  # bulk: one op=power_parameters
             for system_id in wanted:
-                if system_id in fetched:
+                # Another type holding nothing of a VM's is no longer the reconciler's concern.
+                if system_id in fetched and (records[system_id].get("power_type") == REDFISH
+                                             or self._ours(fetched[system_id])):
                     current[system_id] = (statuses[system_id], fetched[system_id])
         if complete:
             self.known = current
@@ -409,11 +490,13 @@ class Reconciler:
             if not is_new(machine):
                 self.backoff.clear(machine["system_id"])
         settling = self.settling_notes()
-        actions = plan(machines, power, pools, self.settings, taken, self.backoff.waiting(), settling)
+        actions = plan(machines, power, pools, self.settings, taken, self.backoff.waiting(), settling,
+                       self.withheld_note())
         # Read again next cycle, even when the re-read below makes the plan leave them alone; and
-        # while a rotated password waits, as its wait ending is no event either.
+        # while a password waits (a rotation settling, the cluster unreadable), as its wait ending
+        # is no event either.
         self.pending = {a.system_id for a in actions if a.system_id and (
-            a.changes or (a.kind == SKIP and (a.vm, a.namespace) in settling))}
+            a.changes or (a.kind == SKIP and ((a.vm, a.namespace) in settling or a.note == self.withheld_note())))}
         return self.refresh(machines, power, pools, taken, actions)
 
     def refresh(self, machines: Sequence[Mapping[str, Any]], power: Mapping[str, Power],
@@ -434,36 +517,76 @@ class Reconciler:
         for system_id, claimed in planned.items():
             now = fresh.get(system_id)
             named = set() if now is None else {claim_of(now.address, self.settings.domain)[0], now.held}
-            if claimed not in named:
+            before = power.get(system_id)
+            # Other parameter names are another power type: an enlistment switched it meanwhile.
+            switched = now is not None and isinstance(before, Power) and now.names != before.names
+            if claimed not in named or switched:
                 updated.pop(system_id, None)
                 self.known.pop(system_id, None)
                 hostname = next((a.hostname for a in actions if a.system_id == system_id), None)
                 moved.append(Action(SKIP, system_id, hostname, *claimed, note=(
-                    "power address changed since it was read: left alone until the next cycle")))
+                    f"power {'type' if switched else 'address'} changed since it was read: left alone "
+                    "until the next cycle")))
             else:
                 updated[system_id] = now
                 self.known[system_id] = (statuses.get(system_id), now)
         if not moved and all(updated[sid] == power.get(sid) for sid in planned):
             return actions
-        again = plan(machines, updated, pools, self.settings, taken, self.backoff.waiting(), self.settling_notes())
+        again = plan(machines, updated, pools, self.settings, taken, self.backoff.waiting(), self.settling_notes(),
+                     self.withheld_note())
         return [a for a in again if not a.changes or a.system_id is None or a.system_id in planned] + moved
 
     def settling_notes(self) -> dict[tuple[str, str], str]:
+        """(vm, namespace) -> why its password is not set this cycle: a rotation Kyverno has not yet
+        followed, or a generation the cluster says that is below one already used."""
         now = self.wall()
         self.settling = {who: until for who, until in self.settling.items() if until > now}
-        return {who: (f"password: generation {self.passwords.generation(*who)} goes to MAAS in "
-                      f"{until - now:.0f} s, once Kyverno has re-derived {who[0]}-bmc")
-                for who, until in self.settling.items()}
+        notes = {who: (f"password: generation {self.passwords.generation(*who)} goes to MAAS in "
+                       f"{until - now:.0f} s, once Kyverno has re-derived {who[0]}-bmc")
+                 for who, until in self.settling.items()}
+        for who, said in self.lowered.items():
+            notes[who] = (f"password: the cluster says credential generation {said}, below generation "
+                          f"{self.highest[who]} already used: not derived again ({lowered_fix(who, self.highest[who])})")
+        return notes
+
+    def _lowered(self, said: Mapping[tuple[str, str], int]) -> None:
+        """Note, and warn once each, the VMs whose generation the cluster says below one already used."""
+        lowered = lowered_generations(self.highest, said)
+        namespace = getattr(self.rotator, "system_namespace", "<system namespace>")
+        for who, generation in lowered.items():
+            if self.lowered.get(who) != generation:
+                warn(f"{who[0]}.{who[1]}: the cluster says credential generation {generation}, below generation "
+                     f"{self.highest[who]} this reconciler already used (the rotations ConfigMap was emptied, "
+                     f"deleted or edited): its password is not derived again until it is put back: "
+                     f"{lowered_fix(who, self.highest[who], namespace)}")
+        self.lowered = lowered
+
+    def withheld_note(self) -> str:
+        """Why no password is derived this cycle ("" when one may be)."""
+        return f"password: not derived while {self.generations_unread}" if self.generations_unread else ""
 
     def read_generations(self) -> None:
-        """Every VM's credential generation, from the cluster, before any password is judged."""
+        """Every VM's credential generation, from the cluster, before any password is judged. When
+        they cannot be read, what was last known stands (the audit log's at start): resets go on,
+        and no new password is derived (``generations_unread``)."""
         if self.rotator is None:
             return
         try:
-            generations = {who: g for who, g in self.rotator.read().items() if g}
+            said = {who: g for who, g in self.rotator.read().items() if g}
         except Exception as failure:  # noqa: BLE001 - any failure: no password may be derived
-            raise GenerationsUnreadable(f"cannot read the credential generations from the cluster, so no "
-                                        f"password can be derived: {failure}") from None
+            unread = f"the credential generations cannot be read from the cluster ({failure})"
+            if unread != self.generations_unread:
+                error(f"{unread}: credentials are still taken back where they stand beside another address "
+                      "or power type, but no password is derived until they can be read")
+            self.generations_unread = unread
+            return
+        if self.generations_unread:
+            note("the credential generations can be read from the cluster again")
+        self.generations_unread = ""
+        self._lowered(said)
+        # Never below a generation already used: a ConfigMap emptied or lowered must not bring
+        # rotated-away credentials back.
+        generations = {**said, **{who: g for who, g in self.highest.items() if g > said.get(who, 0)}}
         if generations != self.passwords.generations:
             changed = {who for who in set(generations) | set(self.passwords.generations)
                        if generations.get(who, 0) != self.passwords.generation(*who)}
@@ -492,6 +615,8 @@ class Reconciler:
                          "(needs reconciler.lease, whose cluster access the reconciler reads "
                          "generations with)")
                 continue
+            if self.generations_unread or who in self.lowered:   # a bump needs the generation it raises
+                continue
             if self.stop.is_set() or (self.may_write is not None and not self.may_write()):
                 return
             serial = f"{vm}.{namespace}"
@@ -505,6 +630,7 @@ class Reconciler:
                              note=f"its password may have leaked; Kyverno re-derives {vm}-bmc",
                              identity=serial)
             self.passwords.generations[who] = after
+            self.highest[who] = max(after, self.highest.get(who, 0))
             self.settling[who] = self.wall() + ROTATION_SETTLE
             del self.exposures[who]   # rotated past it: after is above the generation exposed
 
@@ -539,6 +665,7 @@ class Reconciler:
         try:
             self.check_version()
             self.read_generations()
+            result.withheld = self.generations_unread
             result.actions = self.make_plan()
         except (MAASAuthError, MAASVersionError):
             raise
@@ -546,10 +673,6 @@ class Reconciler:
             result.error = str(failure)
             if failure.kind != "interrupted":
                 error(f"cycle failed: {failure}")
-            return result
-        except GenerationsUnreadable as failure:
-            result.error = str(failure)
-            error(f"cycle failed: {failure}")
             return result
         if dry_run:
             return result
@@ -563,14 +686,20 @@ class Reconciler:
         for action in result.outcome.done:
             if action.kind == SET_PASSWORD:
                 self.credited[action.system_id] = (action.vm, action.namespace)
-                if action.system_id in self.known:
-                    status, _ = self.known[action.system_id]
-                    self.known[action.system_id] = (status, Power(action.address, RIGHT, user=RIGHT))
-            elif action.kind == RESET_PASSWORD:
-                self.credited.pop(action.system_id, None)
+                self.switched.pop(action.system_id, None)
+                self._used(f"{action.vm}.{action.namespace}", self.passwords.generation(action.vm, action.namespace))
                 if action.system_id in self.known:
                     status, power = self.known[action.system_id]
-                    self.known[action.system_id] = (status, Power(power.address, PLACEHOLDER, user=power.user))
+                    self.known[action.system_id] = (status, Power(
+                        action.address, RIGHT, user=RIGHT, names=power.names,
+                        derived=(("power_pass", PASSWORD_KEY), ("power_user", USER_KEY))))
+            elif action.kind == RESET_PASSWORD:
+                self.credited.pop(action.system_id, None)
+                self._switch(action.system_id, f"{action.vm}.{action.namespace}", action.power_type)
+                if action.system_id in self.known:
+                    status, power = self.known[action.system_id]
+                    self.known[action.system_id] = (status, Power(power.address, PLACEHOLDER, user=OTHER,
+                                                                  names=power.names))
                 if action.leak:
                     self.exposures[(action.vm, action.namespace)] = Exposure(
                         action.system_id, self.passwords.generation(action.vm, action.namespace))

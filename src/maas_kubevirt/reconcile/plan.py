@@ -31,6 +31,10 @@ REREAD_STATUSES = ("Commissioning", "Testing")
 # What is known of a machine's stored power_pass (the value itself is never kept).
 RIGHT, PLACEHOLDER, UNSET, OTHER, UNKNOWN = "right", "placeholder", "unset", "other", "unknown"
 DERIVED = "derived"
+# What a power parameter holding a derived credential holds: the VM's BMC user or its password.
+USER_KEY, PASSWORD_KEY = "user", "password"
+# The power type every VM's BMC is: a derived credential anywhere else is taken back.
+REDFISH = "redfish"
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,11 @@ class Action:
     # may have sent it there (its rack queries power within minutes): the VM's credentials need
     # rotating. Follows from the note's reason, so it takes no part in comparisons either.
     leak: bool = field(default=False, compare=False)
+    # reset-password only: the machine's power type when planned, and (parameter name, USER_KEY or
+    # PASSWORD_KEY) of each parameter holding a derived credential: a machine that is no longer
+    # redfish is reset through its own type's names (Power.derived).
+    power_type: str | None = field(default=None, compare=False)
+    keys: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     @property
     def changes(self) -> bool:
@@ -108,11 +117,19 @@ class Power:
 
     address: str | None
     password: str = UNKNOWN
-    # The identity whose derived password the machine still holds although its address no
-    # longer names it (the address changed after the password was set).
+    # The identity whose derived password or user the machine still holds although its address
+    # no longer names it (the address, or the power type, changed after they were set).
     held: tuple[str, str] | None = None
     # Whether power_user is the derived user of the identity the address names (RIGHT), or not.
     user: str = UNKNOWN
+    # The names of the parameters MAAS holds: they follow the power type, which anonymous
+    # enlistment switches with no event (AnonMachinesHandler.create, src/maasserver/api/machines.py).
+    names: tuple[str, ...] = ()
+    # (parameter name, USER_KEY or PASSWORD_KEY) of each parameter that holds a derived credential
+    # of the identity the address names or of ``held``: MAAS's form carries power_user and
+    # power_pass into whatever type a machine is switched to (AdminMachineForm), so taking them
+    # back goes by what holds them, not by the redfish names.
+    derived: tuple[tuple[str, str], ...] = field(default=(), compare=False)
 
     @property
     def converged(self) -> bool:
@@ -151,33 +168,51 @@ class Passwords:
 
     def judge(self, parameters: Mapping[str, Any], domain: str,
               previous: tuple[str, str] | None = None) -> Power:
-        """Reduce one machine's power parameters to a Power at once.
+        """Reduce one machine's power parameters, of any power type, to a Power at once.
 
-        The password is compared in constant time with the derived password of the identity
-        the address names (canonically or as a suspect), and of ``previous``, the identity it
-        named before, when it names no other now.
+        Every parameter is compared in constant time with the derived user and password of the
+        identity the address names (canonically or as a suspect), and of ``previous``, the
+        identity the machine was known by before, when it names no other now.
         """
         address = parameters.get("power_address")
         address = address if isinstance(address, str) else None
         claimed, _ = claim_of(address, domain)
+        names = tuple(sorted(str(name) for name in parameters))
+        mine = self._holding(parameters, claimed)
+        before = self._holding(parameters, previous) if previous != claimed else ()
+        held = previous if before else None
+        derived = tuple(sorted(set(mine) | set(before)))
+        if claimed is None:
+            return Power(address, UNKNOWN, held=held, names=names, derived=derived)
         stored = parameters.get("power_pass")
         stored = stored if isinstance(stored, str) else ""
-        held = previous if (previous is not None and previous != claimed and stored
-                            and self.matches(stored, *previous)) else None
-        if claimed is None:
-            return Power(address, UNKNOWN, held=held)
-        user = parameters.get("power_user")
-        user = RIGHT if isinstance(user, str) and hmac.compare_digest(
-            user.encode("utf-8"), self.user(*claimed).encode("utf-8")) else OTHER
-        if self.matches(stored, *claimed):
-            return Power(address, RIGHT, user=user)
-        if not stored:
-            return Power(address, UNSET, held=held, user=user)
-        return Power(address, PLACEHOLDER if stored == identity.PLACEHOLDER_PASSWORD else OTHER, held=held,
-                     user=user)
+        user = RIGHT if ("power_user", USER_KEY) in mine else OTHER
+        if ("power_pass", PASSWORD_KEY) in mine:
+            password = RIGHT
+        elif not stored:
+            password = UNSET
+        else:
+            password = PLACEHOLDER if stored == identity.PLACEHOLDER_PASSWORD else OTHER
+        return Power(address, password, held=None if password == RIGHT else held, user=user, names=names,
+                     derived=derived)
+
+    def _holding(self, parameters: Mapping[str, Any], who: tuple[str, str] | None) -> tuple[tuple[str, str], ...]:
+        """(name, USER_KEY or PASSWORD_KEY) of each parameter holding who's derived user or password."""
+        if who is None:
+            return ()
+        wanted = ((USER_KEY, self.user(*who)), (PASSWORD_KEY, self.password(*who)))
+        return tuple((str(name), kind) for name, value in parameters.items() if isinstance(value, str) and value
+                     for kind, derived in wanted if _same(value, derived))
+
+    def reset_user(self, system_id: str) -> str:
+        return identity.reset_user(self._seed, system_id)
 
     def matches(self, stored: str, vm: str, namespace: str) -> bool:
-        return hmac.compare_digest(stored.encode("utf-8"), self.password(vm, namespace).encode("utf-8"))
+        return _same(stored, self.password(vm, namespace))
+
+
+def _same(stored: str, derived: str) -> bool:
+    return hmac.compare_digest(stored.encode("utf-8"), derived.encode("utf-8"))
 
 
 def _address(parameters: Any) -> Any:
@@ -411,6 +446,7 @@ def plan(
     taken: Mapping[str, str] | None = None,
     waiting: Mapping[str, str] | None = None,
     settling: Mapping[tuple[str, str], str] | None = None,
+    withheld: str = "",
 ) -> list[Action]:
     """The actions that bring the matching machines to their password, name, pool and commissioning.
 
@@ -420,7 +456,8 @@ def plan(
     pools: pool names or objects with a name. taken: hostname -> system_id of other nodes
     holding names (``GET nodes/?hostname=``). waiting: system_id -> why its commission waits
     (a backoff after MAAS refused one). settling: (vm, namespace) -> why its new password waits
-    (a rotation Kyverno has not yet followed). Order: duplicate claims and suspects, password resets,
+    (a rotation Kyverno has not yet followed). withheld: why no password is derived at all (the
+    credential generations cannot be read); taking one back never waits. Order: duplicate claims and suspects, password resets,
     pool creations, then each trusted machine's actions (password first, commission last),
     machines in the order their renames must happen (one that frees a name before the one that
     takes it).
@@ -448,19 +485,22 @@ def plan(
     resets: list[Action] = []
 
     def reset(machine: Mapping[str, Any], vm: str, namespace: str, reason: str, leak: bool = True) -> None:
+        power = power_parameters[machine["system_id"]]
         resets.append(Action(RESET_PASSWORD, str(machine["system_id"]), machine.get("hostname"), vm, namespace,
-                             before=DERIVED, after=PLACEHOLDER, note=reason, leak=leak))
+                             before=DERIVED, after=PLACEHOLDER, note=reason, leak=leak, power_type=machine.get("power_type"),
+                             keys=power.derived if isinstance(power, Power) else ()))
 
-    def holder(system_id: Any, claimed: tuple[str, str]) -> tuple[str, str]:
-        """The identity whose derived password an exposed machine holds: the one it claims, or before."""
+    def holder(system_id: Any, claimed: tuple[str, str] | None) -> tuple[str, str]:
+        """The identity whose derived credential an exposed machine holds: the one it claims, or before."""
         power = power_parameters[system_id]
         held = power.held if isinstance(power, Power) else None
-        return claimed if _password(power) == RIGHT or held is None else held
+        mine = _password(power) == RIGHT or (isinstance(power, Power) and power.user == RIGHT)
+        return claimed if claimed is not None and (mine or held is None) else held  # type: ignore[return-value]
 
     def exposed(system_id: Any) -> bool:
-        """Whether the machine holds a derived password: its own identity's, or one it had before."""
+        """Whether the machine holds a derived user or password: its own identity's, or one it had before."""
         power = power_parameters[system_id]
-        return _password(power) == RIGHT or (isinstance(power, Power) and power.held is not None)
+        return _password(power) == RIGHT or (isinstance(power, Power) and bool(power.derived))
 
     for (vm, namespace), group in duplicates.items():
         for match in group:
@@ -480,9 +520,19 @@ def plan(
                   f"suspect address {address!a} imitates {match.vm}.{match.namespace}")
     claimed = {m.machine["system_id"] for m in claimants}
     for machine in machines:
-        power = power_parameters.get(machine.get("system_id"))
-        held = power.held if isinstance(power, Power) else None
-        if held is not None and machine["system_id"] not in claimed and machine.get("power_type") == "redfish":
+        system_id = machine.get("system_id")
+        power = power_parameters.get(system_id)
+        if not isinstance(power, Power) or system_id in claimed:
+            continue
+        power_type = machine.get("power_type")
+        if power_type != REDFISH and power.derived:
+            # Anonymous enlistment switched it (BMC or MAC enlistment): MAAS sends what it holds to
+            # whatever the new type names, so it goes at once, whatever the address.
+            owner = holder(system_id, claim_of(power.address, settings.domain)[0])
+            reset(machine, *owner, f"power type switched to {power_type!a}: the derived credentials of "
+                  f"{owner[0]}.{owner[1]} stay only on a redfish BMC at its bare host")
+        elif power_type == REDFISH and power.held is not None:
+            held = power.held
             reset(machine, *held, f"power address changed to {power.address!a}, which no longer names "
                   f"{held[0]}.{held[1]}")
 
@@ -512,6 +562,8 @@ def plan(
             elif settling and (vm, namespace) in settling:
                 actions.append(Action(SKIP, before=password, after=password, note=settling[(vm, namespace)],
                                       **common))
+            elif withheld:
+                actions.append(Action(SKIP, before=password, after=password, note=withheld, **common))
             else:
                 note = "" if password != RIGHT else "the BMC user is not the derived one"
                 actions.append(Action(SET_PASSWORD, before=password, after=DERIVED, note=note,
