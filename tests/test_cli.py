@@ -1,4 +1,4 @@
-"""The command line itself: help, version, module entry point, error format."""
+"""The command line itself: help, version, the exit codes of success, module entry point, error format."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from maas_kubevirt import __version__, cli
+sys.path.insert(0, str(Path(__file__).parent))
+
+from maas_double import MaasDouble  # noqa: E402
+from reconcile_helpers import write_values  # noqa: E402
+
+from maas_kubevirt import __version__, cli  # noqa: E402
+from maas_kubevirt.paths import SCRIPT_NAME  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -59,6 +65,49 @@ def test_once_and_interval_exclude_each_other(capsys):
     with pytest.raises(SystemExit) as exited:
         cli.main(["reconcile", "--once", "--interval", "5"])
     assert exited.value.code == 2
+
+
+# --- the exit codes of success ----------------------------------------------------------------
+
+
+def test_every_command_that_can_succeed_without_a_cluster_exits_0_when_it_does(tmp_path, monkeypatch, capsys):
+    """As the epilogs and the docs say: 0 for success or nothing to do, from a site's first render
+    to a converged VM (rotate needs a cluster)."""
+    monkeypatch.delenv("MAAS_API_KEY", raising=False)
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+
+    def succeeds(*argv: str) -> None:
+        code = cli.main(values + list(argv))
+        out, err = capsys.readouterr()
+        assert code == 0, (argv, out[-2000:], err[-2000:])
+
+    with MaasDouble() as double:
+        values = ["--values", str(write_values(tmp_path, double))]
+        build = tmp_path / "build"
+        succeeds("render", "--output", str(build))
+        succeeds("upload-script", "--script", str(build / "commissioning" / SCRIPT_NAME))
+        # Before any VM enlists: without a cluster its DNS and Redfish rows would fail.
+        succeeds("doctor")
+        succeeds("doctor", "--json")
+        sid = double.add_vm("web1", "vms")
+        succeeds("reconcile", "--dry-run")
+        succeeds("reconcile", "--once")
+        assert double.machines[sid]["hostname"] == "web1-vms"
+        succeeds("reconcile", "--once")   # nothing left to do
+        succeeds("status")
+        succeeds("status", "--json")
+    for argv in [["--version"], ["--help"], *([command, "--help"] for command in COMMANDS)]:
+        with pytest.raises(SystemExit) as exited:
+            cli.main(argv)
+        assert exited.value.code == 0, argv
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("command", [[str(VENV_BIN / "maas-kubevirt")], [sys.executable, "-m", "maas_kubevirt"]])
+def test_a_render_from_the_console_script_or_the_module_exits_0(command, tmp_path):
+    result = subprocess.run(command + ["render", "--output", str(tmp_path / "build")], capture_output=True,
+                            text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
 
 
 # --- layout: one module per command, arrows one way ------------------------------------------

@@ -7,6 +7,7 @@ import copy
 import re
 import sys
 import time
+import types
 import urllib.request
 from pathlib import Path
 
@@ -16,9 +17,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from loop_process import TIMEOUT, LoopProcess  # noqa: E402
 from maas_double import MaasDouble  # noqa: E402
-from reconcile_helpers import add_noise, converged, derived_user, secrets_of, write_values  # noqa: E402
+from reconcile_helpers import (  # noqa: E402
+    Args, add_noise, converged, derived_user, secrets_of, values_for, write_values,
+)
 
-from maas_kubevirt import metrics  # noqa: E402
+from maas_kubevirt import loop, maas, metrics, notify  # noqa: E402
+from maas_kubevirt.maas import RetryPolicy  # noqa: E402
 from maas_kubevirt.values import ValuesError, load_values, validate  # noqa: E402
 from prometheus_client import generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -264,3 +268,58 @@ def test_every_audit_record_is_counted_once_the_reconcilers_rotations_too():
     text = generate_latest(found.registry).decode()
     assert value(text, P + "actions_total", kind="set-password", outcome="ok") == 1
     assert value(text, P + "actions_total", kind="rotate", outcome="ok") == 1
+
+
+def machine_gauges(text: str) -> dict[str, float]:
+    return {state: value(text, P + "machines", state=state) for state in metrics.STATES}
+
+
+def test_a_cycle_that_gave_up_leaves_the_lag_and_the_machine_gauges_as_they_were():
+    """Only a cycle that made its plan read MAAS to the end of its log."""
+    now = [1000.0]
+    found = metrics.Metrics(clock=lambda: now[0])
+    found.cycle("ok", 1000.0, 2.0, {"ours": 3, "converged": 2, "pending": 1}, resyncs=1)
+    now[0] = 1060.0
+    kept = machine_gauges(generate_latest(found.registry).decode())
+    for outcome in ("error", "interrupted"):
+        found.cycle(outcome, 1050.0, 1.0, {}, resyncs=1)
+        text = generate_latest(found.registry).decode()
+        assert value(text, P + "event_log_lag_seconds") == 60.0, outcome
+        assert machine_gauges(text) == kept == {**dict.fromkeys(metrics.STATES, 0.0), "ours": 3.0,
+                                                "converged": 2.0, "pending": 1.0}, outcome
+    # One whose actions failed did read MAAS: the lag and the gauges follow it.
+    found.cycle("failed", 1055.0, 1.0, {"ours": 4}, resyncs=1)
+    text = generate_latest(found.registry).decode()
+    assert value(text, P + "event_log_lag_seconds") == 5.0
+    assert machine_gauges(text) == {**dict.fromkeys(metrics.STATES, 0.0), "ours": 4.0}
+
+
+def test_a_loop_cycle_that_cannot_reach_maas_leaves_the_lag_and_the_machine_gauges_as_they_were(
+        tmp_path, double, monkeypatch, capsys):
+    double.add_vm("zebra1", "tenantq")
+    double.add_vm("zebra2", "tenantq")
+    now = [1000.0]
+    clock = types.SimpleNamespace(monotonic=lambda: now[0], strftime=time.strftime, gmtime=time.gmtime)
+    found = metrics.Metrics(clock=clock.monotonic)
+    scrapes: list[str] = []
+
+    class TwoCycles(notify.Notifier):
+        def wait(self, stop, seconds):
+            now[0] += 30
+            scrapes.append(generate_latest(found.registry).decode())
+            # Unreachable from the second cycle on: no listener, and the open connection reset.
+            double.inject("reset", count=1000)
+            double.stop()
+            return len(scrapes) == 2
+
+    monkeypatch.setattr(loop, "time", clock)
+    monkeypatch.setattr(loop, "_serve_metrics", lambda values, dry_run: found)
+    monkeypatch.setattr(loop, "Notifier", TwoCycles)
+    monkeypatch.setattr(maas, "RETRY", RetryPolicy(attempts=2, backoff=0.01, max_backoff=0.01, max_retry_after=0.01))
+    assert loop.main(values_for(tmp_path, double), Args(interval=1)) == 0
+    first, second = scrapes
+    assert value(first, P + "cycles_total", outcome="ok") == value(second, P + "cycles_total", outcome="error") == 1
+    assert value(first, P + "event_log_lag_seconds") == 30.0
+    assert value(second, P + "event_log_lag_seconds") == 60.0, "the lag counts from the last cycle that read MAAS"
+    assert machine_gauges(second) == machine_gauges(first) and machine_gauges(first)["ours"] == 2
+    assert re.search(r"cycle failed: .*: connection refused", capsys.readouterr().err)

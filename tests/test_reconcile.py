@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import re
@@ -504,7 +506,7 @@ def test_status_json_has_the_tables_rows_and_no_secret(tmp_path, double, capsys)
     out, err = capsys.readouterr()
     assert all(c.isprintable() or c == "\n" for c in out)            # json.dumps escaped them
     report = json.loads(out)
-    assert set(report) == {"domain", "rows", "duplicates", "pool_refused", "notes", "lease", "rotations", "summary"}
+    assert set(report) == {"domain", "rows", "duplicates", "pool_refused", "notes", "lease", "rotations", "switched", "summary"}
     rows = {r["system_id"]: r for r in report["rows"]}
     evil = next(s for s, m in double.machines.items() if m["hostname"] == "evil1")
     assert set(rows) == {web1, web2, first, second, rogue, evil}
@@ -524,7 +526,7 @@ def test_status_json_has_the_tables_rows_and_no_secret(tmp_path, double, capsys)
     assert (refused["system_id"], refused["hostname"], refused["pool"]) == (rogue, "rogue", "default")
     assert report["lease"] is None and report["notes"] == []
     assert report["summary"] == {"machines": 5, "suspects": 1, "waiting": 1, "duplicates": 1, "pool_refused": 1,
-                                 "rotations": 0}
+                                 "rotations": 0, "switched": 0}
     # No secret, and no power parameter but the address: not even the derived user.
     users = [derived_user(vm, ns) for vm, ns in (("web1", "vms"), ("web2", "vms"), ("db", "team-b"), ("x", "gpu-prod"))]
     assert_no_secrets(double, out, err)
@@ -723,7 +725,8 @@ def test_the_placeholder_is_replaced_then_left_alone(double, capsys):
     (record,) = audit_records(capsys.readouterr().out)
     assert (record["action"], record["before"], record["after"], record["outcome"]) == (
         SET_PASSWORD, "placeholder", "derived", "ok")
-    assert reconciler.known[sid][1] == Power(double.power[sid]["power_address"], RIGHT, user=RIGHT)
+    assert reconciler.known[sid][1] == Power(double.power[sid]["power_address"], RIGHT, user=RIGHT,
+                                             names=tuple(sorted(double.power[sid])))
     double.reset_counts()
     assert reconciler.cycle().actions == []
     # Without the event log, every cycle lists the machines and reads every redfish machine's power.
@@ -1361,7 +1364,8 @@ USER = PASSWORDS.user("web", "vms")
     ({}, Power(None, reconcile.UNKNOWN)),
 ])
 def test_power_parameters_are_reduced_to_the_address_and_a_verdict(parameters, power):
-    assert PASSWORDS.judge(parameters, DOMAIN) == power
+    """The parameter names are kept too (they follow the power type); no value is."""
+    assert PASSWORDS.judge(parameters, DOMAIN) == dataclasses.replace(power, names=tuple(sorted(parameters)))
 
 
 def test_a_note_on_a_machine_left_alone_is_printed_once_until_it_changes(double, capsys):
@@ -1412,3 +1416,27 @@ def test_a_resync_off_the_schedule_says_why(double, capsys):
     reconciler.cycle()
     assert "full resync: the event ids have a gap" in capsys.readouterr().err
     assert reconciler.resyncs == 2
+
+
+# --- a machine whose password was set before the derived user was ---------------------------------
+
+
+@pytest.mark.parametrize("user", [{"user": reconcile.OTHER}, {}], ids=["another-user", "user-not-judged"])
+def test_the_right_password_beside_another_user_still_gets_the_derived_user(user):
+    """Set up before the derived user existed: the password alone is no convergence."""
+    machines = [machine("aaa", "web1-vms", status="Deployed", pool="vms")]
+    power = {"aaa": Power(f"web1.vms.{DOMAIN}", RIGHT, **user)}
+    assert plan(machines, power, [owned("vms")], SETTINGS) == [
+        Action(SET_PASSWORD, "aaa", "web1-vms", "web1", "vms", RIGHT, reconcile.DERIVED,
+               note="the BMC user is not the derived one")]
+
+
+def test_a_cycle_gives_a_machine_with_the_right_password_its_derived_user(double):
+    sid = double.add_vm("web1", "vms", hostname="web1-vms", pool="vms", status="Deployed",
+                        password=derived("web1", "vms"), power_user="maas")
+    outcome = reconciler_for(double, full_list=True).cycle().outcome
+    assert (outcome.ok, outcome.failed) == (1, 0)
+    (put,) = [fields for method, target, fields in double.writes if (method, target) == ("PUT", sid)]
+    assert put["power_parameters_power_user"] == derived_user("web1", "vms")
+    assert double.power[sid]["power_user"] == derived_user("web1", "vms")
+    assert double.power[sid]["power_pass"] == derived("web1", "vms")

@@ -1,6 +1,6 @@
 """apply with maas.concurrency: several machines' changes at once, each machine's in order, pools
 before the moves into them, one whole audit record per change, and a stop that ends the work
-within one request's time."""
+within one request's time (a refused PUT's changes sent one by one included)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,15 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from maas_double import MaasDouble  # noqa: E402
-from reconcile_helpers import DOMAIN, SEED  # noqa: E402
+from reconcile_helpers import DOMAIN, GOOD_RECORD, SEED, RecordingAudit  # noqa: E402
 
 from maas_kubevirt import reconcile  # noqa: E402
 from maas_kubevirt.audit import Audit  # noqa: E402
 from maas_kubevirt.reconcile.apply import _lanes  # noqa: E402
 from maas_kubevirt.maas import MAASClient, MAASError, Signer  # noqa: E402
 from maas_kubevirt.reconcile import (  # noqa: E402
-    COMMISSION, CREATE_POOL, MOVE_POOL, RENAME, SET_PASSWORD, Action, Passwords, Reconciler, Settings, apply,
+    COMMISSION, CREATE_POOL, MOVE_POOL, RENAME, RIGHT, SET_PASSWORD, Action, Passwords, Power, Reconciler,
+    Settings, apply, plan,
 )
 
 PASSWORDS = Passwords(SEED)
@@ -128,6 +129,24 @@ def test_a_rename_into_a_name_another_rename_frees_waits_for_it(capsys):
     assert (first[1], second[1]) == ("aaaaaa", "bbbbbb") and second[2] >= first[3]
 
 
+def test_a_rename_into_a_name_a_mixed_case_hostname_frees_waits_for_it_in_its_lane(capsys):
+    """MAAS keeps hostnames unique whatever their case: "Web2-VMS" renamed away frees web2-vms."""
+    machines = [dict(GOOD_RECORD, system_id=sid, hostname=hostname, status_name="Deployed", status=6,
+                     pool={"name": "vms", "id": 1}) for sid, hostname in (("aaaaaa", "Web2-VMS"), ("bbbbbb", "lucky"))]
+    power = {"aaaaaa": Power(f"web9.vms.{DOMAIN}", RIGHT, user=RIGHT),
+             "bbbbbb": Power(f"web2.vms.{DOMAIN}", RIGHT, user=RIGHT)}
+    actions = plan(machines, power, [], Settings(domain=DOMAIN))
+    assert [(a.kind, a.system_id, a.before, a.after) for a in actions] == [
+        (RENAME, "aaaaaa", "Web2-VMS", "web9-vms"), (RENAME, "bbbbbb", "lucky", "web2-vms")]
+    assert [[b[0].system_id for b in lane] for lane in _lanes([[a] for a in actions])] == [
+        ["aaaaaa", "bbbbbb"]]
+    client = TimedClient()
+    outcome = apply(client, actions, Audit(""), concurrency=4)
+    assert outcome.ok == 2
+    first, second = client.calls
+    assert (first[1], second[1]) == ("aaaaaa", "bbbbbb") and second[2] >= first[3]
+
+
 def test_a_stop_ends_every_lane_within_one_request(capsys):
     stop = threading.Event()
     client = TimedClient(stop, stop_at=4)    # the signal comes as the third lane's PUT starts
@@ -190,3 +209,58 @@ def test_no_request_starts_once_may_write_says_no(capsys):
                     may_write=lambda: next(allowed, False))
     assert outcome.interrupted and len(client.calls) == 3
     assert [c[0] for c in client.calls] == ["pool", "PUT", "commission"]
+
+
+class RefusesTheWholePut:
+    """MAAS refusing one machine's combined PUT (400), so that apply sends each change alone;
+    ``interrupt`` names the change whose request a signal ends (as MAASClient raises it)."""
+
+    def __init__(self, stop: threading.Event | None = None, interrupt: str | None = None) -> None:
+        self.stop, self.interrupt = stop, interrupt
+        self.sent: list[tuple[str, ...]] = []   # each request, as the changes it carries
+
+    def update_machine(self, system_id, hide=(), **fields):
+        changes = tuple(change for change, key in (("password", "power_parameters_power_pass"),
+                                                   ("hostname", "hostname"), ("pool", "pool")) if key in fields)
+        self.sent.append(changes)
+        if len(changes) > 1:
+            raise MAASError("PUT", f"machines/{system_id}/", 400, "hostname: Node with this Hostname already exists.")
+        if self.interrupt in changes:
+            self.stop.set()
+            raise MAASError("PUT", f"machines/{system_id}/", None, "stopped by a signal during the request",
+                            "interrupted", in_flight=True)
+        return {}
+
+    def commission(self, system_id, skip_bmc_config=True):
+        self.sent.append(("commission",))
+
+
+def one_vm_to_split() -> list[Action]:
+    common = dict(system_id="m00000", hostname="lucky", vm="web1", namespace="vms")
+    return [Action(SET_PASSWORD, before="placeholder", after="derived", address=f"web1.vms.{DOMAIN}", **common),
+            Action(RENAME, before="lucky", after="web1-vms", **common),
+            Action(MOVE_POOL, before="default", after="vms", **common),
+            Action(COMMISSION, before="New", after="Commissioning", **common)]
+
+
+WHOLE = ("password", "hostname", "pool")
+
+
+def test_a_stop_while_a_refused_put_goes_field_by_field_sends_no_further_field():
+    stop = threading.Event()
+    client, audit = RefusesTheWholePut(stop, interrupt="hostname"), RecordingAudit()
+    outcome = apply(client, one_vm_to_split(), audit, stop=stop, passwords=PASSWORDS)
+    assert client.sent == [WHOLE, ("password",), ("hostname",)], "neither the pool alone nor the commission"
+    assert [(kind, result) for kind, _, result, _ in audit.records] == [(SET_PASSWORD, "ok"), (RENAME, "unknown")]
+    assert outcome.interrupted
+
+
+def test_a_lease_lost_while_a_refused_put_goes_field_by_field_sends_no_further_field():
+    # Held again at the next renewal: the cycle that lost it stops all the same.
+    answers = iter([True, True, False])
+    client, audit = RefusesTheWholePut(), RecordingAudit()
+    outcome = apply(client, one_vm_to_split(), audit, passwords=PASSWORDS,
+                    may_write=lambda *args: next(answers, True))
+    assert client.sent == [WHOLE, ("password",)]
+    assert [(kind, result) for kind, _, result, _ in audit.records] == [(SET_PASSWORD, "ok")]
+    assert outcome.interrupted
