@@ -1,12 +1,14 @@
-"""lease.py against a fake CoordinationV1Api (an in-memory Lease with resourceVersion checked,
-times as the API server parses them) and a fake clock: the election's rules one by one. Then
-the official client itself (whichever is installed: PyPI's in the virtualenv, Debian's 22.6 in
-the package build) against the same Lease served over HTTP on 127.0.0.1."""
+"""The lease package against a fake CoordinationV1Api (an in-memory Lease with resourceVersion
+checked, times as the API server parses them) and a fake clock: the election's rules one by one.
+Then the official client itself (whichever is installed: PyPI's in the virtualenv, Debian's 22.6
+in the package build) against the same Lease served over HTTP on 127.0.0.1."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 import threading
 from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -115,7 +117,7 @@ def as_model(data: dict) -> k8s_client.V1Lease:
 
 
 class FakeCoordination:
-    """The three CoordinationV1Api calls lease.py makes, on a LeaseStore. ``failing`` makes every
+    """The three CoordinationV1Api calls the candidate makes, on a LeaseStore. ``failing`` makes every
     call raise it; ``before_write`` runs (once each) just before a write reaches the store;
     ``during`` runs inside each call (a slow API server: it moves the clock)."""
 
@@ -577,3 +579,155 @@ def test_each_holding_period_is_counted_so_that_the_loop_resyncs_at_each(site):
     api.failing = None
     clock.now += 1
     assert a.attempt() and a.terms == 2          # held again after a gap: a new period
+
+
+# --- the holder's duration, not the standby's (issue 29) ---------------------------------------
+
+
+@pytest.mark.parametrize("written, waited", [(40, 40), (5, 5), (None, 15), (0, 15), (-3, 15)])
+def test_a_standby_times_the_holder_by_the_duration_written_in_the_lease(site, written, waited):
+    """As client-go's isLeaseValid: the holder's leaseDurationSeconds, whatever the standby's own
+    setting (15 here); missing or not positive: its own."""
+    store, clock = site
+    store.put_outside(NAME, "old_1", leaseDurationSeconds=written)
+    b = candidate(FakeCoordination(store), "b_2", clock)
+    assert not b.attempt()                     # first seen now
+    clock.now += waited - 0.1
+    assert not b.attempt() and holder(store) == "old_1"
+    clock.now += 0.2
+    assert b.attempt() and b.held() and holder(store) == "b_2"
+    assert store.leases[NAME]["spec"]["leaseDurationSeconds"] == 15   # and it writes its own
+
+
+@pytest.mark.parametrize("written", ["40", True, 1.5, None])
+def test_a_duration_that_is_not_a_whole_number_is_none(written):
+    """The API server's JSON as status and doctor read it; the typed client refuses such a Lease."""
+    data = {"metadata": {"resourceVersion": "1"}, "spec": {"holderIdentity": "h_1", "leaseDurationSeconds": written}}
+    assert record_of(data).duration is None and record_of(data).lasts(15) == 15
+
+
+def test_two_hosts_given_different_durations_never_write_at_once(site):
+    """a (duration 40, requests of up to 30 s) holds and is cut off from the API server; b, given
+    15, must wait a's 40 from the last renewal it saw: by then every request a started has ended.
+    Each step, a holder starts a request when may_write says so; none may run while the other holds."""
+    store, clock = site
+    store.put_outside(NAME, "")                # released: a, asking first, takes it at once
+    api_a = FakeCoordination(store)
+    a = candidate(api_a, "a_1", clock, duration=40, renew_deadline=10, retry_period=2)
+    b = candidate(FakeCoordination(store), "b_2", clock, duration=15, renew_deadline=10, retry_period=2)
+    in_flight = {"a_1": 0.0, "b_2": 0.0}      # when each one's last request ends
+    took_over = None
+    for step in range(400):                    # 200 s in half seconds
+        if step % 4 == 0:
+            a.attempt()
+            b.attempt()
+        if step == 40:
+            api_a.failing = OSError("unreachable")   # a is cut off, b still reaches the API server
+        for mine, other in ((a, b), (b, a)):
+            if mine.may_write(30 if mine is a else 5):
+                assert clock.now >= in_flight[other.identity], (mine.identity, clock.now, in_flight)
+                in_flight[mine.identity] = clock.now + (30 if mine is a else 5)
+        if took_over is None and b.held():
+            took_over = clock.now
+        clock.now += 0.5
+    assert took_over is not None and holder(store) == "b_2"
+    assert took_over >= 1000 + 20 + 40       # a's last renewal (step 40) + a's duration, not b's 15
+
+
+# --- may_write: no request outlasts the lease (issue 29) ---------------------------------------
+
+
+def test_may_write_is_true_only_for_a_request_that_ends_before_a_standby_may_take_over(site):
+    store, clock = site
+    api = FakeCoordination(store)
+    a = candidate(api, "a_1", clock)           # duration 15, renew deadline 10
+    assert not a.may_write() and not a.may_write(0)
+    a.attempt()
+    clock.now = renewed = 1024.0               # a whole duration later, in exact binary seconds
+    assert a.attempt()
+    api.failing = OSError("unreachable")       # no renewal from now on
+    for elapsed, seconds, allowed in ((0, 15, True), (0, 15.01, False), (4.99, 10, True), (5.01, 10, False),
+                                      (7, 8, True), (7.01, 8, False), (9.99, 5, True), (9.99, None, True),
+                                      (10, 0, False), (10, None, False), (0, 300, False)):
+        clock.now = renewed + elapsed
+        assert a.may_write(seconds) is allowed, (elapsed, seconds)
+        assert a.held() is (elapsed < 10)
+    assert a.may_write.__defaults__ == (None,)   # called with no request: held now
+    clock.now = renewed + 2
+    api.failing = None
+    assert a.attempt() and a.may_write(15)     # renewed: the whole duration again
+
+
+def test_a_standby_never_may_write(site):
+    store, clock = site
+    store.put_outside(NAME, "b_2")
+    a = candidate(FakeCoordination(store), "a_1", clock)
+    for _ in range(5):
+        a.attempt()
+        assert not a.may_write() and not a.may_write(0) and not a.may_write(1)
+        clock.now += 2
+
+
+def test_the_duration_written_is_whole_seconds_and_what_may_write_counts_on(site):
+    store, clock = site
+    with pytest.raises(ValueError):            # 2.5 s would be written as 2, within the deadline
+        candidate(FakeCoordination(store), "a_1", clock, duration=2.5, renew_deadline=2.2, retry_period=1)
+    a = candidate(FakeCoordination(store), "a_1", clock, duration=6.9, renew_deadline=4, retry_period=1)
+    a.attempt()
+    clock.now += 6.95
+    renewed = clock.now
+    assert a.attempt() and store.leases[NAME]["spec"]["leaseDurationSeconds"] == 6
+    clock.now = renewed + 1
+    assert a.may_write(5) and not a.may_write(5.5)
+
+
+# --- one holder identity per process start (issue 29) ----------------------------------------
+
+
+IDENTITY = re.compile(r"(?P<host>.+)_(?P<pid>\d+)-[0-9a-f]{8}\Z")
+
+
+def test_two_reconcilers_with_one_hostname_and_pid_are_two_candidates(site, monkeypatch):
+    """Two cloned containers (one hostname, PID 1 in each), or a restart given the PID of one that
+    died: each names itself afresh, so neither takes the other's Lease for its own."""
+    store, clock = site
+    monkeypatch.setattr(socket, "gethostname", lambda: "region-1")
+    monkeypatch.setattr(os, "getpid", lambda: 1)
+    values = {"kubernetes": {"system_namespace": NAMESPACE},
+              "reconciler": {"lease": {"kubeconfig": "/etc/maas-kubevirt/kubeconfig", "namespace": "", "name": NAME,
+                                       "duration": 15, "renew_deadline": 10, "retry_period": 2}}}
+    a, b = (lease.candidate_from_values(values, api=FakeCoordination(store), say=lambda line: None) for _ in "ab")
+    assert a.identity != b.identity
+    for each in (a, b):
+        assert IDENTITY.match(each.identity)["host"] == "region-1" and IDENTITY.match(each.identity)["pid"] == "1"
+        assert lease.host_of(each.identity) == "region-1"
+        each.clock, each.wall, each.jitter = clock, (lambda: T0 + timedelta(seconds=clock.now)), (lambda: 0.0)
+    a.attempt()
+    b.attempt()
+    clock.now += 15.1
+    assert a.attempt() and holder(store) == a.identity
+    for _ in range(10):
+        clock.now += 2
+        assert not b.attempt() and a.attempt()
+        assert a.held() and not b.held() and not b.may_write()
+    assert store.leases[NAME]["spec"]["leaseTransitions"] == 0
+
+
+def test_host_of_reads_the_hostname_of_new_and_old_identities():
+    assert lease.host_of("region-2_4242-3f9a1c2b") == "region-2"
+    assert lease.host_of("region-2_4242") == "region-2"
+    assert lease.host_of("my_host_1-00000000") == "my_host"
+    assert lease.host_of("outsider") == ""
+
+
+def test_describe_and_expired_time_the_holder_by_the_duration_in_the_lease():
+    """status and doctor read one Lease on any host: its holder's duration counts, not theirs."""
+    now = datetime(2026, 12, 1, 12, 0, 30, tzinfo=timezone.utc)
+    held = Record("host_1-00000000", 40, "2026-12-01T11:00:00.000001Z", "2026-12-01T12:00:05.000001Z", 0, "1")
+    assert lease.describe(held, 15, now).endswith("(25 s ago)") and not lease.expired(held, 15, now)
+    stale = Record("host_1-00000000", 20, "2026-12-01T11:00:00.000001Z", "2026-12-01T12:00:05.000001Z", 0, "1")
+    assert lease.describe(stale, 40, now).endswith("not renewed for more than 20 s, so no reconciler is active")
+    assert lease.expired(stale, 40, now)
+    unknown = Record("host_1-00000000", None, None, "2026-12-01T12:00:05.000001Z", 0, "1")
+    assert lease.expired(unknown, 15, now) and not lease.expired(unknown, 40, now)
+

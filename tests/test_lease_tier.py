@@ -10,12 +10,13 @@ request, with its start and end), from MAAS's events and from the power actions 
 (the rack stand-in's BMC, or the power stub's lines in the region's log): never from the
 reconcilers' own logs.
 
-Short timings keep it fast: lease duration 6 s, renew deadline 4 s, retry period 1 s, interval 8 s.
+Short timings keep it fast: lease duration 14 s, renew deadline 4 s, retry period 1 s, interval 8 s,
+and MAAS requests of at most 10 s (maas.timeout: the duration must cover the renew deadline and
+one request); an outside holder's Lease says 28 s, which ours wait instead of their own 14 s.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import secrets
@@ -26,6 +27,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -36,14 +38,20 @@ import yaml
 
 from loopback import LoopbackServer
 from maas_double import MaasDouble
-from reconcile_helpers import Args, values_for
-from test_lease import NAME, NAMESPACE, FakeCoordination, LeaseServer, LeaseStore
+from reconcile_helpers import SEED, Args, values_for, write_values
+from test_lease import IDENTITY, NAME, NAMESPACE, T0, Clock, FakeCoordination, LeaseServer, LeaseStore
 
 from maas_kubevirt import identity, lease, loop, status
+from maas_kubevirt.audit import Audit
+from maas_kubevirt.maas import MAASClient, MAASError, Signer
+from maas_kubevirt.reconcile import (
+    COMMISSION, CREATE_POOL, MOVE_POOL, RENAME, SET_PASSWORD, Action, Passwords, Reconciler, Settings, apply,
+)
 
 # A standby sees the holder's last renewal up to one jittered retry (2.2 x retry_period) late and
 # tries again as late after the duration: it takes over within duration + 4.4 x retry_period.
-DURATION, RENEW_DEADLINE, RETRY_PERIOD, INTERVAL = 6, 4, 1, 8
+DURATION, RENEW_DEADLINE, RETRY_PERIOD, INTERVAL, TIMEOUT = 14, 4, 1, 8, 10
+OUTSIDE = 2 * DURATION   # the leaseDurationSeconds an outside holder writes
 FAST = {"duration": 3, "renew_deadline": 2, "retry_period": 1}
 ROTATIONS = identity.ROTATIONS_CONFIGMAP
 
@@ -53,12 +61,10 @@ ROTATIONS = identity.ROTATIONS_CONFIGMAP
 
 @pytest.fixture
 def shared_lease(monkeypatch):
-    """Every candidate of this test on one in-memory Lease, each with a name of its own (threads
-    of one process share its PID)."""
+    """Every candidate of this test on one in-memory Lease. Each names itself (lease.holder_identity):
+    two loops in one process, one hostname and one PID, are still two candidates."""
     store = LeaseStore()
-    names = (f"thread-{n}_{os.getpid()}" for n in itertools.count(1))
-    monkeypatch.setattr(lease, "coordination_api", lambda path: FakeCoordination(store))
-    monkeypatch.setattr(lease, "holder_identity", lambda: next(names))
+    monkeypatch.setattr(lease.config, "coordination_api", lambda path: FakeCoordination(store))
     # The same access reads the credential generations: none rotated here (test_rotation.py has them).
     monkeypatch.setattr(loop, "rotator_from_values", lambda values: NoRotations())
     monkeypatch.delenv("MAAS_API_KEY", raising=False)
@@ -102,6 +108,8 @@ def test_two_loops_on_one_lease_write_each_vm_once(tmp_path, shared_lease, capsy
     err = capsys.readouterr().err
     assert err.count("held by this process") >= 1 and "released" in err
     assert shared_lease.leases[NAME]["spec"]["holderIdentity"] == ""   # the last one released it
+    names = {w["spec"]["holderIdentity"] for w in shared_lease.writes} - {""}
+    assert 1 <= len(names) <= 2 and all(IDENTITY.match(name) for name in names), names
 
 
 def test_a_standby_sends_maas_nothing_and_says_who_holds_the_lease(tmp_path, shared_lease, capsys):
@@ -132,18 +140,23 @@ def test_a_standby_sends_maas_nothing_and_says_who_holds_the_lease(tmp_path, sha
     assert FAST["duration"] + 3 * FAST["retry_period"] <= waited < FAST["duration"] + 3 * FAST["retry_period"] + 5
 
 
+def kubeconfig_of(server: LeaseServer, path: Path) -> Path:
+    """A kubeconfig naming the LeaseServer, with no credential (it asks for none)."""
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "k", "cluster": {"server": f"http://127.0.0.1:{server.http.server_address[1]}"}}],
+        "users": [{"name": "u", "user": {}}],
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}]}))
+    return path
+
+
 def test_status_shows_who_holds_the_lease_and_since_when(tmp_path, capsys, monkeypatch):
     store = LeaseStore()
     store.put_outside(NAME, "region-2_4242", acquireTime="2026-12-01T10:00:00.000001Z",
                       renewTime=lease.micro_time(lease._utc_now()))
     monkeypatch.delenv("MAAS_API_KEY", raising=False)
     with MaasDouble() as double, LeaseServer(store) as server:
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "c",
-            "clusters": [{"name": "k", "cluster": {"server": f"http://127.0.0.1:{server.http.server_address[1]}"}}],
-            "users": [{"name": "u", "user": {}}],
-            "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}]}))
+        kubeconfig = kubeconfig_of(server, tmp_path / "kubeconfig")
         values = values_for(tmp_path, double)
         values["reconciler"]["lease"]["kubeconfig"] = str(kubeconfig)
         assert status.main(values, Args()) == 0
@@ -176,6 +189,219 @@ def test_status_shows_who_holds_the_lease_and_since_when(tmp_path, capsys, monke
         assert "lease" not in capsys.readouterr().out    # no lease configured: status as before
         assert status.main(values, Args(json=True)) == 0
         assert json.loads(capsys.readouterr().out)["lease"] is None
+
+
+def waited(check, what: str, timeout: float = 60.0):
+    """check()'s first true value, asked every 0.2 s; AssertionError after timeout (no timing is asserted)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_two_reconciler_processes_on_one_host_are_two_candidates_with_their_own_names(tmp_path):
+    """Two `maas-kubevirt reconcile` processes of one host on one Lease: each writes it under its own
+    `<hostname>_<pid>-<random>`; the standby names the holder, and takes over once it stops."""
+    store = LeaseStore()
+    with MaasDouble() as double, LeaseServer(store) as server:
+        sid = double.add_vm("web1", "lease-procs")
+        path = write_values(tmp_path, double)
+        settings = yaml.safe_load(path.read_text())
+        settings["reconciler"] = {"lease": {"kubeconfig": str(kubeconfig_of(server, tmp_path / "kubeconfig")), **FAST}}
+        path.write_text(yaml.safe_dump(settings))
+        env = {k: v for k, v in os.environ.items() if k not in ("MAAS_API_KEY", "CREDENTIALS_DIRECTORY")}
+        processes = []
+        try:
+            for name in ("a", "b"):
+                with open(tmp_path / f"{name}.err", "wb") as err:
+                    processes.append(subprocess.Popen(
+                        [sys.executable, "-m", "maas_kubevirt", "--values", str(path), "reconcile"], env=env,
+                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err))
+
+            def holding():
+                holder = store.leases.get(NAME, {}).get("spec", {}).get("holderIdentity") or ""
+                found = IDENTITY.match(holder)
+                if found and found["host"] == socket.gethostname():
+                    return next(((p, holder) for p in processes if found["pid"] == str(p.pid)), None)
+                return None
+
+            first, first_name = waited(holding, "a holder")
+            second = next(p for p in processes if p is not first)
+            waited(lambda: f"standby, held by {first_name}" in (tmp_path / f"{'ab'[processes.index(second)]}.err")
+                   .read_text(), "the standby naming the holder")
+            first.send_signal(signal.SIGTERM)      # releases the Lease
+            assert first.wait(30) == 0
+            taken, second_name = waited(lambda: (holding() or (None, ""))[0] is second and holding(), "the takeover")
+            assert second_name != first_name and lease.host_of(second_name) == lease.host_of(first_name)
+            second.send_signal(signal.SIGTERM)
+            assert second.wait(30) == 0
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait(10)
+        assert [m for m, target, _ in double.writes if target == sid and m == "PUT"] == ["PUT"]
+    assert {w["spec"]["holderIdentity"] for w in store.writes} == {first_name, second_name, ""}
+
+
+# --- no request outlasts the lease, no rotation without it (issue 29) ---------------------------
+
+
+class LeasedMaas:
+    """MAAS as apply sees it, each request taking ``takes`` seconds of the test's clock (a commission
+    ``commission_takes``, then raising ``commission_failure`` if set); every start is kept."""
+
+    timeout, commission_timeout = 8.0, 300.0
+
+    def __init__(self, clock: Clock, commission_takes: float = 3.0, commission_failure: Exception | None = None):
+        self.clock, self.commission_takes, self.commission_failure = clock, commission_takes, commission_failure
+        self.started: list[tuple[str, float]] = []
+
+    def _request(self, kind: str, takes: float) -> dict:
+        self.started.append((kind, self.clock.now))
+        self.clock.now += takes
+        return {}
+
+    def update_machine(self, system_id, hide=(), **fields):
+        return self._request("PUT", 3.0)
+
+    def create_pool(self, name, description=""):
+        return self._request("pool", 3.0)
+
+    def commission(self, system_id, skip_bmc_config=True):
+        self._request("commission", self.commission_takes)
+        if self.commission_failure is not None:
+            raise self.commission_failure
+        return {}
+
+    def machines_by_id(self, system_ids):
+        return [{"system_id": system_ids[0], "status_name": "Commissioning"}]
+
+
+class NotedAudit(Audit):
+    """Audit records kept in memory with their notes, nothing printed."""
+
+    def __init__(self) -> None:
+        super().__init__("")
+        self.records: list[dict] = []
+
+    def write(self, action, system_id, hostname, before, after, outcome, reason="", note="", **extra):
+        self.records.append({"action": action, "system_id": system_id, "outcome": outcome, "reason": reason,
+                             "note": note})
+        return {}
+
+
+def two_new_vms() -> list[Action]:
+    actions = [Action(CREATE_POOL, None, None, namespace="vms", after="vms")]
+    for n in range(2):
+        common = dict(system_id=f"m{n:05d}", hostname=f"lucky-{n}", vm=f"web{n}", namespace="vms")
+        actions += [Action(SET_PASSWORD, before="placeholder", after="derived",
+                           address=f"web{n}.vms.bmc.example.com", **common),
+                    Action(RENAME, before=f"lucky-{n}", after=f"web{n}-vms", **common),
+                    Action(MOVE_POOL, before="default", after="vms", **common),
+                    Action(COMMISSION, before="New", after="Commissioning", **common)]
+    return actions
+
+
+def holding_candidate(clock: Clock, store: LeaseStore | None = None) -> tuple[lease.Candidate, float]:
+    """A candidate (duration 15, renew deadline 10) that holds the Lease from the returned moment
+    and will not renew it again: cut off from the API server."""
+    api = FakeCoordination(store or LeaseStore())
+    holder = lease.Candidate(api, NAMESPACE, NAME, "a_1-00000000", duration=15, renew_deadline=10, retry_period=2,
+                             clock=clock, wall=lambda: T0 + timedelta(seconds=clock.now), jitter=lambda: 0.0,
+                             say=lambda line: None)
+    holder.attempt()
+    clock.now = renewed = 1016.0
+    assert holder.attempt() and holder.held()
+    api.failing = OSError("unreachable")
+    return holder, renewed
+
+
+def test_no_maas_request_starts_that_could_end_after_a_standby_may_take_over(capsys):
+    """Requests of up to 8 s, 3 s each here, from a holder renewed at 1016 s and cut off: a standby may
+    take over at 1031 s, so the last request may start at 1023 s, though the holder still holds it until 1026 s."""
+    clock = Clock()
+    holder, renewed = holding_candidate(clock)
+    client = LeasedMaas(clock)
+    outcome = apply(client, two_new_vms(), NotedAudit(), passwords=Passwords(SEED), may_write=holder.may_write)
+    assert [kind for kind, _ in client.started] == ["pool", "PUT", "commission"]
+    assert all(start + client.timeout <= renewed + 15 for _, start in client.started), client.started
+    assert outcome.interrupted and outcome.ok == 5
+    assert clock.now == renewed + 9 and holder.held()    # the next PUT was refused for its timeout alone
+
+
+@pytest.mark.parametrize("failure, outcome, what", [
+    (None, "ok", "MAAS accepted the commission"),
+    (MAASError("POST", "machines/m00000/?op=commission", None, "timed out", "timeout", in_flight=True), "ok",
+     "MAAS went on, it shows the machine Commissioning"),
+    (MAASError("POST", "machines/m00000/?op=commission", 400, "Commission is not available"), "skipped",
+     "MAAS refused it"),
+])
+def test_a_commission_answered_after_the_lease_was_lost_is_audited_so_and_ends_the_cycles_writes(
+        capsys, failure, outcome, what):
+    """A commission may take longer than any lease (MAAS answers once the VM is on): it starts only
+    while held, and its answer is checked against the lease."""
+    clock = Clock()
+    holder, renewed = holding_candidate(clock)
+    client, audit = LeasedMaas(clock, commission_takes=12.0, commission_failure=failure), NotedAudit()
+    result = apply(client, two_new_vms(), audit, passwords=Passwords(SEED), may_write=holder.may_write)
+    assert [kind for kind, _ in client.started] == ["pool", "PUT", "commission"] and not holder.held()
+    (commission,) = [r for r in audit.records if r["action"] == COMMISSION]
+    assert commission["outcome"] == outcome and commission["system_id"] == "m00000"
+    assert commission["note"] == f"the lease was lost while MAAS answered: {what}; no further write from this cycle"
+    assert result.interrupted
+    assert [r["note"] for r in audit.records if r["action"] != COMMISSION] == ["", "", "", ""]
+
+
+class Rotations:
+    """The rotations ConfigMap, every bump kept."""
+
+    def __init__(self) -> None:
+        self.bumps: list[tuple[str, str]] = []
+
+    def read(self) -> dict:
+        return {}
+
+    def bump(self, vm: str, namespace: str) -> int:
+        self.bumps.append((vm, namespace))
+        return len(self.bumps)
+
+
+def test_a_reconciler_that_does_not_hold_the_lease_never_writes_a_credential_generation(tmp_path, capsys):
+    """A password found beside another address may have leaked: only the holder bumps its VM's
+    generation; a standby, and a holder whose lease has lapsed, leave the ConfigMap alone."""
+    clock, store = Clock(), LeaseStore()
+    with MaasDouble() as double:
+        sid = double.add_vm("web1", "vms", status="Deployed")
+        reconciler = Reconciler(MAASClient(double.url, Signer(*double.api_key), timeout=1),
+                                Settings(domain="bmc.example.com", commission="never"), Audit(""),
+                                passwords=Passwords(SEED))
+        reconciler.restore([{"action": "reset-password", "system_id": sid, "outcome": "ok", "leak": True,
+                             "identity": "web1.vms", "generation": 0}])
+        assert set(reconciler.needing_rotation()) == {("web1", "vms")}
+        reconciler.rotator = rotations = Rotations()
+        store.put_outside(NAME, "elsewhere_7-00000000")
+        standby = lease.Candidate(FakeCoordination(store), NAMESPACE, NAME, "b_2-00000000", duration=15,
+                                  renew_deadline=10, retry_period=2, clock=clock,
+                                  wall=lambda: T0 + timedelta(seconds=clock.now), jitter=lambda: 0.0,
+                                  say=lambda line: None)
+        assert not standby.attempt()
+        reconciler.may_write = standby.may_write
+        reconciler.cycle()
+        reconciler.rotate_exposed()
+        assert rotations.bumps == []
+        clock.now += 15.1                       # elsewhere_7 never renewed: standby takes it
+        assert standby.attempt() and standby.held()
+        clock.now += 10.5                       # and lets it lapse (no renewal for the renew deadline)
+        assert not standby.held()
+        reconciler.rotate_exposed()
+        assert rotations.bumps == []
+        assert standby.attempt() and standby.held()
+        reconciler.rotate_exposed()             # held: the one bump
+        assert rotations.bumps == [("web1", "vms")]
 
 
 # --- where it runs: the control-plane tier's API server and MAAS's own region ---------------------
@@ -275,9 +501,10 @@ class Process:
     popen: subprocess.Popen
     stderr: Path
 
-    @property
-    def identity(self) -> str:
-        return f"{socket.gethostname()}_{self.popen.pid}"
+    def named(self, holder: str | None) -> bool:
+        """Whether a holderIdentity is this process's (``<hostname>_<pid>-<random>``)."""
+        found = IDENTITY.match(holder or "")
+        return bool(found) and found["host"] == socket.gethostname() and found["pid"] == str(self.popen.pid)
 
     def log(self) -> str:
         return self.stderr.read_text(errors="replace")
@@ -312,7 +539,7 @@ def lease_site(lease_plane, real_maas, tmp_path_factory):
     key.chmod(0o600)
     kubeconfig = directory / "reconciler.kubeconfig"
     base = {"redfish": {"domain": tier.DOMAIN}, "seed": {"file": str(seed)},
-            "maas": {"url": real_maas.url, "api_key_file": str(key), "interval": INTERVAL, "timeout": 60},
+            "maas": {"url": real_maas.url, "api_key_file": str(key), "interval": INTERVAL, "timeout": TIMEOUT},
             "reconciler": {"lease": {"kubeconfig": str(kubeconfig), "duration": DURATION,
                                      "renew_deadline": RENEW_DEADLINE, "retry_period": RETRY_PERIOD}}}
     values = directory / "values.yaml"
@@ -442,7 +669,7 @@ class Site:
 
     def holder(self) -> Process | None:
         record = self.record()
-        return next((p for p in self.processes if record and p.identity == record.holder), None)
+        return next((p for p in self.processes if record and p.named(record.holder)), None)
 
     # the reconcilers
     def start(self, name: str) -> Process:
@@ -628,20 +855,26 @@ def test_an_outside_holder_or_a_deleted_lease_changes_only_who_holds_it(scenario
         assert site.holder() is holder, site.logs()
         time.sleep(1)
 
-    # Held by a name from outside: ours stop writing at once and wait for it to expire.
+    # Held by a name from outside, for its own longer duration: ours stop writing at once and wait
+    # for it to expire by that duration, not their own.
     record = site.record()
     patched = time.monotonic()
     lease_plane.kubectl("-n", NAMESPACE, "patch", "lease", NAME, "--type", "merge", "-p", (
-        '{"spec": {"holderIdentity": "outsider", "renewTime": "%s"}}' % lease.micro_time(lease._utc_now())))
+        '{"spec": {"holderIdentity": "outsider", "leaseDurationSeconds": %d, "renewTime": "%s"}}'
+        % (OUTSIDE, lease.micro_time(lease._utc_now()))))
     site.wait(lambda: "lost (held by outsider)" in holder.log(), 3 * RETRY_PERIOD + 2, "the holder standing down")
     quiet = time.monotonic()
     late = site.enlist(1, first=10)
-    site.wait(lambda: (site.record() or record).holder not in ("outsider", ""), DURATION + 10,
+    site.wait(lambda: (site.record() or record).holder not in ("outsider", ""), OUTSIDE + 10,
               "one of ours holding it again")
+    retaken = time.monotonic()
+    print(f"retaken {retaken - patched:.2f} s after the outsider's patch (its duration {OUTSIDE} s, ours {DURATION} s)")
+    assert retaken - patched >= OUTSIDE - 0.5, site.logs()
     # Each candidate saw the outsider's record no earlier than the patch: none of ours holds the
-    # Lease for a whole duration after it, so none writes to MAAS (a cycle under way when the holder
-    # stood down may finish its reads), and the one that was standby throughout sends nothing.
-    meanwhile = [(p, e) for p, e in site.entries() if quiet < e.started < patched + DURATION - 0.2]
+    # Lease for the outsider's whole duration after it, so none writes to MAAS (a cycle under way
+    # when the holder stood down may finish its reads), and the one that was standby throughout
+    # sends nothing.
+    meanwhile = [(p, e) for p, e in site.entries() if quiet < e.started < patched + OUTSIDE - 0.2]
     assert not [e for _, e in meanwhile if e.write], site.logs()
     assert not [e for p, e in meanwhile if p is not holder], site.logs()
     site.wait(lambda: site.converged(late), 120, "the VM enlisted meanwhile converged")

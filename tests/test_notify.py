@@ -260,6 +260,9 @@ class StandbyCandidate:
     def held(self):
         return False
 
+    def may_write(self, seconds=None):
+        return False
+
     def wait_held(self, stop, timeout):
         stop.wait(timeout)
         return False

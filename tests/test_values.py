@@ -523,10 +523,13 @@ def test_controller_namespace_and_allow_catch_all_defaults():
 # --- reconciler.lease (issue 23) -----------------------------------------------------------------
 
 
-def test_the_lease_is_off_by_default_with_kubernetes_own_timings():
-    assert load_values(None)["reconciler"]["lease"] == {
+def test_the_lease_is_off_by_default_with_timings_that_leave_a_maas_request_room():
+    values = load_values(None)
+    assert values["reconciler"]["lease"] == {
         "kubeconfig": "", "namespace": "", "name": "maas-kubevirt-reconciler",
-        "duration": 15, "renew_deadline": 10, "retry_period": 2}
+        "duration": 40, "renew_deadline": 10, "retry_period": 2}
+    assert values["reconciler"]["lease"]["duration"] - values["reconciler"]["lease"]["renew_deadline"] == (
+        values["maas"]["timeout"])
 
 
 def test_a_lease_given_in_part_keeps_the_other_defaults(tmp_path):
@@ -559,3 +562,88 @@ def test_a_lease_that_is_not_a_mapping_is_named(tmp_path):
         load_values(write(tmp_path, {"reconciler": {"lease": "on"}}))
     assert raised.value.problems == ["reconciler.lease: expected a mapping of kubeconfig, namespace, name, duration, "
                                      "renew_deadline, retry_period, found 'on'"]
+
+
+LEASED = {"kubeconfig": "/etc/maas-kubevirt/kubeconfig"}
+
+
+@pytest.mark.parametrize("renew_deadline, retry_period", [(2, 2), (1, 1), (6, 5), (12, 10), (18, 15), (5, 9)])
+def test_a_renew_deadline_of_at_most_1_2_retry_periods_is_refused_at_load_in_one_line(
+        tmp_path, capsys, renew_deadline, retry_period):
+    """Refused by the values, the key and its bound named, before anything starts (6 is exactly
+    1.2 x 5: at most, so refused); the Candidate would refuse it only once the service runs."""
+    lease = {**LEASED, "duration": renew_deadline + 30, "renew_deadline": renew_deadline, "retry_period": retry_period}
+    path = write(tmp_path, {"reconciler": {"lease": lease}})
+    with pytest.raises(ValuesError) as raised:
+        load_values(path)
+    assert raised.value.problems == [f"reconciler.lease.renew_deadline: expected more than 1.2 x retry_period "
+                                     f"({retry_period}), found {renew_deadline}"]
+    assert cli.main(["--values", path, "reconcile", "--once"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "reconciler.lease.renew_deadline" in err and "retry_period" in err
+
+
+@given(st.integers(1, 40), st.integers(1, 40), st.integers(1, 40), st.booleans())
+@example(37, 7, 5, True)    # 7 > 6 = 1.2 x 5: the least renew deadline a retry period of 5 allows
+@example(36, 6, 5, True)
+def test_the_lease_timings_the_values_accept_are_exactly_those_a_candidate_starts_with(
+        duration, renew_deadline, retry_period, with_kubeconfig):
+    """So that no timing passes the values only to stop the service at its start (with a request
+    of 1 s, the room a kubeconfig asks for is what the candidate asks anyway)."""
+    from maas_kubevirt.lease import Candidate
+
+    values = copy.deepcopy(DEFAULTS)
+    values["maas"]["timeout"] = 1
+    values["reconciler"]["lease"].update(duration=duration, renew_deadline=renew_deadline, retry_period=retry_period,
+                                         kubeconfig=LEASED["kubeconfig"] if with_kubeconfig else "")
+    try:
+        validate(values)
+        accepted = True
+    except ValuesError:
+        accepted = False
+    try:
+        Candidate(None, "maas-kubevirt", "maas-kubevirt-reconciler", "a_1-0", duration=duration,
+                  renew_deadline=renew_deadline, retry_period=retry_period)
+        starts = True
+    except ValueError:
+        starts = False
+    assert accepted == starts
+
+
+def test_a_lease_that_leaves_a_maas_request_no_room_is_refused_in_one_line(tmp_path):
+    """A holder starts a MAAS request only when it ends (maas.timeout) before a standby may take
+    over, duration after its renewal: with less room than that it would never write at all."""
+    with pytest.raises(ValuesError) as raised:
+        load_values(write(tmp_path, {"reconciler": {"lease": {**LEASED, "duration": 15}}}))
+    assert raised.value.problems == [
+        "reconciler.lease.duration: expected at least reconciler.lease.renew_deadline + maas.timeout (10 + 30 = 40 "
+        "seconds, so that every MAAS request a holder starts ends before a standby may take over), found 15"]
+    fits = {"maas": {"timeout": 15}, "reconciler": {"lease": {**LEASED, "duration": 25}}}
+    assert load_values(write(tmp_path, fits))["reconciler"]["lease"]["duration"] == 25
+    fits["maas"]["timeout"] = 16
+    with pytest.raises(ValuesError, match=r"^reconciler\.lease\.duration: expected at least .* \(10 \+ 16 = 26 "):
+        load_values(write(tmp_path, fits))
+    # No kubeconfig, no holder: the timings only keep their own order.
+    assert load_values(write(tmp_path, {"reconciler": {"lease": {"duration": 15}}}))["reconciler"]["lease"]["duration"] == 15
+
+
+@pytest.mark.parametrize("address", ["::1:9639", "fe80::1:9639", "2001:db8::5:9639", "::ffff:127.0.0.1:9639",
+                                     "::1", "[::1]", "[::1]9639", "::1]:9639", "[::1:9639", "[127.0.0.1]:9639",
+                                     "[::1]:65536"])
+def test_an_ipv6_metrics_address_without_brackets_is_refused(address):
+    values = copy.deepcopy(DEFAULTS)
+    values["maas"]["metrics_address"] = address
+    with pytest.raises(ValuesError) as raised:
+        validate(values)
+    assert raised.value.problems == [
+        f'maas.metrics_address: expected "" (off) or host:port to listen on, e.g. 127.0.0.1:9639, an IPv6 host in '
+        f'brackets: [::1]:9639, found {address!r}']
+
+
+@pytest.mark.parametrize("address", ["[::1]:9639", "[2001:db8::5]:0", "[::ffff:127.0.0.1]:9639", "127.0.0.1:9639",
+                                     "localhost:9639"])
+def test_a_metrics_address_with_its_ipv6_host_in_brackets_is_accepted(address):
+    values = copy.deepcopy(DEFAULTS)
+    values["maas"]["metrics_address"] = address
+    assert validate(values)["maas"]["metrics_address"] == address
+

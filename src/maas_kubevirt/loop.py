@@ -1,8 +1,9 @@
 """``maas-kubevirt reconcile``: reconcile cycles until SIGTERM or SIGINT, once, or as a dry run.
 
 With ``reconciler.lease`` the process is a candidate for the site's Lease (:mod:`lease`): it
-cycles only while it holds it, asks the lease before every MAAS write, starts each holding
-period with a full resync, and releases the Lease when it stops. A dry run takes no part.
+cycles only while it holds it, asks the lease before every MAAS write whether that request ends
+before a standby may take over, starts each holding period with a full resync, and releases the
+Lease when it stops. A dry run takes no part.
 
 Exit codes: 0 converged or nothing to do, 1 some actions (or the cycle) failed, 2 usage or
 configuration error (bad values, unreadable API key or kubeconfig, key refused, MAAS too old).
@@ -195,7 +196,7 @@ def main(values: dict, args: Any) -> int:
         error(str(failure))
         return EXIT_USAGE
     if candidate is not None:
-        reconciler.may_write = candidate.held   # asked before every MAAS write
+        reconciler.may_write = candidate.may_write   # asked with each write's timeout
         if metrics is not None:
             metrics.leader(candidate.held)
         candidate.start()

@@ -146,7 +146,7 @@ def _listen_address(value: Any) -> str | None:
                 return None
         except ValueError:
             pass
-    return '"" (off) or host:port to listen on, e.g. 127.0.0.1:9639'
+    return '"" (off) or host:port to listen on, e.g. 127.0.0.1:9639, an IPv6 host in brackets: [::1]:9639'
 
 
 def _seconds(low: int, high: int) -> Callable[[Any], str | None]:
@@ -233,9 +233,10 @@ def _annotations(value: Any) -> list[str]:
     return problems
 
 
-# reconciler.lease: the Lease the reconcilers of one site elect their holder on. The timings
-# are Kubernetes' own components' (kube-controller-manager: --leader-elect-lease-duration 15s,
-# --leader-elect-renew-deadline 10s, --leader-elect-retry-period 2s).
+# reconciler.lease: the Lease the reconcilers of one site elect their holder on. The renew
+# deadline and retry period are Kubernetes' own components' (kube-controller-manager:
+# --leader-elect-renew-deadline 10s, --leader-elect-retry-period 2s); the duration is longer than
+# their 15 s because every MAAS request a holder starts must end within it (_check_lease_fits).
 LEASE: dict[str, Callable[[Any], str | None]] = {
     "kubeconfig": _optional(_absolute_path),
     "namespace": _optional(_namespace),
@@ -377,6 +378,7 @@ def validate(values: Any, source: str = "values") -> dict:
     if problems:
         raise ValuesError(problems)
     _check_nginx_allowlist(values["ingress"])
+    _check_lease_fits(values)
     values["redfish"]["domain"] = identity.validate_domain(values["redfish"]["domain"])
     return values
 
@@ -388,6 +390,17 @@ def _check_nginx_allowlist(ingress: dict) -> None:
         raise ValuesError([
             f"ingress.allowlist_annotation: expected {', '.join(NGINX_ALLOWLIST_ANNOTATIONS)} or an empty "
             f"string (the only allowlists ingress-nginx reads, for class_name {NGINX_CLASS}), found {name!r}"])
+
+
+def _check_lease_fits(values: dict) -> None:
+    """With a lease, a holder starts a MAAS request only if it ends (maas.timeout) before a standby
+    may take over; a duration that leaves no such room would never let it write at all."""
+    lease, timeout = values["reconciler"]["lease"], values["maas"]["timeout"]
+    if lease["kubeconfig"] and lease["duration"] - lease["renew_deadline"] < timeout:
+        raise ValuesError([
+            f"reconciler.lease.duration: expected at least reconciler.lease.renew_deadline + maas.timeout "
+            f"({lease['renew_deadline']} + {timeout} = {lease['renew_deadline'] + timeout} seconds, so that "
+            f"every MAAS request a holder starts ends before a standby may take over), found {lease['duration']}"])
 
 
 def _merge(defaults: dict, overrides: dict) -> dict:

@@ -1,6 +1,7 @@
-"""doctor's ``reconciler.lease``: who holds the site's Lease and when it was last renewed; a
-warning when MAAS lists several region controllers and no lease is configured, because then
-the reconciler on every region host acts."""
+"""doctor's ``reconciler.lease``: who holds the site's Lease (its holderIdentity,
+``<hostname>_<pid>-<random>``, one per process start: lease.holder_identity) and when it was
+last renewed, timed by the record's own duration; a warning when MAAS lists several region
+controllers and no lease is configured, because then the reconciler on every region host acts."""
 
 from __future__ import annotations
 

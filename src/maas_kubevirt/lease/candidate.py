@@ -1,14 +1,14 @@
-"""One active reconciler per site: leader election on a ``coordination.k8s.io/v1`` Lease.
-
-Written on the official client's ``CoordinationV1Api`` after client-go's elector
-(k8s.io/client-go/tools/leaderelection/leaderelection.go: ``acquire``, ``renew``,
-``tryAcquireOrRenew``, ``release``), because python3-kubernetes 22.6 (Debian 12) has no Lease
-lock and its elector goes on leading after it loses the lease. Kept from client-go:
+"""The election itself: one :class:`Candidate` per process, renewing the Lease from a thread beside
+the work, as client-go's elector (k8s.io/client-go/tools/leaderelection/leaderelection.go:
+``acquire``, ``renew``, ``tryAcquireOrRenew``, ``release``). Kept from client-go:
 
 - every write names the ``metadata.resourceVersion`` it read, so of two candidates writing at
   once one gets 409 Conflict and loses;
 - a standby times the holder with its own monotonic clock, never with the timestamps in the
-  record: it may take the lease over once it has seen no change for ``duration`` seconds;
+  record, and by the record's ``leaseDurationSeconds`` (``isLeaseValid``), not its own setting:
+  it may take the lease over once it has seen no change for that long (its own ``duration``
+  when the record has no positive one). Hosts configured with different durations therefore
+  each wait as long as the holder promised;
 - the timings and their rules (duration > renew_deadline > 1.2 x retry_period), retries with
   jitter while waiting and every retry_period while holding, a request timeout of half the
   renew deadline and at least 1 s (resourcelock/interface.go, NewFromKubeconfig), and the
@@ -20,6 +20,8 @@ to MAAS twice:
 - :meth:`Candidate.held` is true only while the last successful write of the Lease began less
   than renew_deadline ago (monotonic clock). A holder cut off from the API server therefore
   stops writing ``duration - renew_deadline`` seconds before any standby may take over;
+- :meth:`Candidate.may_write` with a request's timeout is true only when that request, started
+  now, also ends before any standby may take over: no request outlasts the lease;
 - a holder that reads another holder's name stops at once;
 - a missing Lease counts as held by someone unknown, seen now: a standby creates it only after
   ``duration``, while a holder that finds it deleted makes it again at its next retry;
@@ -28,86 +30,17 @@ to MAAS twice:
 
 from __future__ import annotations
 
-import os
 import random
-import socket
 import threading
 import time
-from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Callable, Mapping
+from datetime import datetime
+from typing import Any, Callable
 
 from maas_kubevirt.console import note
+from maas_kubevirt.lease.record import API_VERSION, Record, _sendable, _utc_now, parse_time, record_of
 
-API_VERSION = "coordination.k8s.io/v1"
 JITTER_FACTOR = 1.2       # client-go's wait.JitterUntil factor in acquire
 POLL = 0.1                # seconds between two looks of a waiting loop at held()
-
-
-class LeaseConfigError(Exception):
-    """reconciler.lease.kubeconfig cannot be used (a configuration error: exit 2)."""
-
-
-def holder_identity() -> str:
-    """This host and this process, as holderIdentity names the holder."""
-    return f"{socket.gethostname()}_{os.getpid()}"
-
-
-def micro_time(moment: datetime) -> str:
-    """A MicroTime the API server accepts: six fractional digits, always (RFC3339Micro in
-    k8s.io/apimachinery/pkg/apis/meta/v1/micro_time.go; datetime.isoformat drops them at .000000)."""
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _sendable(moment: datetime) -> str:
-    """micro_time of moment, never at .000000: the current client re-serialises a body through
-    datetime.isoformat, which drops a zero fraction, and the API server then refuses the write."""
-    return micro_time(moment if moment.microsecond else moment.replace(microsecond=1))
-
-
-def _utc_now() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def _time_text(value: Any) -> str | None:
-    if isinstance(value, datetime):
-        return micro_time(value if value.tzinfo else value.replace(tzinfo=timezone.utc))
-    return value if isinstance(value, str) and value else None
-
-
-@dataclass(frozen=True)
-class Record:
-    """A Lease's spec as read, and the resourceVersion a write must name."""
-
-    holder: str
-    duration: int | None = None
-    acquired: str | None = None
-    renewed: str | None = None
-    transitions: int = 0
-    version: str = ""
-
-    @property
-    def spec(self) -> tuple:
-        return self.holder, self.duration, self.acquired, self.renewed, self.transitions
-
-
-def record_of(lease: Any) -> Record:
-    """A Lease as ``CoordinationV1Api`` returns it (a V1Lease) or as the API server's JSON."""
-    if isinstance(lease, Mapping):
-        metadata, spec = lease.get("metadata") or {}, lease.get("spec") or {}
-        fields = (spec.get("holderIdentity"), spec.get("leaseDurationSeconds"), spec.get("acquireTime"),
-                  spec.get("renewTime"), spec.get("leaseTransitions"), metadata.get("resourceVersion"))
-    else:
-        metadata, spec = getattr(lease, "metadata", None), getattr(lease, "spec", None)
-        fields = tuple(getattr(spec, name, None) for name in (
-            "holder_identity", "lease_duration_seconds", "acquire_time", "renew_time", "lease_transitions")) + (
-            getattr(metadata, "resource_version", None),)
-    holder, duration, acquired, renewed, transitions, version = fields
-    return Record(holder if isinstance(holder, str) else "",
-                  duration if isinstance(duration, int) and not isinstance(duration, bool) else None,
-                  _time_text(acquired), _time_text(renewed),
-                  transitions if isinstance(transitions, int) and not isinstance(transitions, bool) else 0,
-                  version if isinstance(version, str) else "")
 
 
 def _failure(error: BaseException) -> tuple[int | None, str]:
@@ -132,14 +65,17 @@ class Candidate:
     number in [0, 1) drawn per retry while waiting: each can be fixed by a test.
     """
 
-    def __init__(self, api: Any, namespace: str, name: str, identity: str, *, duration: float = 15,
+    def __init__(self, api: Any, namespace: str, name: str, identity: str, *, duration: float = 40,
                  renew_deadline: float = 10, retry_period: float = 2,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], datetime] = _utc_now,
                  jitter: Callable[[], float] = random.random, say: Callable[[str], None] = note):
-        if not duration > renew_deadline > JITTER_FACTOR * retry_period > 0:
-            raise ValueError("expected duration > renew_deadline > 1.2 x retry_period > 0")
+        # The whole seconds written as leaseDurationSeconds are what every standby waits for.
+        lease_seconds = int(duration)
+        if not lease_seconds > renew_deadline > JITTER_FACTOR * retry_period > 0:
+            raise ValueError("expected duration (whole seconds) > renew_deadline > 1.2 x retry_period > 0")
         self.api, self.namespace, self.name, self.identity = api, namespace, name, identity
         self.duration, self.renew_deadline, self.retry_period = duration, renew_deadline, retry_period
+        self.lease_seconds = lease_seconds
         self.clock, self.wall, self.jitter, self.say = clock, wall, jitter, say
         # resourcelock.NewFromKubeconfig: the lock's requests time out at renewDeadline/2, >= 1 s.
         seconds = max(1.0, renew_deadline / 2)
@@ -162,8 +98,17 @@ class Candidate:
     # --- what the reconciler asks --------------------------------------------------------------
     def held(self) -> bool:
         """True only while the last successful write of the Lease began less than renew_deadline ago."""
+        return self.may_write()
+
+    def may_write(self, seconds: float | None = None) -> bool:
+        """Whether a request that may take ``seconds`` may start now: held, and it ends before any
+        standby may take over (leaseDurationSeconds after the renewal); None: held now."""
         with self._lock:
-            return self._renewed is not None and self.clock() - self._renewed < self.renew_deadline
+            if self._renewed is None:
+                return False
+            now = self.clock()
+            return now - self._renewed < self.renew_deadline and (
+                seconds is None or now + seconds <= self._renewed + self.lease_seconds)
 
     def holder(self) -> Record | None:
         """The record last read or written (None before the first read or while it is missing)."""
@@ -210,7 +155,7 @@ class Candidate:
                 if self._observed is None or self._observed.spec != current.spec:
                     self._observed, self._observed_at = current, seen
                 if current.holder and current.holder != self.identity:
-                    if seen < self._observed_at + self.duration:
+                    if seen < self._observed_at + current.lasts(self.duration):
                         self._renewed = None    # someone else holds it: not one more write
                         self._problem = None
                         return False
@@ -232,7 +177,7 @@ class Candidate:
         }}
 
     def _write(self, previous: Record | None, began: float) -> bool:
-        body = self._body(previous, self.identity, int(self.duration))
+        body = self._body(previous, self.identity, self.lease_seconds)
         try:
             if previous is None:
                 written = self.api.create_namespaced_lease(self.namespace, body, _request_timeout=self.request_timeout)
@@ -331,144 +276,3 @@ class Candidate:
         if state != self._announced:
             self._announced = state
             self.say(line)
-
-
-# --- from the values ---------------------------------------------------------------------------
-
-
-def lease_values(values: Mapping[str, Any]) -> Mapping[str, Any]:
-    return values["reconciler"]["lease"]
-
-
-def configured(values: Mapping[str, Any]) -> bool:
-    """Whether the reconcilers of this site elect a holder (reconciler.lease.kubeconfig is set)."""
-    return bool(lease_values(values)["kubeconfig"])
-
-
-def namespace_of(values: Mapping[str, Any]) -> str:
-    return lease_values(values)["namespace"] or values["kubernetes"]["system_namespace"]
-
-
-def kubeconfig_path(values: Mapping[str, Any]) -> str:
-    """The systemd credential ``kubeconfig`` when the service was handed one, else the values' path."""
-    from maas_kubevirt.paths import credential_path
-
-    given = credential_path("kubeconfig")
-    return str(given) if given is not None else lease_values(values)["kubeconfig"]
-
-
-def coordination_api(kubeconfig: str) -> Any:
-    """A CoordinationV1Api on the kubeconfig's current context, read as kubectl reads it."""
-    import yaml
-    from kubernetes import client as k8s_client
-    from kubernetes import config as k8s_config
-
-    where = "reconciler.lease.kubeconfig"
-    try:
-        with open(kubeconfig, encoding="utf-8") as handle:
-            yaml.safe_load(handle)
-        configuration = k8s_client.Configuration()
-        k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration,
-                                    persist_config=False)
-    except OSError as error:
-        raise LeaseConfigError(f"{where}: cannot read {kubeconfig!r}: {error.strerror or error}") from None
-    except (yaml.YAMLError, UnicodeDecodeError):
-        raise LeaseConfigError(f"{where}: {kubeconfig!r} is not a YAML kubeconfig") from None
-    except (k8s_config.ConfigException, ValueError, KeyError, TypeError) as error:
-        reason = " ".join(str(error).split())[:200] or type(error).__name__
-        raise LeaseConfigError(f"{where}: {kubeconfig!r} cannot be used: {reason}") from None
-    # One attempt per request (urllib3 would retry 3 times): the candidate's own loop retries.
-    configuration.retries = 0
-    return k8s_client.CoordinationV1Api(k8s_client.ApiClient(configuration))
-
-
-def candidate_from_values(values: Mapping[str, Any], api: Any | None = None,
-                          say: Callable[[str], None] = note) -> Candidate | None:
-    """This process's candidate for the site's Lease, or None when no lease is configured."""
-    if not configured(values):
-        return None
-    lease = lease_values(values)
-    return Candidate(api if api is not None else coordination_api(kubeconfig_path(values)),
-                     namespace_of(values), lease["name"], holder_identity(), duration=lease["duration"],
-                     renew_deadline=lease["renew_deadline"], retry_period=lease["retry_period"], say=say)
-
-
-# --- reading it, for status and doctor --------------------------------------------------------
-
-
-def read_record(values: Mapping[str, Any]) -> Record | None:
-    """The site's Lease read with a plain GET (kube.Cluster); None when it does not exist.
-    Raises LeaseConfigError (the kubeconfig) or kube.KubeError (the request)."""
-    from maas_kubevirt.kube import Cluster, KubeConfigError
-
-    try:
-        cluster = Cluster(kubeconfig_path(values))
-    except KubeConfigError as failure:
-        raise LeaseConfigError(str(failure).replace("--kubeconfig", "reconciler.lease.kubeconfig", 1)) from None
-    try:
-        found = cluster.get(f"/apis/{API_VERSION}/namespaces/{namespace_of(values)}/leases/"
-                            f"{lease_values(values)['name']}")
-    finally:
-        cluster.close()
-    return None if found is None else record_of(found)
-
-
-def token_expiry(kubeconfig: str) -> datetime | None:
-    """When the kubeconfig's bearer token ends: the ``exp`` claim of a ServiceAccount token (a JWT,
-    read, not verified); None for any other credential. The token itself never leaves here."""
-    import base64
-    import json
-
-    from kubernetes import client as k8s_client
-    from kubernetes import config as k8s_config
-
-    try:
-        configuration = k8s_client.Configuration()
-        k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration,
-                                    persist_config=False)
-        # "BearerToken" in current clients, "authorization" in Debian's 22.6 (as kube.Cluster reads it).
-        header = (configuration.get_api_key_with_prefix("BearerToken")
-                  or configuration.get_api_key_with_prefix("authorization") or "")
-        parts = header.split(" ")[-1].split(".")
-        if len(parts) != 3:
-            return None
-        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
-        expires = claims.get("exp") if isinstance(claims, dict) else None
-        if not isinstance(expires, (int, float)) or isinstance(expires, bool):
-            return None
-        return datetime.fromtimestamp(expires, timezone.utc)
-    except Exception:  # noqa: BLE001 - no expiry to report, never a reason to fail
-        return None
-
-
-def parse_time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
-def describe(record: Record | None, duration: float, now: datetime | None = None) -> str:
-    """Who holds the Lease and since when, in one line (``status`` and doctor)."""
-    if record is None:
-        return "does not exist: no reconciler has taken part yet"
-    now = now or _utc_now()
-    renewed = parse_time(record.renewed)
-    ago = f" ({max(0, round((now - renewed).total_seconds()))} s ago)" if renewed else ""
-    if not record.holder:
-        return f"not held: released at {record.renewed or '?'}"
-    text = f"held by {record.holder} since {record.acquired or '?'}, renewed {record.renewed or '?'}{ago}"
-    if renewed is not None and (now - renewed).total_seconds() > duration:
-        text += f": not renewed for more than {duration:g} s, so no reconciler is active"
-    return text
-
-
-def expired(record: Record | None, duration: float, now: datetime | None = None) -> bool:
-    """Whether nobody holds the Lease now (missing, released, or not renewed for duration), by
-    the record's own renewTime: for a report, never for the election (clocks differ)."""
-    if record is None or not record.holder:
-        return True
-    renewed = parse_time(record.renewed)
-    return renewed is None or ((now or _utc_now()) - renewed).total_seconds() > duration
