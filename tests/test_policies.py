@@ -231,8 +231,9 @@ def test_generate_rules_synchronise_existing_vms_and_never_use_random(defaults):
         "urlPath": "/api/v1/namespaces/maas-kubevirt/configmaps/maas-kubevirt-rotations", "jmesPath": "data || `{}`"}}
     assert generation == {"name": "generation", "variable": {"jmesPath": policies.GENERATION_JMESPATH}}
     rotation_rules = rules(policy(manifests, policies.POLICY_NAMES["rotations"]))
-    assert list(rotation_rules) == ["generations-are-canonical", "generations-never-decrease", "annotate-rotated-vms"]
-    for name in ("generations-are-canonical", "generations-never-decrease"):
+    assert list(rotation_rules) == ["generations-are-canonical", "generations-never-decrease", *ROTATIONS_GUARDS,
+                                    "annotate-rotated-vms"]
+    for name in ("generations-are-canonical", "generations-never-decrease", *ROTATIONS_GUARDS):
         assert rotation_rules[name]["validate"]["failureAction"] == "Enforce"
         assert rotation_rules[name]["validate"]["allowExistingViolations"] is False
         assert rotation_rules[name]["validate"]["message"].startswith(name + ": ")
@@ -717,8 +718,13 @@ def test_the_reconciler_may_get_create_and_update_its_lease_and_the_rotations_an
                                                                     policies.KUSTOMIZATION_FILE)
               for o in policies.parse(text)]
     assert not [o for o in others if o["kind"] in ("Role", "RoleBinding", "ClusterRoleBinding", "ServiceAccount")]
+    # The rotations policy names it in one rule: the user the label rule refuses (issue 29).
     assert "maas-kubevirt-reconciler" not in "".join(t for n, t in manifests.items()
-                                                     if n not in (policies.RECONCILER_RBAC_FILE,))
+                                                     if n not in (policies.RECONCILER_RBAC_FILE, ROTATIONS_POLICY_FILE))
+    (rotations_policy,) = policies.parse(manifests[ROTATIONS_POLICY_FILE])
+    rotations_policy["spec"]["rules"] = [r for r in rotations_policy["spec"]["rules"]
+                                         if r["name"] != "reconciler-cannot-allow-delete"]
+    assert "maas-kubevirt-reconciler" not in yaml.safe_dump(rotations_policy)
     assert policies.RECONCILER_RBAC_FILE in yaml.safe_load(manifests["kustomization.yaml"])["resources"]
 
 
@@ -752,6 +758,59 @@ def test_the_rotations_configmap_is_rendered_without_data(defaults):
     assert configmap["metadata"]["name"] == identity.ROTATIONS_CONFIGMAP
     assert configmap["metadata"]["namespace"] == defaults["kubernetes"]["system_namespace"]
     assert policies.ROTATIONS_FILE in yaml.safe_load(manifests["kustomization.yaml"])["resources"]
+
+
+# The rules that keep the rotations ConfigMap itself (issue 29), in their order in the policy.
+ROTATIONS_GUARDS = ["configmap-not-immutable", "configmap-no-owner-references", "configmap-no-finalizers",
+                    "configmap-no-delete", "reconciler-cannot-allow-delete"]
+ROTATIONS_POLICY_FILE = "policy-credential-rotations.yaml"
+
+
+def _operations(rule: dict) -> list[str] | None:
+    return rule["match"]["any"][0]["resources"].get("operations")
+
+
+def test_the_rotations_configmap_is_kept_alive_and_only_an_administrator_arms_its_delete(defaults):
+    """immutable, ownerReferences and finalizers refused on every write, a DELETE refused unless the
+    ConfigMap already carries the break-glass label, which the reconciler's account may not set."""
+    from test_policies_kyverno import ALLOW_DELETE_LABEL
+
+    guards = rules(policy(policies.render_kubernetes(defaults, SEED), policies.POLICY_NAMES["rotations"]))
+    for name in ("configmap-not-immutable", "configmap-no-owner-references", "configmap-no-finalizers",
+                 "reconciler-cannot-allow-delete"):
+        assert _operations(guards[name]) == ["CREATE", "UPDATE"], name
+    assert guards["configmap-not-immutable"]["validate"]["deny"]["conditions"]["any"] == [
+        {"key": "{{ request.object.immutable == `null` }}", "operator": "Equals", "value": False}]
+    for name, field in (("configmap-no-owner-references", "ownerReferences"), ("configmap-no-finalizers", "finalizers")):
+        assert guards[name]["validate"]["deny"]["conditions"]["any"] == [
+            {"key": f"{{{{ length(request.object.metadata.{field} || `[]`) }}}}", "operator": "GreaterThan", "value": 0}]
+    # The DELETE rule reads the object being deleted: no request.object on a DELETE.
+    delete = guards["configmap-no-delete"]
+    assert _operations(delete) == ["DELETE"] and "preconditions" not in delete
+    assert delete["validate"]["deny"]["conditions"]["any"] == [{
+        "key": f'{{{{ request.oldObject.metadata.labels."{ALLOW_DELETE_LABEL}" || \'\' }}}}',
+        "operator": "NotEquals", "value": "true"}]
+    assert "request.object." not in delete["validate"]["message"]
+    assert f"label configmap {{{{ request.oldObject.metadata.name }}}} {ALLOW_DELETE_LABEL}=true" in \
+        " ".join(delete["validate"]["message"].split())
+    # Every other rule of the policy leaves a DELETE alone.
+    for name, rule in guards.items():
+        if name != "configmap-no-delete":
+            assert "DELETE" not in (_operations(rule) or []) or rule["preconditions"]["all"][0]["value"] == "DELETE"
+    label = guards["reconciler-cannot-allow-delete"]
+    assert label["preconditions"] == {"all": [{"key": "{{ request.userInfo.username || '' }}", "operator": "Equals",
+                                               "value": "system:serviceaccount:maas-kubevirt:maas-kubevirt-reconciler"}]}
+    new, old = (f'{{{{ request.{o}.metadata.labels."{ALLOW_DELETE_LABEL}" || \'\' }}}}' for o in ("object", "oldObject"))
+    assert label["validate"]["deny"]["conditions"] == {"all": [
+        {"key": new, "operator": "NotEquals", "value": ""}, {"key": new, "operator": "NotEquals", "value": old}]}
+
+
+def test_the_label_rule_follows_the_reconcilers_namespace(defaults):
+    """The account is where reconciler-rbac.yaml puts it: in the Lease's namespace when that is set."""
+    values = values_with(defaults, reconciler__lease={**defaults["reconciler"]["lease"], "namespace": "leases"})
+    label = rules(policy(policies.render_kubernetes(values, SEED), policies.POLICY_NAMES["rotations"]))[
+        "reconciler-cannot-allow-delete"]
+    assert label["preconditions"]["all"][0]["value"] == "system:serviceaccount:leases:maas-kubevirt-reconciler"
 
 
 def _parses_as_serial(key: str) -> bool:

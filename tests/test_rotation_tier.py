@@ -15,8 +15,11 @@ import time
 
 import pytest
 
+from kubernetes import client as k8s_client
+
 from controlplane import _kubeconfig
 from maas_kubevirt import identity, policies, rotate, rotations
+from test_policies_kyverno import ALLOW_DELETE_LABEL
 from test_controlplane import (  # noqa: F401  (fixtures: bundle, site, make_namespace)
     SETTLE, b64, bundle, create, eventually, get, make_namespace, objects_match, site, vm,
 )
@@ -176,6 +179,95 @@ def test_a_generation_never_goes_down(control_plane, bundle, make_namespace, rec
     assert raised.returncode == 0, raised.stderr
 
 
+
+# Issue 29: the ConfigMap's own life. What each refusal could break is in the rotations policy.
+GHOST_OWNER = {"apiVersion": "v1", "kind": "ConfigMap", "name": "gone", "uid": "00000000-0000-4000-8000-000000000029"}
+
+
+def configmap_state(cp, system: str) -> dict:
+    """What the refused writes would change, and the data: equal means none got through."""
+    found = cp.get("configmap", identity.ROTATIONS_CONFIGMAP, system)
+    metadata = found["metadata"]
+    return {"data": found.get("data"), "immutable": found.get("immutable"), "labels": metadata.get("labels"),
+            "ownerReferences": metadata.get("ownerReferences"), "finalizers": metadata.get("finalizers"),
+            "uid": metadata["uid"]}
+
+
+def refused_for_the_reconciler(api, system: str, change) -> str:
+    """Replace the ConfigMap as the reconciler with one change made; return the refusal's body."""
+    configmap = api.read_namespaced_config_map(identity.ROTATIONS_CONFIGMAP, system)
+    change(configmap)
+    with pytest.raises(Exception) as refused:
+        api.replace_namespaced_config_map(identity.ROTATIONS_CONFIGMAP, system, configmap)
+    assert getattr(refused.value, "status", None) in (400, 422), refused.value
+    return str(refused.value.body)
+
+
+def test_the_configmap_cannot_be_made_immutable_owned_or_held(control_plane, bundle, reconciler_api):
+    """immutable (true or false), an ownerReference to a UID that does not exist and a finalizer are
+    refused, from a cluster administrator and from the reconciler's token alike."""
+    cp = control_plane
+    system = system_namespace(bundle)
+    before = configmap_state(cp, system)
+    for patch, rule in (({"immutable": False}, "configmap-not-immutable"),
+                        ({"immutable": True}, "configmap-not-immutable"),
+                        ({"metadata": {"ownerReferences": [GHOST_OWNER]}}, "configmap-no-owner-references"),
+                        ({"metadata": {"finalizers": ["example.org/keep"]}}, "configmap-no-finalizers")):
+        refused = cp.kubectl("patch", "configmap", identity.ROTATIONS_CONFIGMAP, "-n", system, "--type=merge",
+                             "-p", json.dumps(patch), check=False)
+        assert refused.returncode != 0 and rule in refused.stderr and "Fix: " in refused.stderr, (patch, refused.stderr)
+    owner = k8s_client.V1OwnerReference(api_version=GHOST_OWNER["apiVersion"], kind=GHOST_OWNER["kind"],
+                                        name=GHOST_OWNER["name"], uid=GHOST_OWNER["uid"])
+    for change, rule in ((lambda c: setattr(c, "immutable", True), "configmap-not-immutable"),
+                         (lambda c: setattr(c.metadata, "owner_references", [owner]), "configmap-no-owner-references"),
+                         (lambda c: setattr(c.metadata, "finalizers", ["example.org/keep"]), "configmap-no-finalizers")):
+        assert rule in refused_for_the_reconciler(reconciler_api, system, change)
+    assert configmap_state(cp, system) == before
+    # Still a ConfigMap the reconciler can bump: nothing above reached it.
+    assert rotations.bump(reconciler_api, "delta", "guards", system_namespace=system) == 1
+
+
+def test_a_delete_is_refused_until_an_administrator_labels_the_configmap(control_plane, bundle, reconciler_api):
+    """A delete is refused without the break-glass label; the reconciler can neither delete (its
+    Role) nor set that label (the policy), can still bump a labelled ConfigMap and may take the label
+    off. (The labelled delete itself: test_without_the_configmap_no_secret_changes.)"""
+    cp = control_plane
+    system = system_namespace(bundle)
+    where = ["configmap", identity.ROTATIONS_CONFIGMAP, "-n", system]
+    for label in (None, "false", "yes"):
+        if label is not None:
+            cp.kubectl("label", "--overwrite", *where, f"{ALLOW_DELETE_LABEL}={label}")
+        refused = cp.kubectl("delete", *where, "--timeout=30s", check=False)
+        assert refused.returncode != 0 and "configmap-no-delete" in refused.stderr, (label, refused.stderr)
+        assert f"{ALLOW_DELETE_LABEL}=true" in refused.stderr
+    cp.kubectl("label", *where, f"{ALLOW_DELETE_LABEL}-")
+    uid = configmap_state(cp, system)["uid"]
+    with pytest.raises(Exception) as forbidden:
+        reconciler_api.delete_namespaced_config_map(identity.ROTATIONS_CONFIGMAP, system)
+    assert getattr(forbidden.value, "status", None) == 403, forbidden.value
+
+    def labelled(value: str):
+        return lambda c: setattr(c.metadata, "labels", {**(c.metadata.labels or {}), ALLOW_DELETE_LABEL: value})
+
+    assert "reconciler-cannot-allow-delete" in refused_for_the_reconciler(reconciler_api, system, labelled("true"))
+    cp.kubectl("label", *where, f"{ALLOW_DELETE_LABEL}=false")
+    assert "reconciler-cannot-allow-delete" in refused_for_the_reconciler(reconciler_api, system, labelled("true"))
+    cp.kubectl("label", "--overwrite", *where, f"{ALLOW_DELETE_LABEL}=true")
+    try:
+        # An administrator armed it: the reconciler's bumps keep the label and go through.
+        assert rotations.bump(reconciler_api, "echo", "guards", system_namespace=system) == 1
+        assert configmap_state(cp, system)["labels"][ALLOW_DELETE_LABEL] == "true"
+        # Taking the label off disarms the delete again, and the reconciler may do that.
+        configmap = reconciler_api.read_namespaced_config_map(identity.ROTATIONS_CONFIGMAP, system)
+        configmap.metadata.labels = {k: v for k, v in configmap.metadata.labels.items() if k != ALLOW_DELETE_LABEL}
+        reconciler_api.replace_namespaced_config_map(identity.ROTATIONS_CONFIGMAP, system, configmap)
+    finally:
+        cp.kubectl("label", *where, f"{ALLOW_DELETE_LABEL}-", check=False)
+    assert ALLOW_DELETE_LABEL not in (configmap_state(cp, system)["labels"] or {})
+    assert "configmap-no-delete" in cp.kubectl("delete", *where, "--timeout=30s", check=False).stderr
+    assert configmap_state(cp, system)["uid"] == uid     # never deleted and created again
+
+
 def test_the_reconciler_may_get_and_update_that_configmap_and_read_no_secret(control_plane, bundle, make_namespace):
     cp = control_plane
     tenant = make_namespace()
@@ -227,7 +319,12 @@ def test_without_the_configmap_no_secret_changes(control_plane, bundle, make_nam
     timed_rederivation(cp, bundle, name, namespace, 1, began)
     saved = cp.get("configmap", identity.ROTATIONS_CONFIGMAP, system).get("data") or {}
     rotated = fingerprint(secret(cp, name, namespace))
-    cp.kubectl("delete", "configmap", identity.ROTATIONS_CONFIGMAP, "-n", system)
+    # The break-glass procedure of docs/operations.md: the label, then the delete. Foreground: the
+    # garbage collector's update that removes foregroundDeletion is admitted too.
+    cp.kubectl("label", "configmap", identity.ROTATIONS_CONFIGMAP, "-n", system, f"{ALLOW_DELETE_LABEL}=true")
+    cp.kubectl("delete", "configmap", identity.ROTATIONS_CONFIGMAP, "-n", system, "--cascade=foreground",
+               "--timeout=60s")
+    assert get(cp, "configmap", identity.ROTATIONS_CONFIGMAP, system) is None
     try:
         cp.kubectl("annotate", "--overwrite", "virtualmachine", name, "-n", namespace, "example.org/touch=1")
         create(cp, vm("newcomer", namespace)).check_returncode()
@@ -240,6 +337,8 @@ def test_without_the_configmap_no_secret_changes(control_plane, bundle, make_nam
         configmap = admin_api.read_namespaced_config_map(identity.ROTATIONS_CONFIGMAP, system)
         configmap.data = saved
         admin_api.replace_namespaced_config_map(identity.ROTATIONS_CONFIGMAP, system, configmap)
+    assert ALLOW_DELETE_LABEL not in (cp.get("configmap", identity.ROTATIONS_CONFIGMAP, system)["metadata"]
+                                      .get("labels") or {})
     # Kyverno gave up on the newcomer's request while the ConfigMap was missing; its next update
     # (or the hourly resync) brings its Secret. The rotated VM kept its generation throughout.
     cp.kubectl("annotate", "--overwrite", "virtualmachine", "newcomer", "-n", namespace, "example.org/touch=2")

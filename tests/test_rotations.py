@@ -59,6 +59,20 @@ def test_bump_increments_one_vm_and_leaves_the_others():
     assert rotations.bump(FakeCore(None), "web1", "tenant-a") == 1  # no data at all (as rendered)
 
 
+
+def test_bump_reaches_the_largest_generation_and_goes_no_further():
+    """identity.GENERATION_MAX is the last generation a bump writes (the policy admits it); the
+    next bump is refused before any write, naming the seed rotation."""
+    api = FakeCore({"web1.tenant-a": str(identity.GENERATION_MAX - 1)})
+    assert rotations.bump(api, "web1", "tenant-a") == identity.GENERATION_MAX
+    assert api.data == {"web1.tenant-a": str(identity.GENERATION_MAX)} and api.replaces == 1
+    assert identity.parse_generation(api.data["web1.tenant-a"]) == identity.GENERATION_MAX
+    with pytest.raises(rotations.RotationsError, match=f"at {identity.GENERATION_MAX}, the largest generation"):
+        rotations.bump(api, "web1", "tenant-a")
+    assert api.data == {"web1.tenant-a": str(identity.GENERATION_MAX)} and api.replaces == 1
+    with pytest.raises(identity.IdentityError):
+        identity.parse_generation(str(identity.GENERATION_MAX + 1))   # what a bump beyond would write
+
 def test_bump_retries_on_conflict_and_gives_up_after_the_attempts():
     api = FakeCore({"web1.tenant-a": "3"}, conflicts=2)
     assert rotations.bump(api, "web1", "tenant-a") == 4 and api.replaces == 3
