@@ -257,3 +257,15 @@ def test_a_judged_power_names_no_secret():
                                     "power_pass": password("web1", "vms"), "node_id": "1"}, DOMAIN)
     assert isinstance(judged, Power)
     assert password("web1", "vms") not in repr(judged) and user("web1", "vms") not in repr(judged)
+
+
+def test_a_cycle_that_could_derive_nothing_counts_as_failed_in_the_metrics(double, tmp_path):
+    """last_success_timestamp_seconds stops advancing while the cluster is unreadable, so it alerts."""
+    from maas_kubevirt.loop import cycle_outcome
+
+    rotations = Rotations()
+    double.add_vm("web1", "vms", status="New")
+    reconciler = reconciler_for(double, tmp_path, rotations, Clock())
+    assert cycle_outcome(reconciler.cycle(), stopped=False) == "ok"
+    rotations.fail = "no answer"
+    assert cycle_outcome(reconciler.cycle(), stopped=False) == "failed"

@@ -79,7 +79,8 @@ def cycle_outcome(result: Cycle, stopped: bool) -> str:
         return "interrupted"
     if result.error:
         return "error"
-    return "failed" if result.outcome.failed else "ok"
+    # A cycle that could derive no password (the cluster unreadable) is no success either.
+    return "failed" if result.outcome.failed or result.withheld else "ok"
 
 
 def machine_states(reconciler: Reconciler) -> dict[str, int]:
