@@ -255,6 +255,25 @@ def test_a_stop_while_a_refused_put_goes_field_by_field_sends_no_further_field()
     assert outcome.interrupted
 
 
+def test_a_stop_between_two_fields_of_a_split_put_sends_no_further_field():
+    """The signal arrives just after the password field's answer, no request on the wire."""
+    stop = threading.Event()
+
+    class StopsAfterThePassword(RefusesTheWholePut):
+        def update_machine(self, system_id, hide=(), **fields):
+            answer = super().update_machine(system_id, hide=hide, **fields)
+            if list(fields) == ["power_type", "power_parameters_power_address", "power_parameters_power_user",
+                                "power_parameters_power_pass"]:
+                stop.set()
+            return answer
+
+    client, audit = StopsAfterThePassword(), RecordingAudit()
+    outcome = apply(client, one_vm_to_split(), audit, stop=stop, passwords=PASSWORDS)
+    assert client.sent == [WHOLE, ("password",)]
+    assert [(kind, result) for kind, _, result, _ in audit.records] == [(SET_PASSWORD, "ok")]
+    assert outcome.interrupted
+
+
 def test_a_lease_lost_while_a_refused_put_goes_field_by_field_sends_no_further_field():
     # Held again at the next renewal: the cycle that lost it stops all the same.
     answers = iter([True, True, False])

@@ -209,6 +209,8 @@ def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
         # A commission starts with an ordinary request's margin too: MAAS commits Commissioning
         # within it, before the power-on its answer waits for, which no lease margin covers.
         seconds = getattr(client, "timeout", None)   # None: a stand-in client stating none
+        if stop is not None and stop.is_set():
+            return False   # a signal between two fields of a split PUT: no further field
         if may_write is not None and not (may_write() if seconds is None else may_write(seconds)):
             return False   # not attempted, so not audited: the next holder plans it afresh
 
