@@ -218,8 +218,7 @@ def lease_state(values: dict) -> dict:
     if record is not None:
         state.update(holder=record.holder or None, acquired=record.acquired, renewed=record.renewed)
     if record is not None and record.holder:
-        # holderIdentity is <hostname>_<pid> (lease.holder_identity).
-        state["this_host"] = here = record.holder.rpartition("_")[0] == socket.gethostname()
+        state["this_host"] = here = lease.host_of(record.holder) == socket.gethostname()
         line += " (this host)" if here else " (another host: a reconciler running here stands by)"
     state["line"] = line
     return state
