@@ -855,13 +855,15 @@ def test_a_power_type_switch_holds_no_derived_credential_after_one_cycle(real_ma
     assert derived_holders(real_maas, serial) == {}
 
 
+@pytest.mark.parametrize("status", ["New", "Commissioning"])
 @pytest.mark.parametrize("how", SWITCHES)
-def test_the_running_loop_takes_back_what_a_power_type_switch_kept_within_one_cycle(real_maas, site, tmp_path, how):
-    """`reconcile --interval 2` as the service runs it, the VM in New."""
+def test_the_running_loop_takes_back_what_a_power_type_switch_kept_within_one_cycle(real_maas, site, tmp_path, how,
+                                                                                    status):
+    """`reconcile --interval 2` as the service runs it."""
     import time
 
-    namespace = f"ptl-{how[:4]}{how[-3:]}"
-    serial, mac, vm = enlist_by_mac(real_maas, site, tmp_path, namespace, "New")
+    namespace = f"ptl-{how[:4]}{how[-3:]}-{status[:3].lower()}"
+    serial, mac, vm = enlist_by_mac(real_maas, site, tmp_path, namespace, status)
     values = yaml.safe_load(site["values"].read_text())
     values["maas"].update(commission="never", audit_log=str(tmp_path / "audit.log"))
     values_file = tmp_path / "values.yaml"
