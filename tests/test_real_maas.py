@@ -750,12 +750,7 @@ def test_the_running_loop_takes_a_mac_re_pointed_password_back_within_one_cycle(
     derived = identity.bmc_password(SEED, serial)
 
     def wait_for(condition, what: str, limit: float = 90.0) -> float:
-        start = time.monotonic()
-        while not condition():
-            assert time.monotonic() - start < limit, f"{what}: not within {limit} s"
-            assert service.poll() is None, (service.returncode, (tmp_path / "err").read_text())
-            time.sleep(0.2)
-        return time.monotonic() - start
+        return wait_while_running(service, tmp_path / "err", condition, what, limit)
 
     with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
         service = subprocess.Popen([str(CLI), "--values", str(values_file), "reconcile", "--interval", str(interval)],
@@ -782,6 +777,18 @@ def test_the_running_loop_takes_a_mac_re_pointed_password_back_within_one_cycle(
 
 
 # --- (d) anonymous enlistment switches the power type (issue 29) --------------------------------
+
+
+def wait_while_running(service: subprocess.Popen, err: Path, condition, what: str, limit: float) -> float:
+    """Seconds until condition() holds, the service still running meanwhile (else its stderr)."""
+    import time
+
+    start = time.monotonic()
+    while not condition():
+        assert time.monotonic() - start < limit, f"{what}: not within {limit} s"
+        assert service.poll() is None, (service.returncode, err.read_text())
+        time.sleep(0.2)
+    return time.monotonic() - start
 
 
 def derived_holders(real_maas, serial: str) -> dict[str, set[str]]:
@@ -871,12 +878,7 @@ def test_the_running_loop_takes_back_what_a_power_type_switch_kept_within_one_cy
     interval = 2
 
     def wait_for(condition, what: str, limit: float = 90.0) -> float:
-        start = time.monotonic()
-        while not condition():
-            assert time.monotonic() - start < limit, f"{what}: not within {limit} s"
-            assert service.poll() is None, (service.returncode, (tmp_path / "err").read_text())
-            time.sleep(0.2)
-        return time.monotonic() - start
+        return wait_while_running(service, tmp_path / "err", condition, what, limit)
 
     with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
         service = subprocess.Popen([str(CLI), "--values", str(values_file), "reconcile", "--interval", str(interval)],
