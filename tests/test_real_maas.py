@@ -8,6 +8,7 @@ Each test uses its own namespace (and so its own machines): the tests share one 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -689,6 +690,36 @@ def enlist_by_mac(real_maas, site, tmp_path, namespace: str, status: str):
     return serial, mac, vm
 
 
+@contextlib.contextmanager
+def running_reconciler(site, tmp_path: Path, interval: float):
+    """`maas-kubevirt reconcile --interval N` as the service runs it (commission never, an audit log
+    in tmp_path, its output in tmp_path/out and err), stopped on exit. Yields wait_for(condition,
+    what, limit=90): the seconds until condition() holds, failing if the service ends first."""
+    import time
+
+    values = yaml.safe_load(site["values"].read_text())
+    values["maas"].update(commission="never", audit_log=str(tmp_path / "audit.log"))
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
+        service = subprocess.Popen([str(CLI), "--values", str(values_file), "reconcile", "--interval", str(interval)],
+                                   stdout=out, stderr=err)
+
+        def wait_for(condition, what: str, limit: float = 90.0) -> float:
+            start = time.monotonic()
+            while not condition():
+                assert time.monotonic() - start < limit, f"{what}: not within {limit} s"
+                assert service.poll() is None, (service.returncode, (tmp_path / "err").read_text())
+                time.sleep(0.2)
+            return time.monotonic() - start
+
+        try:
+            yield wait_for
+        finally:
+            service.terminate()
+            service.wait(timeout=60)
+
+
 @pytest.mark.parametrize("with_password", [False, True], ids=["no-password", "own-password"])
 @pytest.mark.parametrize("status", ["New", "Commissioning"])
 def test_a_mac_re_point_holds_no_derived_password_after_one_cycle(real_maas, site, tmp_path, status,
@@ -738,36 +769,20 @@ def test_the_running_loop_takes_a_mac_re_pointed_password_back_within_one_cycle(
                                                                                  status):
     """`reconcile --interval 2` as the service runs it: after a MAC re-point without a password,
     MAAS holds the derived password nowhere within one interval and one cycle (margin: three)."""
-    import time
-
     namespace = f"loop-{status[:3].lower()}"
     serial, mac, vm = enlist_by_mac(real_maas, site, tmp_path, namespace, status)
-    values = yaml.safe_load(site["values"].read_text())
-    values["maas"].update(commission="never", audit_log=str(tmp_path / "audit.log"))
-    values_file = tmp_path / "values.yaml"
-    values_file.write_text(yaml.safe_dump(values))
     interval = 2
     derived = identity.bmc_password(SEED, serial)
-
-    def wait_for(condition, what: str, limit: float = 90.0) -> float:
-        return wait_while_running(service, tmp_path / "err", condition, what, limit)
-
-    with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
-        service = subprocess.Popen([str(CLI), "--values", str(values_file), "reconcile", "--interval", str(interval)],
-                                   stdout=out, stderr=err)
-        try:
-            wait_for(lambda: every_holder(real_maas, derived) == {vm.system_id}, "the derived password set")
-            harvest = f"{namespace}.harvest.attacker.example"
-            answer = real_maas.api("POST", "machines/", {
-                "architecture": "amd64/generic", "mac_addresses": mac, "power_type": "redfish",
-                "power_parameters": json.dumps({"power_address": harvest, "power_user": "maas", "node_id": "1"})},
-                anonymous=True)
-            assert answer.status_code == 200 and answer.json()["system_id"] == vm.system_id, answer.text
-            took = wait_for(lambda: every_holder(real_maas, derived) == set(), "the password taken back",
-                            limit=3 * (interval + 10))
-        finally:
-            service.terminate()
-            service.wait(timeout=60)
+    with running_reconciler(site, tmp_path, interval) as wait_for:
+        wait_for(lambda: every_holder(real_maas, derived) == {vm.system_id}, "the derived password set")
+        harvest = f"{namespace}.harvest.attacker.example"
+        answer = real_maas.api("POST", "machines/", {
+            "architecture": "amd64/generic", "mac_addresses": mac, "power_type": "redfish",
+            "power_parameters": json.dumps({"power_address": harvest, "power_user": "maas", "node_id": "1"})},
+            anonymous=True)
+        assert answer.status_code == 200 and answer.json()["system_id"] == vm.system_id, answer.text
+        took = wait_for(lambda: every_holder(real_maas, derived) == set(), "the password taken back",
+                        limit=3 * (interval + 10))
     print(f"MAC re-point in {status}: derived password gone from MAAS after {took:.1f} s (interval {interval} s)")
     resets = [r for r in Audit.read_file(str(tmp_path / "audit.log")) if r["action"] == "reset-password"]
     assert [(r["system_id"], r["outcome"], r.get("leak")) for r in resets] == [(vm.system_id, "ok", True)]
@@ -779,16 +794,6 @@ def test_the_running_loop_takes_a_mac_re_pointed_password_back_within_one_cycle(
 # --- (d) anonymous enlistment switches the power type (issue 29) --------------------------------
 
 
-def wait_while_running(service: subprocess.Popen, err: Path, condition, what: str, limit: float) -> float:
-    """Seconds until condition() holds, the service still running meanwhile (else its stderr)."""
-    import time
-
-    start = time.monotonic()
-    while not condition():
-        assert time.monotonic() - start < limit, f"{what}: not within {limit} s"
-        assert service.poll() is None, (service.returncode, err.read_text())
-        time.sleep(0.2)
-    return time.monotonic() - start
 
 
 def derived_holders(real_maas, serial: str) -> dict[str, set[str]]:
@@ -867,31 +872,15 @@ def test_a_power_type_switch_holds_no_derived_credential_after_one_cycle(real_ma
 def test_the_running_loop_takes_back_what_a_power_type_switch_kept_within_one_cycle(real_maas, site, tmp_path, how,
                                                                                     status):
     """`reconcile --interval 2` as the service runs it."""
-    import time
-
     namespace = f"ptl-{how[:4]}{how[-3:]}-{status[:3].lower()}"
     serial, mac, vm = enlist_by_mac(real_maas, site, tmp_path, namespace, status)
-    values = yaml.safe_load(site["values"].read_text())
-    values["maas"].update(commission="never", audit_log=str(tmp_path / "audit.log"))
-    values_file = tmp_path / "values.yaml"
-    values_file.write_text(yaml.safe_dump(values))
     interval = 2
-
-    def wait_for(condition, what: str, limit: float = 90.0) -> float:
-        return wait_while_running(service, tmp_path / "err", condition, what, limit)
-
-    with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
-        service = subprocess.Popen([str(CLI), "--values", str(values_file), "reconcile", "--interval", str(interval)],
-                                   stdout=out, stderr=err)
-        try:
-            wait_for(lambda: derived_holders(real_maas, serial) == {vm.system_id: {"power_user", "power_pass"}},
-                     "the derived credentials set")
-            switch_power_type(real_maas, how, namespace, mac)
-            took = wait_for(lambda: derived_holders(real_maas, serial) == {}, "the credentials taken back",
-                            limit=3 * (interval + 10))
-        finally:
-            service.terminate()
-            service.wait(timeout=60)
+    with running_reconciler(site, tmp_path, interval) as wait_for:
+        wait_for(lambda: derived_holders(real_maas, serial) == {vm.system_id: {"power_user", "power_pass"}},
+                 "the derived credentials set")
+        switch_power_type(real_maas, how, namespace, mac)
+        took = wait_for(lambda: derived_holders(real_maas, serial) == {}, "the credentials taken back",
+                        limit=3 * (interval + 10))
     print(f"power type switch {how}: derived credentials gone from MAAS after {took:.1f} s (interval {interval} s)")
     logged = (tmp_path / "out").read_text() + (tmp_path / "err").read_text()
     assert identity.bmc_password(SEED, serial) not in logged and identity.bmc_user(SEED, serial) not in logged
