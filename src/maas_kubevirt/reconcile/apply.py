@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Sequence
 
 from maas_kubevirt import identity
@@ -62,8 +62,8 @@ def _fields(action: Action, passwords: Passwords | None) -> dict[str, str]:
 
 
 def _reset_fields(action: Action, passwords: Passwords | None) -> dict[str, str]:
-    """The PUT machines/{id}/ fields that take a derived user and password back: a fresh random
-    user and the placeholder. A redfish machine keeps its address and says its type (a switch to
+    """The PUT machines/{id}/ fields that take a derived user and password back: the machine's
+    reset user (identity.reset_user) and the placeholder. A redfish machine keeps its address and says its type (a switch to
     ipmi landing meanwhile is undone, with the address MAAS fills in; one MAAS cannot fill in is
     refused, 400, and reset by type the next cycle); any other type is reset through the names
     that hold them, as its own form calls them, and keeps its type."""
@@ -73,7 +73,7 @@ def _reset_fields(action: Action, passwords: Passwords | None) -> dict[str, str]
     if action.power_type not in (None, REDFISH) and action.keys:
         return {f"power_parameters_{name}": fresh[kind] for name, kind in action.keys}
     return {"power_type": REDFISH, "power_parameters_power_user": fresh[USER_KEY],
-            "power_parameters_power_pass": identity.PLACEHOLDER_PASSWORD}
+            "power_parameters_power_pass": fresh[PASSWORD_KEY]}
 
 
 def _perform(client: MAASClient, actions: Sequence[Action], passwords: Passwords | None) -> None:
@@ -203,8 +203,6 @@ def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
 
     def send(batch: list[Action]) -> bool:
         """Carry out one batch; False when the cycle must stop (a signal, the deadline, the lease)."""
-        from dataclasses import replace
-
         commission = batch[0].kind == COMMISSION
         # A commission starts with an ordinary request's margin too: MAAS commits Commissioning
         # within it, before the power-on its answer waits for, which no lease margin covers.

@@ -74,7 +74,7 @@ def rotate_command(vm: str, namespace: str, values_path: str | None = None) -> s
 
 def lowered_fix(who: tuple[str, str], generation: int, system_namespace: str = "<system namespace>") -> str:
     """The command that puts a VM's generation back where the reconciler last used it."""
-    patch = shlex.quote(f'{{"data":{{"{who[0]}.{who[1]}":"{generation}"}}}}')
+    patch = shlex.quote(f'{{"data":{{"{identity.format_serial(*who)}":"{generation}"}}}}')
     return (f"kubectl -n {system_namespace} patch configmap {identity.ROTATIONS_CONFIGMAP} --type merge "
             f"-p {patch}")
 
@@ -198,17 +198,19 @@ class Reconciler:
                 self.credited.pop(system_id, None)
                 if record.get("leak") is True:
                     self._expose(system_id, record.get("identity"), record.get("generation"))
-                self._switch(system_id, record.get("identity"), record.get("power_type"))
+                try:
+                    who: tuple[str, str] | None = identity.parse_serial(record.get("identity"))
+                except identity.IdentityError:
+                    who = None
+                self._switch(system_id, who, record.get("power_type"))
 
-    def _switch(self, system_id: str, serial: Any, power_type: Any) -> None:
-        """A machine whose credentials were taken back from another power type (or, redfish, not)."""
-        if isinstance(power_type, str) and power_type != REDFISH and valid_system_id(system_id):
-            try:
-                self.switched[system_id] = Switched(identity.parse_serial(serial), cap(power_type, NAME_LIMIT))
-            except identity.IdentityError:
-                pass
-        else:
+    def _switch(self, system_id: str, who: tuple[str, str] | None, power_type: Any) -> None:
+        """A machine whose credentials were taken back from another power type (or, redfish, not);
+        ``who`` None: a malformed audit record, which changes nothing of another type."""
+        if not (isinstance(power_type, str) and power_type != REDFISH and valid_system_id(system_id)):
             self.switched.pop(system_id, None)
+        elif who is not None:
+            self.switched[system_id] = Switched(who, cap(power_type, NAME_LIMIT))
 
     def still_switched(self, machines: Iterable[Mapping[str, Any]]) -> dict[str, Switched]:
         """The switched machines that MAAS still shows with another power type than redfish."""
@@ -216,14 +218,17 @@ class Reconciler:
         return {sid: s for sid, s in sorted(self.switched.items()) if sid in types and types[sid] != REDFISH}
 
     def _used(self, serial: Any, generation: Any) -> None:
-        """An audited generation of a VM's credentials: the least it may ever be derived at again."""
+        """An audited generation of a VM's credentials, when both fields are well formed."""
         audited = _audited_generation(serial, generation)
-        if audited is not None and audited[1] > self.highest.get(audited[0], 0):
-            self.highest[audited[0]] = audited[1]
-        if audited is not None and not self._generations_read:   # judged so until the cluster is read
-            current = self.passwords.generations.get(audited[0], 0)
-            if audited[1] > current:
-                self.passwords.generations[audited[0]] = audited[1]
+        if audited is not None:
+            self._use(*audited)
+
+    def _use(self, who: tuple[str, str], generation: int) -> None:
+        """A generation of a VM's credentials set or rotated to: the least it may ever be derived at again."""
+        if generation > self.highest.get(who, 0):
+            self.highest[who] = generation
+        if not self._generations_read and generation > self.passwords.generations.get(who, 0):
+            self.passwords.generations[who] = generation   # judged so until the cluster is read
 
     def _expose(self, system_id: str, serial: Any, generation: Any) -> None:
         audited = _audited_generation(serial, generation)
@@ -489,14 +494,13 @@ class Reconciler:
         for machine in machines:
             if not is_new(machine):
                 self.backoff.clear(machine["system_id"])
-        settling = self.settling_notes()
-        actions = plan(machines, power, pools, self.settings, taken, self.backoff.waiting(), settling,
-                       self.withheld_note())
+        settling, withheld = self.settling_notes(), self.withheld_note()
+        actions = plan(machines, power, pools, self.settings, taken, self.backoff.waiting(), settling, withheld)
         # Read again next cycle, even when the re-read below makes the plan leave them alone; and
         # while a password waits (a rotation settling, the cluster unreadable), as its wait ending
         # is no event either.
         self.pending = {a.system_id for a in actions if a.system_id and (
-            a.changes or (a.kind == SKIP and ((a.vm, a.namespace) in settling or a.note == self.withheld_note())))}
+            a.changes or (a.kind == SKIP and ((a.vm, a.namespace) in settling or a.note == withheld)))}
         return self.refresh(machines, power, pools, taken, actions)
 
     def refresh(self, machines: Sequence[Mapping[str, Any]], power: Mapping[str, Power],
@@ -546,19 +550,24 @@ class Reconciler:
                  for who, until in self.settling.items()}
         for who, said in self.lowered.items():
             notes[who] = (f"password: the cluster says credential generation {said}, below generation "
-                          f"{self.highest[who]} already used: not derived again ({lowered_fix(who, self.highest[who])})")
+                          f"{self.highest[who]} already used: not derived again "
+                          f"({lowered_fix(who, self.highest[who], self.system_namespace)})")
         return notes
+
+    @property
+    def system_namespace(self) -> str:
+        """Where the rotations ConfigMap is, as the commands printed name it."""
+        return getattr(self.rotator, "system_namespace", "<system namespace>")
 
     def _lowered(self, said: Mapping[tuple[str, str], int]) -> None:
         """Note, and warn once each, the VMs whose generation the cluster says below one already used."""
         lowered = lowered_generations(self.highest, said)
-        namespace = getattr(self.rotator, "system_namespace", "<system namespace>")
         for who, generation in lowered.items():
             if self.lowered.get(who) != generation:
-                warn(f"{who[0]}.{who[1]}: the cluster says credential generation {generation}, below generation "
+                warn(f"{identity.format_serial(*who)}: the cluster says credential generation {generation}, below generation "
                      f"{self.highest[who]} this reconciler already used (the rotations ConfigMap was emptied, "
                      f"deleted or edited): its password is not derived again until it is put back: "
-                     f"{lowered_fix(who, self.highest[who], namespace)}")
+                     f"{lowered_fix(who, self.highest[who], self.system_namespace)}")
         self.lowered = lowered
 
     def withheld_note(self) -> str:
@@ -630,7 +639,7 @@ class Reconciler:
                              note=f"its password may have leaked; Kyverno re-derives {vm}-bmc",
                              identity=serial)
             self.passwords.generations[who] = after
-            self.highest[who] = max(after, self.highest.get(who, 0))
+            self._use(who, after)
             self.settling[who] = self.wall() + ROTATION_SETTLE
             del self.exposures[who]   # rotated past it: after is above the generation exposed
 
@@ -687,7 +696,7 @@ class Reconciler:
             if action.kind == SET_PASSWORD:
                 self.credited[action.system_id] = (action.vm, action.namespace)
                 self.switched.pop(action.system_id, None)
-                self._used(f"{action.vm}.{action.namespace}", self.passwords.generation(action.vm, action.namespace))
+                self._use((action.vm, action.namespace), self.passwords.generation(action.vm, action.namespace))
                 if action.system_id in self.known:
                     status, power = self.known[action.system_id]
                     self.known[action.system_id] = (status, Power(
@@ -695,7 +704,7 @@ class Reconciler:
                         derived=(("power_pass", PASSWORD_KEY), ("power_user", USER_KEY))))
             elif action.kind == RESET_PASSWORD:
                 self.credited.pop(action.system_id, None)
-                self._switch(action.system_id, f"{action.vm}.{action.namespace}", action.power_type)
+                self._switch(action.system_id, (action.vm, action.namespace), action.power_type)
                 if action.system_id in self.known:
                     status, power = self.known[action.system_id]
                     self.known[action.system_id] = (status, Power(power.address, PLACEHOLDER, user=OTHER,

@@ -207,9 +207,6 @@ class Passwords:
     def reset_user(self, system_id: str) -> str:
         return identity.reset_user(self._seed, system_id)
 
-    def matches(self, stored: str, vm: str, namespace: str) -> bool:
-        return _same(stored, self.password(vm, namespace))
-
 
 def _same(stored: str, derived: str) -> bool:
     return hmac.compare_digest(stored.encode("utf-8"), derived.encode("utf-8"))
@@ -309,7 +306,7 @@ def matching(
     bare host ``<vm>.<namespace>.<domain>``, or a look-alike of it (a suspect)."""
     found = []
     for machine in machines:
-        if machine.get("power_type") != "redfish":
+        if machine.get("power_type") != REDFISH:
             continue
         system_id = machine.get("system_id")
         if not isinstance(system_id, str) or system_id not in power_parameters:
@@ -457,8 +454,9 @@ def plan(
     holding names (``GET nodes/?hostname=``). waiting: system_id -> why its commission waits
     (a backoff after MAAS refused one). settling: (vm, namespace) -> why its new password waits
     (a rotation Kyverno has not yet followed). withheld: why no password is derived at all (the
-    credential generations cannot be read); taking one back never waits. Order: duplicate claims and suspects, password resets,
-    pool creations, then each trusted machine's actions (password first, commission last),
+    credential generations cannot be read); taking one back never waits. Order: duplicate claims
+    and suspects, password resets, pool creations, then each trusted machine's actions (password
+    first, commission last),
     machines in the order their renames must happen (one that frees a name before the one that
     takes it).
 
@@ -487,8 +485,8 @@ def plan(
     def reset(machine: Mapping[str, Any], vm: str, namespace: str, reason: str, leak: bool = True) -> None:
         power = power_parameters[machine["system_id"]]
         resets.append(Action(RESET_PASSWORD, str(machine["system_id"]), machine.get("hostname"), vm, namespace,
-                             before=DERIVED, after=PLACEHOLDER, note=reason, leak=leak, power_type=machine.get("power_type"),
-                             keys=power.derived if isinstance(power, Power) else ()))
+                             before=DERIVED, after=PLACEHOLDER, note=reason, leak=leak,
+                             power_type=machine.get("power_type"), keys=power.derived if isinstance(power, Power) else ()))
 
     def holder(system_id: Any, claimed: tuple[str, str] | None) -> tuple[str, str]:
         """The identity whose derived credential an exposed machine holds: the one it claims, or before."""
