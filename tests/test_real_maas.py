@@ -796,18 +796,18 @@ def test_the_running_loop_takes_a_mac_re_pointed_password_back_within_one_cycle(
 
 
 
-def derived_holders(real_maas, serial: str) -> dict[str, set[str]]:
+def derived_holders(real_maas, serial: str, seed: str = SEED, generation: int = 0) -> dict[str, set[str]]:
     """system_id -> the names of its power parameters holding the VM's derived user or password."""
-    secrets = {identity.bmc_password(SEED, serial), identity.bmc_user(SEED, serial)}
+    secrets = {identity.bmc_password(seed, serial, generation), identity.bmc_user(seed, serial, generation)}
     answer = real_maas.api("GET", "machines/", {"op": "power_parameters"})
     assert answer.status_code == 200, (answer.status_code, answer.text)
     return {sid: names for sid, params in answer.json().items()
             if (names := {name for name, value in params.items() if isinstance(value, str) and value in secrets})}
 
 
-def switch_power_type(real_maas, how: str, namespace: str, mac: str) -> None:
+def switch_power_type(real_maas, how: str, namespace: str, mac: str, domain: str = DOMAIN) -> None:
     """One of the three switches of issue 29, as any PXE host can send it (no credentials)."""
-    host = f"web1.{namespace}.{DOMAIN}"
+    host = f"web1.{namespace}.{domain}"
     fields = {"architecture": "amd64/generic"}
     if how == "ipmi-own-address":      # BMC enlistment: the VM's public address alone, no MAC
         fields.update(power_type="ipmi", power_parameters=json.dumps({"power_address": host}))
