@@ -183,10 +183,24 @@ POWER_SETTINGS: dict[str, dict[str, tuple[str, bool, str, bool, Any]]] = {
                         None),
         "power_verify_ssl": ("Verify SSL connections with system CA certificates", True, "bmc", False, "n"),
     },
+    # src/provisioningserver/drivers/pod/virsh.py and lxd.py: the VM hosts' drivers, also machines' types.
+    "virsh": {
+        "power_address": ("Address", True, "bmc", False, None),
+        "power_pass": ("Password (optional)", False, "bmc", True, None),
+        "power_id": ("Virsh VM ID", True, "node", False, None),
+    },
+    "lxd": {
+        "power_address": ("LXD address", True, "bmc", False, None),
+        "instance_name": ("Instance name", True, "node", False, None),
+        "project": ("LXD project", True, "bmc", False, "default"),
+        "password": ("LXD password (optional)", False, "bmc", True, None),
+        "certificate": ("LXD certificate (optional)", False, "bmc", True, None),
+        "key": ("LXD private key (optional)", False, "bmc", True, None),
+    },
     "manual": {},
 }
 # The drivers' `chassis` attribute: the machines of a chassis share one BMC row (get_or_create_bmc).
-CHASSIS = {"redfish": True, "ipmi": False, "webhook": False, "manual": False}
+CHASSIS = {"redfish": True, "ipmi": False, "webhook": False, "virsh": True, "lxd": True, "manual": False}
 POWER_FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
     power_type: {name: (setting[0], setting[1]) for name, setting in settings.items()}
     for power_type, settings in POWER_SETTINGS.items()}
@@ -586,6 +600,12 @@ class MaasDouble(LoopbackServer):
                           "power_boot_type": "auto", "cipher_suite_id": "3",
                           "privilege_level": "ADMIN", "k_g": "", "mac_address": "",
                           "workaround_flags": ["opensesspriv"], "power_off_mode": "hard"}
+            elif power_type == "virsh":
+                params = {"power_address": power_address or "qemu+ssh://10.9.0.2/system",
+                          "power_pass": power_pass or "", "power_id": hostname}
+            elif power_type == "lxd":
+                params = {"power_address": power_address or "10.9.0.3:8443", "instance_name": hostname,
+                          "project": "default", "password": power_pass or "", "certificate": "", "key": ""}
             elif power_address is not None:
                 params = {"power_address": power_address, "power_pass": power_pass or ""}
             self._attach_power(system_id, power_type, params)

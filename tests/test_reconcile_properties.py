@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).parent))
 
 from branches import branch, branches_taken  # noqa: E402
-from maas_double import MaasDouble  # noqa: E402
+from maas_double import POWER_SETTINGS, MaasDouble  # noqa: E402
 from reconcile_helpers import GOOD_RECORD, SEED, Args, assert_no_secrets, derived, write_values  # noqa: E402
 
 from maas_kubevirt import cli, identity, maas  # noqa: E402
@@ -559,6 +559,15 @@ def test_a_machine_new_by_its_status_code_alone_is_commissioned_from_new():
 # --- whole cycles against the MAAS double -----------------------------------------------------
 
 
+def filed_identity(machine) -> tuple[str, str] | None:
+    """Oracle: (vm, ns) when the machine is named <vm>-<ns>, lower case, in the pool <ns>."""
+    pool, hostname = machine["pool"]["name"], machine["hostname"]
+    vm = hostname[: -len(pool) - 1] if hostname.endswith("-" + pool) else ""
+    if pool in NAMESPACES and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", vm):
+        return vm, pool
+    return None
+
+
 def populate_double(double, machines, power):
     """The inventory as MAAS machines; each password state becomes a stored power_pass."""
     ids = {}
@@ -614,9 +623,30 @@ def run_cycles(tmp_path, inventory, echo):
                          for sid in ours)
         twice = {sid for sid in ours
                  if claims[identity.parse_redfish_address(double.power[sid]["power_address"], DOMAIN)] > 1}
-        foreign = {sid for sid in double.machines if sid not in ours and sid not in dressed}
+        # Another power type, filed as <vm>-<ns> in the pool <ns> and still holding that identity's
+        # derived user or password: MAAS kept them across a switch of type, so they are taken back.
+        # The identities judged are the filed one and the one its address names (as a suspect too).
+        switched: dict[str, tuple[set[str], set[str]]] = {}
+        for machine in machines:
+            sid, filed = machine["system_id"], filed_identity(machine)
+            stored = double.power[sid]
+            if machine["power_type"] == "redfish" or filed is None:
+                continue
+            address = stored.get("power_address")
+            named = identity.parse_redfish_address(address, DOMAIN) or identity.suspect_identity(address, DOMAIN)
+            serials = {identity.format_serial(*who) for who in (filed, named) if who}
+            passwords = {identity.bmc_password(SEED, serial) for serial in serials}
+            users = {identity.bmc_user(SEED, serial) for serial in serials}
+            # Only under a name the type has: MAAS keeps no other across a switch (a manual machine
+            # has none), and refuses a PUT naming one (the double's POWER_SETTINGS).
+            names = POWER_SETTINGS.get(machine["power_type"], {})
+            if any(value in passwords | users for name, value in stored.items() if isinstance(value, str)
+                   and name in names):
+                switched[sid] = (passwords, users)
+        foreign = {sid for sid in double.machines if sid not in ours and sid not in dressed and sid not in switched}
         exposed = twice | set(dressed)
         before = copy.deepcopy({sid: double.power[sid] for sid in foreign | exposed})
+        before_switched = copy.deepcopy({sid: double.power[sid] for sid in switched})
         if echo:  # a MAAS that repeats the request in its error: the password must not get out
             double.inject("echo", method="PUT", count=3)
         outputs = []
@@ -647,7 +677,20 @@ def run_cycles(tmp_path, inventory, echo):
                     "power_pass": identity.PLACEHOLDER_PASSWORD}
             else:
                 assert after == before[sid]
+        for sid, (passwords, users) in switched.items():
+            after, was = dict(double.power[sid]), before_switched[sid]
+            if echo and after == was:
+                continue  # the reset PUTs were refused (echo): tried again next cycle
+            # Each parameter holding one is overwritten, under the type's own names.
+            expected = {name: value if not isinstance(value, str) else identity.PLACEHOLDER_PASSWORD
+                        if value in passwords else identity.reset_user(SEED, sid) if value in users else value
+                        for name, value in was.items()}
+            assert after == expected
         for method, sid, fields in double.writes:
+            if sid in switched:
+                assert method == "PUT" and fields.get("power_type", "") != "redfish"
+                assert {name for name in fields if name != "power_type"} <= {
+                    f"power_parameters_{name}" for name in before_switched[sid]}
             if sid in exposed:
                 assert (method, set(fields)) == ("PUT", {"power_type", "power_parameters_power_user",
                                                          "power_parameters_power_pass"})
