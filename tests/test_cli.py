@@ -125,6 +125,7 @@ RANK = {
     "rotations": 2,               # the credential generations in their ConfigMap
     "maas": 2, "kube": 2, "audit": 2, "seed": 2, "events": 2,
     "values": 1, "console": 1,
+    "exposure": 1,                # how a BMC host is published (Ingress or HTTPRoute): the policies, render and doctor
     "metrics": 1, "notify": 1,    # what the service tells Prometheus and systemd
     "upstream": 1,                # the releases proven, read from upstream.lock.yaml (doctor compares)
     "identity": 0, "paths": 0,

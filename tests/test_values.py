@@ -12,7 +12,7 @@ from hypothesis import assume, example, given, strategies as st
 from branches import branch, branches_taken
 
 from maas_kubevirt import cli
-from maas_kubevirt.values import DEFAULT_VALUES_PATH, SCHEMA, ValuesError, load_values, validate
+from maas_kubevirt.values import DEFAULT_VALUES_PATH, SCALARS, SCHEMA, ValuesError, load_values, validate
 
 DEFAULTS = yaml.safe_load(DEFAULT_VALUES_PATH.read_text())
 
@@ -25,8 +25,9 @@ def write(tmp_path, data) -> str:
 
 def test_defaults_cover_exactly_the_schema():
     assert {section: set(keys) for section, keys in SCHEMA.items()} == {
-        section: set(keys) for section, keys in DEFAULTS.items()
+        section: set(keys) for section, keys in DEFAULTS.items() if section not in SCALARS
     }
+    assert {key: DEFAULTS[key] for key in SCALARS} == {"exposure": "ingress"}
     assert load_values(None)["redfish"]["domain"] == "bmc.example.com"
 
 
@@ -308,7 +309,8 @@ def test_every_section_and_key_is_checked_after_a_problem():
     with pytest.raises(ValuesError) as raised:
         validate(values)
     assert raised.value.problems == [
-        "extra: unknown key; expected one of redfish, seed, smbios, kubernetes, ingress, maas, reconciler",
+        "extra: unknown key; expected one of exposure, redfish, seed, smbios, kubernetes, ingress, gateway, maas, "
+        "reconciler",
         "redfish: expected a mapping, found 5",
         "kubernetes.system_namespace: expected a value, found nothing",
         "kubernetes.opt_in_value: expected a non-empty Kubernetes label value (1-63 letters, digits, '-', '_', '.'), "
@@ -647,3 +649,53 @@ def test_a_metrics_address_with_its_ipv6_host_in_brackets_is_accepted(address):
     values["maas"]["metrics_address"] = address
     assert validate(values)["maas"]["metrics_address"] == address
 
+
+
+def test_exposure_gateway_needs_the_gateway_named(tmp_path):
+    with pytest.raises(ValuesError) as failure:
+        load_values(write(tmp_path, {"exposure": "gateway", "gateway": {"namespace": "gw"}}))
+    assert failure.value.problems == [
+        "gateway.name: expected the name of the site's Gateway the BMC routes attach to (exposure is gateway), "
+        "found an empty string"]
+    named = load_values(write(tmp_path, {"exposure": "gateway", "gateway": {"namespace": "gw", "name": "bmc"}}))
+    assert named["gateway"] == {"namespace": "gw", "name": "bmc", "section_name": "", "allowlist": "traefik"}
+
+
+@pytest.mark.parametrize("values, problem", [
+    ({"exposure": "route"}, "exposure: expected one of ingress, gateway, found 'route'"),
+    ({"exposure": None}, "exposure: expected one of ingress, gateway, found nothing"),
+    ({"gateway": {"allowlist": "nginx"}}, "gateway.allowlist: expected one of traefik, envoy-gateway, external, "
+                                          "found 'nginx'"),
+    ({"gateway": {"section_name": "Web Secure"}}, "gateway.section_name: expected a listener name (a DNS-1123 "
+                                                  "subdomain), or an empty string, found 'Web Secure'"),
+    ({"ingress": {"annotation_prefix": ""}}, "ingress.annotation_prefix: expected an annotation prefix (a DNS "
+                                             "subdomain such as nginx.ingress.kubernetes.io), found an empty string"),
+    ({"ingress": {"watch_without_class": "yes"}}, "ingress.watch_without_class: expected true or false, found 'yes'"),
+])
+def test_the_exposure_keys_refuse_bad_values_in_one_line(tmp_path, values, problem):
+    with pytest.raises(ValuesError) as failure:
+        load_values(write(tmp_path, values))
+    assert failure.value.problems == [problem]
+
+
+def test_ingress_allowlist_names_who_enforces_the_source_ranges(tmp_path):
+    assert load_values(None)["ingress"]["allowlist"] == "annotation"
+    assert load_values(write(tmp_path, {"ingress": {"allowlist": "traefik"}}))["ingress"]["allowlist"] == "traefik"
+    with pytest.raises(ValuesError) as failure:
+        load_values(write(tmp_path, {"ingress": {"allowlist": "nginx"}}))
+    assert failure.value.problems == ["ingress.allowlist: expected one of annotation, traefik, found 'nginx'"]
+
+
+@pytest.mark.parametrize("key, value, found", [
+    ("tls_secret", "bmc-tls", "'bmc-tls'"),
+    ("cluster_issuer", "letsencrypt", "'letsencrypt'"),
+    ("annotations", {"a/b": "c"}, "a dict"),
+    ("allowlist", "traefik", "'traefik'"),
+])
+def test_ingress_only_keys_are_refused_with_exposure_gateway(tmp_path, key, value, found):
+    with pytest.raises(ValuesError) as failure:
+        load_values(write(tmp_path, {"exposure": "gateway", "gateway": {"namespace": "gw", "name": "bmc"},
+                                     "ingress": {key: value}}))
+    [problem] = failure.value.problems
+    assert problem.startswith(f"ingress.{key}: expected ") and problem.endswith(f"found {found}")
+    assert "with exposure gateway" in problem

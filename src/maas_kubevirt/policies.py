@@ -26,6 +26,7 @@ import jinja2
 import yaml
 
 from maas_kubevirt import identity
+from maas_kubevirt.exposure import INGRESS_ALLOWLIST_FILE, exposure_context
 from maas_kubevirt.paths import data_dir, write_atomic
 from maas_kubevirt.values import NGINX_ALLOWLIST_ANNOTATIONS, NGINX_CLASS, ValuesError
 
@@ -114,6 +115,7 @@ FILES = [
     "policy-credential-rotations.yaml",
     "example-namespace.yaml",
 ]
+
 
 _VM = "request.object.metadata.name"
 _NS = "request.object.metadata.namespace"
@@ -247,7 +249,8 @@ def check_values(values: dict) -> None:
             "ingress.cluster_issuer: expected an empty string when ingress.tls_secret is set "
             f"(one source of TLS certificates), found {ingress['cluster_issuer']!r}"
         )
-    if ingress["class_name"] != NGINX_CLASS and not ingress["allowlist_annotation"]:
+    if (values["exposure"] == "ingress" and ingress["allowlist"] == "annotation"
+            and ingress["class_name"] != NGINX_CLASS and not ingress["allowlist_annotation"]):
         problems.append(
             "ingress.allowlist_annotation: expected the annotation through which Ingress class "
             f"{ingress['class_name']!r} restricts source ranges (set to the comma-separated "
@@ -297,6 +300,8 @@ def _context(values: dict, seed: str | None) -> dict[str, Any]:
         tls_secret_name = "{{ " + _VM + " }}-bmc-tls"
     annotations.update(ingress["annotations"])
     files = [name for name in FILES if seed is not None or name != SEED_SECRET_FILE]
+    if INGRESS_ALLOWLIST_FILE in exposure_context(values)["exposure_files"]:
+        files.insert(files.index("policy-vm-identity.yaml"), INGRESS_ALLOWLIST_FILE)
     domain = redfish["domain"]
     label = kubernetes["opt_in_label"]
     return {
@@ -352,6 +357,7 @@ def _context(values: dict, seed: str | None) -> dict[str, Any]:
         "files": {"ordered": files, "seed": seed is not None},
         "reconciler_account": RECONCILER_ACCOUNT,
         "lease_namespace": values["reconciler"]["lease"]["namespace"] or kubernetes["system_namespace"],
+        **exposure_context(values),
     }
 
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from maas_kubevirt import EXIT_OK, PROG, policies
+from maas_kubevirt import EXIT_OK, PROG, exposure, policies
 from maas_kubevirt import seed as seeds
 from maas_kubevirt.paths import SCRIPT_NAME, data_dir, write_atomic
 from maas_kubevirt.policies import KUSTOMIZATION_FILE, SEED_SECRET_FILE, render_kubernetes
@@ -151,8 +151,17 @@ def main(values: dict, args: Any) -> int:
         if getattr(args, "values", None):
             command += f" --values {shlex.quote(args.values)}"
         print(f"Rendered {len(written)} files into {output}/")
+        bmc_policy = policies.POLICY_NAMES["bmc"]
+        switched_from = exposure.rendered_exposure(previous.get(bmc_policy))
+        if switched_from not in (None, values["exposure"]):
+            print(exposure.switch_procedure(switched_from, values, output / "kubernetes", bmc_policy, command))
+            recreate = [name for name in recreate if name != bmc_policy]
         if recreate or retired:
             print(policies.recreate_procedure(recreate, retired, output / "kubernetes", previous))
+        if exposure.INGRESS_ALLOWLIST_FILE in exposure.exposure_context(values)["exposure_files"]:
+            print("ingress.allowlist is traefik: start Traefik with this flag on the entry point that serves the "
+                  "BMC hosts (the source ranges are enforced by it, not by the annotation):")
+            print(f"  --entryPoints.<name>.http.middlewares={exposure.traefik_entrypoint_middleware(values)}")
         print("Next steps:")
         print(f"  kubectl apply -k {output / 'kubernetes'}")
         print(f"  MAAS_API_KEY=... {command} upload-script --script {script}")

@@ -274,6 +274,33 @@ def _lease(value: Any) -> list[str]:
     return problems
 
 
+def _annotation_prefix(value: Any) -> str | None:
+    if isinstance(value, str) and value and len(value) <= 253 and _K8S_NAME.match(value):
+        return None
+    return "an annotation prefix (a DNS subdomain such as nginx.ingress.kubernetes.io)"
+
+
+def _section_name(value: Any) -> str | None:
+    # Gateway API's SectionName: a DNS-1123 subdomain of at most 253 characters.
+    return None if isinstance(value, str) and _K8S_NAME.match(value) and len(value) <= 253 else (
+        "a listener name (a DNS-1123 subdomain)")
+
+
+# How the BMC hosts are published: an Ingress per VM, or an HTTPRoute per VM on the site's Gateway.
+EXPOSURES = ("ingress", "gateway")
+# Gateway API has no portable client-address filter: the allowlist is rendered for the
+# implementation named, or (external) enforced by the operator in front of the Gateway.
+GATEWAY_ALLOWLISTS = ("traefik", "envoy-gateway", "external")
+# Who enforces ingress.source_ranges on the Ingress path: the allowlist annotation, or (for
+# Traefik's NGINX provider, which v3.6 serves without reading that annotation) one Traefik
+# ipAllowList Middleware attached to the controller's entry point.
+INGRESS_ALLOWLISTS = ("annotation", "traefik")
+# Ingress keys that shape only the generated Ingress: set with exposure gateway, they would do nothing.
+INGRESS_ONLY = {"tls_secret": "", "cluster_issuer": "", "annotations": {}, "allowlist": "annotation"}
+
+# Top-level keys holding one value rather than a section.
+SCALARS: dict[str, Callable[[Any], str | None]] = {"exposure": _choice(*EXPOSURES)}
+
 # Each leaf: a check returning what was expected (scalar) or a list of sub-problems (collections).
 SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
     "redfish": {
@@ -297,6 +324,15 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "source_ranges": _source_ranges,
         "allowlist_annotation": _optional(_annotation_key),
         "annotations": _annotations,
+        "annotation_prefix": _annotation_prefix,
+        "watch_without_class": _boolean,
+        "allowlist": _choice(*INGRESS_ALLOWLISTS),
+    },
+    "gateway": {
+        "namespace": _optional(_namespace),
+        "name": _optional(_k8s_name),
+        "section_name": _optional(_section_name),
+        "allowlist": _choice(*GATEWAY_ALLOWLISTS),
     },
     "maas": {
         "url": _url,
@@ -351,8 +387,13 @@ def validate(values: Any, source: str = "values") -> dict:
         raise ValuesError([f"{source}: expected a mapping of sections, found {_found(values)}"])
     problems = []
     for section in values:
-        if section not in SCHEMA:
-            problems.append(f"{section}: unknown key; expected one of {', '.join(SCHEMA)}")
+        if section not in SCHEMA and section not in SCALARS:
+            problems.append(f"{section}: unknown key; expected one of {', '.join([*SCALARS, *SCHEMA])}")
+    for key, check in SCALARS.items():
+        if key not in values:
+            problems.append(f"{key}: expected a value, found nothing")
+        elif (problem := check(values[key])) is not None:
+            problems.append(f"{key}: expected {problem}, found {_found(values[key])}")
     for section, keys in SCHEMA.items():
         given = values.get(section)
         if not isinstance(given, dict):
@@ -378,6 +419,7 @@ def validate(values: Any, source: str = "values") -> dict:
     if problems:
         raise ValuesError(problems)
     _check_nginx_allowlist(values["ingress"])
+    _check_gateway(values)
     _check_lease_fits(values)
     values["redfish"]["domain"] = identity.validate_domain(values["redfish"]["domain"])
     return values
@@ -390,6 +432,23 @@ def _check_nginx_allowlist(ingress: dict) -> None:
         raise ValuesError([
             f"ingress.allowlist_annotation: expected {', '.join(NGINX_ALLOWLIST_ANNOTATIONS)} or an empty "
             f"string (the only allowlists ingress-nginx reads, for class_name {NGINX_CLASS}), found {name!r}"])
+
+
+def _check_gateway(values: dict) -> None:
+    """exposure: gateway attaches every route to one Gateway of the site: it must be named."""
+    if values["exposure"] != "gateway":
+        return
+    ignored = [key for key, default in INGRESS_ONLY.items() if values["ingress"][key] != default]
+    if ignored:
+        raise ValuesError([
+            f"ingress.{key}: expected {_found(INGRESS_ONLY[key]) if INGRESS_ONLY[key] != {} else 'an empty mapping'} "
+            f"with exposure gateway (it shapes only the generated Ingress; TLS is the Gateway listener's and "
+            f"the allowlist is gateway.allowlist), found {_found(values['ingress'][key])}" for key in ignored])
+    missing = [f"gateway.{key}" for key in ("namespace", "name") if not values["gateway"][key]]
+    if missing:
+        raise ValuesError([
+            f"{key}: expected the {'namespace' if key.endswith('namespace') else 'name'} of the site's Gateway "
+            f"the BMC routes attach to (exposure is gateway), found an empty string" for key in missing])
 
 
 def _check_lease_fits(values: dict) -> None:
