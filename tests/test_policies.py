@@ -145,6 +145,7 @@ def test_rbac_aggregates_exactly_the_needed_verbs(defaults):
     # list the generated kinds (the live tier: refused without the Secret grant).
     assert admission == {
         ("", "secrets", ()): {"get", "list"},
+        ("", "pods", ()): {"get", "list"},  # the route-isolation policy's apiCall
         ("bmc.kubevirt.io", "virtualmachinebmcs", ()): {"get", "list"},
         ("networking.k8s.io", "ingresses", ()): {"get", "list"},
         ("networking.k8s.io", "networkpolicies", ()): {"get", "list"},
@@ -164,7 +165,9 @@ def test_rbac_aggregates_exactly_the_needed_verbs(defaults):
               "VirtualMachineInstanceReplicaSet": "virtualmachineinstancereplicasets",
               "VirtualMachinePool": "virtualmachinepools", "Ingress": "ingresses"}
     # Namespaces and ConfigMaps (the rotations one): Kyverno's own core roles read them everywhere.
-    assert kinds == set(plural) | {"Namespace", "ConfigMap"}
+    # Services, Endpoints and EndpointSlices: the route-isolation policy only admits them
+    # (background: false), so no controller reads them.
+    assert kinds == set(plural) | {"Namespace", "ConfigMap", "Service", "Endpoints", "EndpointSlice"}
     assert {p for _, p, _ in reports} == set(plural.values())
     for role in roles.values():
         assert role["metadata"]["labels"][aggregate_label(role)] == "true"
@@ -195,6 +198,9 @@ def test_policies_match_opted_in_namespaces_and_claims_match_every_namespace(def
             elif rule["name"] in INGRESS_CLASS_RULES:
                 # Cluster-wide: a catch-all or an alias of the class serves every namespace's BMC hosts.
                 assert resources == {"kinds": ["networking.k8s.io/v1/Ingress"]}
+            elif pol["metadata"]["name"] == policies.POLICY_NAMES["route_isolation"]:
+                # Cluster-wide, on writes: a detour to a BMC may start in any namespace.
+                assert "namespaceSelector" not in resources and resources["operations"] == ["CREATE", "UPDATE"]
             else:
                 assert resources["kinds"] == ["kubevirt.io/v1/VirtualMachine"]
                 assert resources["namespaceSelector"] == selector_yes
@@ -350,7 +356,7 @@ def test_library_annotations_on_every_policy(defaults):
         assert annotations["policies.kyverno.io/severity"] in ("low", "medium", "high")
         assert set(annotations["policies.kyverno.io/subject"].split(", ")) <= {
             "VirtualMachine", "VirtualMachineInstance", "VirtualMachineInstanceReplicaSet", "VirtualMachinePool",
-            "Ingress", "Namespace", "NetworkPolicy", "ConfigMap"}
+            "Ingress", "Namespace", "NetworkPolicy", "ConfigMap", "Service", "Endpoints", "EndpointSlice"}
         assert annotations["kyverno.io/kyverno-version"] == policies.KYVERNO_MIN_VERSION
 
 

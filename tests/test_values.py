@@ -658,7 +658,8 @@ def test_exposure_gateway_needs_the_gateway_named(tmp_path):
         "gateway.name: expected the name of the site's Gateway the BMC routes attach to (exposure is gateway), "
         "found an empty string"]
     named = load_values(write(tmp_path, {"exposure": "gateway", "gateway": {"namespace": "gw", "name": "bmc"}}))
-    assert named["gateway"] == {"namespace": "gw", "name": "bmc", "section_name": "", "allowlist": "traefik"}
+    assert named["gateway"] == {"namespace": "gw", "name": "bmc", "section_name": "", "allowlist": "traefik",
+                                "route_kinds": []}
 
 
 @pytest.mark.parametrize("values, problem", [
@@ -699,3 +700,20 @@ def test_ingress_only_keys_are_refused_with_exposure_gateway(tmp_path, key, valu
     [problem] = failure.value.problems
     assert problem.startswith(f"ingress.{key}: expected ") and problem.endswith(f"found {found}")
     assert "with exposure gateway" in problem
+
+
+@pytest.mark.parametrize("values, problem", [
+    ({"gateway": {"route_kinds": "HTTPRoute"}}, "gateway.route_kinds: expected a list of Gateway API kinds (may be "
+                                                "empty), found 'HTTPRoute'"),
+    ({"gateway": {"route_kinds": ["HTTPRoute", "Ingress"]}}, "gateway.route_kinds[1]: expected one of HTTPRoute, "
+     "GRPCRoute, TLSRoute, TCPRoute, UDPRoute, XListenerSet, ListenerSet, found 'Ingress'"),
+    ({"exposure": "gateway", "gateway": {"namespace": "gw", "name": "bmc", "route_kinds": ["GRPCRoute"]}},
+     "gateway.route_kinds: expected HTTPRoute among them (exposure is gateway: the BMC routes are HTTPRoutes), "
+     "found GRPCRoute"),
+    ({"kubernetes": {"kyverno_namespace": "Kyverno"}}, "kubernetes.kyverno_namespace: expected a Kubernetes namespace "
+                                                       "name (DNS-1123 label), found 'Kyverno'"),
+])
+def test_the_route_isolation_keys_refuse_bad_values_in_one_line(tmp_path, values, problem):
+    with pytest.raises(ValuesError) as failure:
+        load_values(write(tmp_path, values))
+    assert failure.value.problems == [problem]

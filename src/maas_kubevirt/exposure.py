@@ -126,3 +126,36 @@ def switch_procedure(previous: str, values: dict, kustomize_dir: str | Path, pol
         f"  5. Point the DNS records *.<ns>.{domain} at the new proxy, and wait out their TTL.",
         f"  6. {delete_old}",
     ])
+
+
+# Where each Gateway API kind lives (group/version/kind as Kyverno matches it: any version) and
+# whether it carries spec.hostnames. ListenerSets carry them per listener.
+ROUTE_KIND_MATCH = {
+    "HTTPRoute": (f"{GATEWAY_API_GROUP}/*/HTTPRoute", True),
+    "GRPCRoute": (f"{GATEWAY_API_GROUP}/*/GRPCRoute", True),
+    "TLSRoute": (f"{GATEWAY_API_GROUP}/*/TLSRoute", True),
+    "TCPRoute": (f"{GATEWAY_API_GROUP}/*/TCPRoute", False),
+    "UDPRoute": (f"{GATEWAY_API_GROUP}/*/UDPRoute", False),
+    "XListenerSet": ("gateway.networking.x-k8s.io/*/XListenerSet", None),
+    "ListenerSet": (f"{GATEWAY_API_GROUP}/*/ListenerSet", None),
+}
+
+
+def isolated_route_kinds(values: dict) -> list[str]:
+    """The Gateway API kinds the route-isolation policy covers (gateway.route_kinds, or its default)."""
+    kinds = values["gateway"]["route_kinds"]
+    if kinds:
+        return [kind for kind in ROUTE_KIND_MATCH if kind in kinds]
+    return ["HTTPRoute", "GRPCRoute"] if values["exposure"] == "gateway" else []
+
+
+def claims_bmc_zone(hostname: str, domain: str) -> bool:
+    """True when a route or listener hostname would serve a BMC host <vm>.<ns>.<domain>.
+
+    Gateway API reads '*.' as a suffix match over one or more labels, so '*.example.com' covers
+    every BMC host under bmc.example.com; the route-isolation policy computes the same in JMESPath.
+    """
+    host, domain = hostname.lower(), domain.lower()
+    if host == domain or host.endswith("." + domain):
+        return True
+    return host.startswith("*.") and ("." + domain).endswith(host[1:])

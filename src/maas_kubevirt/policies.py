@@ -26,9 +26,10 @@ import jinja2
 import yaml
 
 from maas_kubevirt import identity
+from maas_kubevirt import exposure as exposure_module
 from maas_kubevirt.exposure import INGRESS_ALLOWLIST_FILE, exposure_context
 from maas_kubevirt.paths import data_dir, write_atomic
-from maas_kubevirt.values import NGINX_ALLOWLIST_ANNOTATIONS, NGINX_CLASS, ValuesError
+from maas_kubevirt.values import NGINX_ALLOWLIST_ANNOTATIONS, NGINX_CLASS, ValuesError, nginx_allowlist_annotations
 
 # Oldest Kyverno the policies are written for (rule-level generateExisting, failureAction,
 # mutateExistingOnPolicyUpdate); tests run them with the CLI built by tools/build-kyverno.
@@ -52,7 +53,8 @@ CLUSTER_ISSUER_ANNOTATION = "cert-manager.io/cluster-issuer"
 # modsecurity}/main.go). On the BMC class the first may name only the namespace's own BMC hosts,
 # and the others are refused.
 NGINX_ANNOTATION_PREFIX = "nginx.ingress.kubernetes.io/"
-SERVER_ALIAS_ANNOTATION = NGINX_ANNOTATION_PREFIX + "server-alias"
+SERVER_ALIAS_SUFFIX = "server-alias"
+SERVER_ALIAS_ANNOTATION = NGINX_ANNOTATION_PREFIX + SERVER_ALIAS_SUFFIX
 SNIPPET_SUFFIX = "-snippet"
 # An alias the BMC class admits: blanks around it (RE2 [[:space:]], which ingress-nginx trims
 # too), then one or more DNS labels of lower-case letters, digits and '-', then
@@ -84,6 +86,7 @@ POLICY_NAMES = {
     "bmc": "maas-kubevirt-vm-bmc",
     "isolation": "maas-kubevirt-bmc-isolation",
     "rotations": "maas-kubevirt-credential-rotations",
+    "route_isolation": "maas-kubevirt-route-isolation",
 }
 # kubevirtBMC (internal/controller/virtualmachinebmc/constant.go): every BMC pod carries this
 # label, and listens for Redfish on this port behind its Service's port 80.
@@ -112,6 +115,7 @@ FILES = [
     "policy-vm-audit.yaml",
     "policy-vm-bmc.yaml",
     "policy-bmc-isolation.yaml",
+    "policy-route-isolation.yaml",
     "policy-credential-rotations.yaml",
     "example-namespace.yaml",
 ]
@@ -226,7 +230,7 @@ def _environment() -> jinja2.Environment:
 
 def allowlist_annotation(ingress: dict) -> str:
     """The annotation that carries the source allowlist for the configured Ingress class."""
-    return ingress["allowlist_annotation"] or ALLOWLIST_ANNOTATION
+    return ingress["allowlist_annotation"] or nginx_allowlist_annotations(ingress)[0]
 
 
 def seed_version(seed: str) -> str:
@@ -256,8 +260,8 @@ def check_values(values: dict) -> None:
             f"{ingress['class_name']!r} restricts source ranges (set to the comma-separated "
             "ingress.source_ranges), found an empty string"
         )
-    managed = {ALLOWLIST_ANNOTATION, DEPRECATED_ALLOWLIST_ANNOTATION, allowlist_annotation(ingress),
-               CLUSTER_ISSUER_ANNOTATION}
+    managed = {ALLOWLIST_ANNOTATION, DEPRECATED_ALLOWLIST_ANNOTATION, *nginx_allowlist_annotations(ingress),
+               allowlist_annotation(ingress), CLUSTER_ISSUER_ANNOTATION}
     for key, value in ingress["annotations"].items():
         if key in managed:
             problems.append(
@@ -279,9 +283,9 @@ def check_values(values: dict) -> None:
         raise ValuesError(problems)
 
 
-def server_alias_list_jmespath() -> str:
-    """The Ingress's server-alias split on commas, [] when it has none (or an empty one)."""
-    alias = f'request.object.metadata.annotations."{SERVER_ALIAS_ANNOTATION}"'
+def server_alias_list_jmespath(prefix: str = NGINX_ANNOTATION_PREFIX) -> str:
+    """The Ingress's server-alias (under the controller's annotation prefix) split on commas, [] when none."""
+    alias = f'request.object.metadata.annotations."{prefix}{SERVER_ALIAS_SUFFIX}"'
     return f"{alias} && split({alias}, ',') || `[]`"
 
 
@@ -289,6 +293,67 @@ def own_alias_regex_jmespath(domain: str) -> str:
     """The RE2 pattern of an alias the Ingress's own namespace may serve (ALIAS_HOST_LABELS_REGEX)."""
     tail = "[.]" + "[.]".join(domain.split(".")) + "[[:space:]]*$"
     return f"join('', [{_jmespath_string(ALIAS_HOST_LABELS_REGEX)}, {_NS}, {_jmespath_string(tail)}])"
+
+
+# kube-controller-manager's endpoint controllers, as ServiceAccounts in kube-system when it runs with
+# --use-service-account-credentials (pkg/controller/.../*, the names in cmd/kube-controller-manager/names).
+ENDPOINT_CONTROLLER_ACCOUNTS = ("endpoint-controller", "endpointslice-controller", "endpointslicemirroring-controller")
+VIRTBMC_SUFFIX = "-virtbmc"
+
+
+def zone_claim_jmespath(hostname: str, domain: str) -> str:
+    """True when hostname (a JMESPath expression) is under domain, or a wildcard that covers it."""
+    host = f"to_lower({hostname})"
+    return (f"ends_with({host}, {_jmespath_string('.' + domain)}) || {host} == {_jmespath_string(domain)} || "
+            f"starts_with({host}, '*.') && ends_with({_jmespath_string('.' + domain)}, trim_prefix({host}, '*'))")
+
+
+def gateway_ref_jmespath(ref: str, values: dict, listener: bool = True) -> str:
+    """True when the parent reference at ref (a JMESPath expression) names the site's BMC Gateway (and listener)."""
+    gateway = values["gateway"]
+    checks = [
+        f"({ref}.group || {_jmespath_string(exposure_module.GATEWAY_API_GROUP)}) == {_jmespath_string(exposure_module.GATEWAY_API_GROUP)}",
+        f"({ref}.kind || 'Gateway') == 'Gateway'",
+        f"({ref}.namespace || {_NS}) == {_jmespath_string(gateway['namespace'])}",
+        f"({ref}.name || '') == {_jmespath_string(gateway['name'])}",
+    ]
+    if gateway["section_name"] and listener:
+        section = _jmespath_string(gateway["section_name"])
+        checks.append(f"({ref}.sectionName || {section}) == {section}")
+    return " && ".join(checks)
+
+
+def _route_isolation_context(values: dict) -> dict[str, Any]:
+    domain = values["redfish"]["domain"]
+    kinds = exposure_module.isolated_route_kinds(values)
+    matches = exposure_module.ROUTE_KIND_MATCH
+    background = f"system:serviceaccount:{values['kubernetes']['kyverno_namespace']}:kyverno-background-controller"
+    endpoints_service = ("request.object.kind == 'EndpointSlice' && (request.object.metadata.labels.\"kubernetes.io/service-name\" || '') "
+                         "|| request.object.metadata.name")
+    return {
+        "route_kinds": kinds,
+        "route_kinds_with_hostnames": [matches[k][0] for k in kinds if matches[k][1] is True],
+        "catch_all_kinds": [matches[k][0] for k in kinds if matches[k][1] is not None],
+        "listener_set_kinds": [matches[k][0] for k in kinds if matches[k][1] is None],
+        "gateway_api_group": exposure_module.GATEWAY_API_GROUP,
+        "endpoint_controller_accounts": ENDPOINT_CONTROLLER_ACCOUNTS,
+        "bmc_pod_ips_jmespath": f'items[?metadata.labels."{BMC_POD_LABEL}"].status.podIPs[].ip || `[]`',
+        "externalname_to_virtbmc": "{{ regex_match('(?i)^[^.]+" + VIRTBMC_SUFFIX + "([.]|$)', "
+                                   "request.object.spec.externalName || '') }}",
+        "externalname_address": "{{ trim(to_lower(request.object.spec.externalName || ''), '.') }}",
+        "endpoints_of_virtbmc": "{{ ends_with(" + endpoints_service + ", " + _jmespath_string(VIRTBMC_SUFFIX) + ") }}",
+        "endpoint_addresses": ("[request.object.subsets[].addresses[].ip || `[]`, request.object.subsets[].notReadyAddresses[].ip "
+                               "|| `[]`, request.object.endpoints[].addresses[] || `[]`][]"),
+        "claims_bmc_zone": "{{ " + zone_claim_jmespath("element", domain) + " }}",
+        "claims_bmc_zone_of": lambda expression: "{{ " + zone_claim_jmespath(expression, domain) + " }}",
+        "generated_own_host": "{{ request.userInfo.username == " + _jmespath_string(background)
+        + " && !starts_with(element, '*') && ends_with(to_lower(element), join('', ['.', " + _NS + ", "
+        + _jmespath_string("." + domain) + "])) }}",
+        "parent_is_bmc_gateway": "{{ " + gateway_ref_jmespath("element", values) + " }}",
+        "hostless_listener_on_bmc_gateway": "{{ (element.hostname || '') == '' && "
+        + gateway_ref_jmespath("request.object.spec.parentRef", values, listener=False) + " }}",
+        "grant_reaches_virtbmc": "{{ (element.name || '') == '' || ends_with(element.name || '', " + _jmespath_string(VIRTBMC_SUFFIX) + ") }}",
+    }
 
 
 def _context(values: dict, seed: str | None) -> dict[str, Any]:
@@ -304,6 +369,8 @@ def _context(values: dict, seed: str | None) -> dict[str, Any]:
         files.insert(files.index("policy-vm-identity.yaml"), INGRESS_ALLOWLIST_FILE)
     domain = redfish["domain"]
     label = kubernetes["opt_in_label"]
+    # The controller's --annotations-prefix: the snippet and alias rules read annotations under it.
+    prefix = ingress["annotation_prefix"].rstrip("/") + "/"
     return {
         **values,
         "seed": seed,
@@ -331,13 +398,15 @@ def _context(values: dict, seed: str | None) -> dict[str, Any]:
         + ") || to_lower(element) == " + _jmespath_string(domain) + " }}",
         "in_own_zone": "{{ ends_with(to_lower(element), join('', ['.', " + _NS + ", "
         + _jmespath_string("." + domain) + "])) }}",
-        "server_alias_annotation": SERVER_ALIAS_ANNOTATION,
-        "server_alias_list": server_alias_list_jmespath(),
+        "server_alias_annotation": prefix + SERVER_ALIAS_SUFFIX,
+        "server_alias_list": server_alias_list_jmespath(prefix),
         "own_alias_check": "{{ regex_match(" + own_alias_regex_jmespath(domain) + ", element) }}",
         "snippet_count": "{{ length(keys(request.object.metadata.annotations || `{}`)[?starts_with(@, "
-        + _jmespath_string(NGINX_ANNOTATION_PREFIX) + ") && ends_with(@, " + _jmespath_string(SNIPPET_SUFFIX)
+        + _jmespath_string(prefix) + ") && ends_with(@, " + _jmespath_string(SNIPPET_SUFFIX)
         + ")]) }}",
-        "nginx_annotation_prefix": NGINX_ANNOTATION_PREFIX,
+        "nginx_annotation_prefix": prefix,
+        "ingress_without_class": "{{ !request.object.spec.ingressClassName && !request.object.metadata.annotations.\""
+        + LEGACY_INGRESS_CLASS_ANNOTATION + "\" }}",
         "snippet_suffix": SNIPPET_SUFFIX,
         "seed_url_path": f"/api/v1/namespaces/{kubernetes['system_namespace']}/secrets/{kubernetes['seed_secret']}",
         "rotations_configmap": identity.ROTATIONS_CONFIGMAP,
@@ -358,6 +427,7 @@ def _context(values: dict, seed: str | None) -> dict[str, Any]:
         "reconciler_account": RECONCILER_ACCOUNT,
         "lease_namespace": values["reconciler"]["lease"]["namespace"] or kubernetes["system_namespace"],
         **exposure_context(values),
+        **_route_isolation_context(values),
     }
 
 

@@ -298,6 +298,22 @@ INGRESS_ALLOWLISTS = ("annotation", "traefik")
 # Ingress keys that shape only the generated Ingress: set with exposure gateway, they would do nothing.
 INGRESS_ONLY = {"tls_secret": "", "cluster_issuer": "", "annotations": {}, "allowlist": "annotation"}
 
+# The Gateway API kinds that carry hostnames or attach to a Gateway, which the route-isolation
+# policy holds to the BMC rules. Kyverno refuses a policy that matches a kind the cluster does not
+# serve, so the list names what the site installed; the experimental channel's TLSRoute, TCPRoute,
+# UDPRoute and XListenerSet are not in the standard one.
+ROUTE_KINDS = ("HTTPRoute", "GRPCRoute", "TLSRoute", "TCPRoute", "UDPRoute", "XListenerSet", "ListenerSet")
+# What route_kinds: [] means with exposure gateway: the standard channel's kinds.
+STANDARD_ROUTE_KINDS = ["HTTPRoute", "GRPCRoute"]
+
+
+def _route_kinds(value: Any) -> list[str]:
+    if not isinstance(value, list):
+        return ["a list of Gateway API kinds (may be empty)"]
+    return [f"[{index}]: expected one of {', '.join(ROUTE_KINDS)}, found {_found(kind)}"
+            for index, kind in enumerate(value) if kind not in ROUTE_KINDS]
+
+
 # Top-level keys holding one value rather than a section.
 SCALARS: dict[str, Callable[[Any], str | None]] = {"exposure": _choice(*EXPOSURES)}
 
@@ -314,6 +330,7 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "seed_secret": _k8s_name,
         "opt_in_label": _label_key,
         "opt_in_value": _label_value,
+        "kyverno_namespace": _namespace,
     },
     "ingress": {
         "class_name": _k8s_name,
@@ -333,6 +350,7 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "name": _optional(_k8s_name),
         "section_name": _optional(_section_name),
         "allowlist": _choice(*GATEWAY_ALLOWLISTS),
+        "route_kinds": _route_kinds,
     },
     "maas": {
         "url": _url,
@@ -425,12 +443,19 @@ def validate(values: Any, source: str = "values") -> dict:
     return values
 
 
+def nginx_allowlist_annotations(ingress: dict) -> tuple[str, ...]:
+    """ingress-nginx's allowlist annotation and its deprecated alias, under the controller's prefix."""
+    prefix = ingress["annotation_prefix"].rstrip("/") + "/"
+    return tuple(prefix + known.split("/", 1)[1] for known in NGINX_ALLOWLIST_ANNOTATIONS)
+
+
 def _check_nginx_allowlist(ingress: dict) -> None:
     """On class nginx, the allowlist annotation is one ingress-nginx reads: a typo would open every BMC."""
     name = ingress["allowlist_annotation"]
-    if ingress["class_name"] == NGINX_CLASS and name and name not in NGINX_ALLOWLIST_ANNOTATIONS:
+    read = nginx_allowlist_annotations(ingress)
+    if ingress["class_name"] == NGINX_CLASS and name and name not in read:
         raise ValuesError([
-            f"ingress.allowlist_annotation: expected {', '.join(NGINX_ALLOWLIST_ANNOTATIONS)} or an empty "
+            f"ingress.allowlist_annotation: expected {', '.join(read)} or an empty "
             f"string (the only allowlists ingress-nginx reads, for class_name {NGINX_CLASS}), found {name!r}"])
 
 
@@ -444,6 +469,10 @@ def _check_gateway(values: dict) -> None:
             f"ingress.{key}: expected {_found(INGRESS_ONLY[key]) if INGRESS_ONLY[key] != {} else 'an empty mapping'} "
             f"with exposure gateway (it shapes only the generated Ingress; TLS is the Gateway listener's and "
             f"the allowlist is gateway.allowlist), found {_found(values['ingress'][key])}" for key in ignored])
+    kinds = values["gateway"]["route_kinds"]
+    if kinds and "HTTPRoute" not in kinds:
+        raise ValuesError([f"gateway.route_kinds: expected HTTPRoute among them (exposure is gateway: the BMC "
+                           f"routes are HTTPRoutes), found {', '.join(kinds)}"])
     missing = [f"gateway.{key}" for key in ("namespace", "name") if not values["gateway"][key]]
     if missing:
         raise ValuesError([

@@ -1,0 +1,240 @@
+"""The route-isolation policy through the Kyverno engine (`kyverno test`): every detour of issue 30.
+
+Rendered for a gateway site that serves every Gateway API route kind, so each rule is there. Each
+suite runs as one requester (Kyverno's background controller, or a tenant); the BMC pods'
+addresses, which the policy lists with an apiCall, are given as the rule's values. Writes by the
+endpoint controllers are excluded before any rule runs, and `kyverno test` passes an excluded
+result whatever it expects, so those are proven on the control-plane tier.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings, strategies as st
+
+from maas_kubevirt import exposure, policies
+from maas_kubevirt.values import load_values, validate
+from test_policies_kyverno import json_stream, kyverno, run_tests  # noqa: F401  (the fixture)
+
+DOMAIN = "bmc.example.com"
+GATEWAY = ("bmc-gateway", "bmc", "bmc-https")
+BMC_POD_IP = "10.244.1.7"
+POLICY = policies.POLICY_NAMES["route_isolation"]
+BACKGROUND = "system:serviceaccount:kyverno:kyverno-background-controller"
+TENANT = "system:serviceaccount:tenant-a:deployer"
+
+
+def site_values() -> dict:
+    values = copy.deepcopy(load_values(None))
+    values["exposure"] = "gateway"
+    values["gateway"].update(namespace=GATEWAY[0], name=GATEWAY[1], section_name=GATEWAY[2],
+                             route_kinds=list(exposure.ROUTE_KIND_MATCH))
+    return validate(values)
+
+
+def route(kind: str, name: str, namespace: str, hostnames: list[str] | None, parents: list[dict] | None = None) -> dict:
+    version = "v1" if kind in ("HTTPRoute", "GRPCRoute") else "v1alpha2"
+    spec: dict = {"parentRefs": parents if parents is not None else [
+        {"namespace": GATEWAY[0], "name": GATEWAY[1], "sectionName": GATEWAY[2]}]}
+    if hostnames is not None:
+        spec["hostnames"] = hostnames
+    return {"apiVersion": f"gateway.networking.k8s.io/{version}", "kind": kind,
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def service(name: str, namespace: str, external_name: str | None) -> dict:
+    spec = {"type": "ExternalName", "externalName": external_name} if external_name else {
+        "type": "ClusterIP", "ports": [{"port": 80}]}
+    return {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def endpoint_slice(name: str, namespace: str, service_name: str, addresses: list[str]) -> dict:
+    return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+            "metadata": {"name": name, "namespace": namespace, "labels": {"kubernetes.io/service-name": service_name}},
+            "endpoints": [{"addresses": addresses}], "ports": [{"port": 10080}]}
+
+
+def endpoints(name: str, namespace: str, addresses: list[str]) -> dict:
+    return {"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": name, "namespace": namespace},
+            "subsets": [{"addresses": [{"ip": a} for a in addresses], "ports": [{"port": 10080}]}]}
+
+
+def gateway(name: str, namespace: str, hostnames: list[str | None]) -> dict:
+    listeners = [{"name": f"l{i}", "port": 443, "protocol": "HTTPS", **({"hostname": h} if h else {})}
+                 for i, h in enumerate(hostnames)]
+    return {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"gatewayClassName": "traefik", "listeners": listeners}}
+
+
+def listener_set(name: str, namespace: str, hostnames: list[str | None], parent: str = GATEWAY[1]) -> dict:
+    doc = gateway(name, namespace, hostnames)
+    doc.update(apiVersion="gateway.networking.x-k8s.io/v1alpha1", kind="XListenerSet")
+    doc["spec"] = {"parentRef": {"namespace": GATEWAY[0], "name": parent}, "listeners": doc["spec"]["listeners"]}
+    return doc
+
+
+def grant(name: str, namespace: str, to: list[dict]) -> dict:
+    return {"apiVersion": "gateway.networking.k8s.io/v1beta1", "kind": "ReferenceGrant",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"from": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "namespace": "tenant-a"}],
+                     "to": to}}
+
+
+# (requester, object, {rule: expected result}); "skip" where a precondition leaves the rule out.
+CASES = [
+    # ExternalName detours (issue item 3): to a *-virtbmc Service by name, in any case, or to a BMC pod.
+    (TENANT, service("detour-by-name", "tenant-a", "web1-virtbmc.tenant-b.svc.cluster.local"), {"service-externalname-not-to-a-bmc": "fail"}),
+    (TENANT, service("detour-upper", "tenant-a", "WEB1-VIRTBMC.tenant-b.svc.cluster.local."), {"service-externalname-not-to-a-bmc": "fail"}),
+    (TENANT, service("detour-short", "tenant-b", "web1-virtbmc"), {"service-externalname-not-to-a-bmc": "fail"}),
+    (TENANT, service("detour-ip", "tenant-a", BMC_POD_IP), {"service-externalname-not-to-a-bmc": "fail"}),
+    (TENANT, service("elsewhere", "tenant-a", "db.example.org"), {"service-externalname-not-to-a-bmc": "pass"}),
+    (TENANT, service("not-virtbmc", "tenant-a", "web1-virtbmcx.tenant-b.svc"), {"service-externalname-not-to-a-bmc": "pass"}),
+    (TENANT, service("plain", "tenant-a", None), {"service-externalname-not-to-a-bmc": "skip"}),
+    # A selectorless Service's own Endpoints or EndpointSlice aimed at a BMC pod, or a tenant's
+    # write to a BMC Service's slice.
+    (TENANT, endpoint_slice("detour-abcde", "tenant-a", "detour", [BMC_POD_IP]),
+     {"endpoints-not-to-a-bmc-pod": "fail", "bmc-endpoints-only-from-the-endpoint-controllers": "skip"}),
+    (TENANT, endpoint_slice("db-abcde", "tenant-a", "db", ["10.0.0.5"]),
+     {"endpoints-not-to-a-bmc-pod": "pass", "bmc-endpoints-only-from-the-endpoint-controllers": "skip"}),
+    (TENANT, endpoint_slice("web1-virtbmc-abcde", "tenant-b", "web1-virtbmc", ["198.51.100.66"]),
+     {"endpoints-not-to-a-bmc-pod": "pass", "bmc-endpoints-only-from-the-endpoint-controllers": "fail"}),
+    (TENANT, endpoints("detour-endpoints", "tenant-a", ["10.0.0.9", BMC_POD_IP]),
+     {"endpoints-not-to-a-bmc-pod": "fail", "bmc-endpoints-only-from-the-endpoint-controllers": "skip"}),
+    (TENANT, endpoints("web1-virtbmc", "tenant-b", ["198.51.100.66"]),
+     {"endpoints-not-to-a-bmc-pod": "pass", "bmc-endpoints-only-from-the-endpoint-controllers": "fail"}),
+    # Routes claiming a BMC host: another namespace's, the own namespace's by hand, a covering wildcard.
+    (TENANT, route("HTTPRoute", "claim", "tenant-a", [f"web1.tenant-b.{DOMAIN}"]), {"route-hostnames-outside-the-bmc-domain": "fail"}),
+    (TENANT, route("HTTPRoute", "own-by-hand", "tenant-a", [f"web1.tenant-a.{DOMAIN}"]), {"route-hostnames-outside-the-bmc-domain": "fail"}),
+    (TENANT, route("HTTPRoute", "wildcard", "tenant-a", ["app.example.org", "*.example.com"]), {"route-hostnames-outside-the-bmc-domain": "fail"}),
+    (TENANT, route("HTTPRoute", "zone", "tenant-a", [f"*.{DOMAIN}"]), {"route-hostnames-outside-the-bmc-domain": "fail"}),
+    (TENANT, route("HTTPRoute", "apex", "tenant-a", [DOMAIN]), {"route-hostnames-outside-the-bmc-domain": "fail"}),
+    (TENANT, route("HTTPRoute", "app", "tenant-a", ["app.example.org", "www.bmc.example.com.example.org"]),
+     {"route-hostnames-outside-the-bmc-domain": "pass", "route-no-catch-all-on-the-bmc-gateway": "skip"}),
+    (TENANT, route("GRPCRoute", "grpc", "tenant-a", [f"x.tenant-b.{DOMAIN}"]), {"route-hostnames-outside-the-bmc-domain": "fail"}),
+    (TENANT, route("TLSRoute", "tls", "tenant-a", [f"*.tenant-b.{DOMAIN}"]), {"route-hostnames-outside-the-bmc-domain": "fail"}),
+    (BACKGROUND, route("HTTPRoute", "web1-bmc", "tenant-a", [f"web1.tenant-a.{DOMAIN}"]), {"route-hostnames-outside-the-bmc-domain": "pass"}),
+    (BACKGROUND, route("HTTPRoute", "stray", "tenant-a", [f"web1.tenant-b.{DOMAIN}"]), {"route-hostnames-outside-the-bmc-domain": "fail"}),
+    (BACKGROUND, route("HTTPRoute", "wild", "tenant-a", [f"*.tenant-a.{DOMAIN}"]), {"route-hostnames-outside-the-bmc-domain": "fail"}),
+    # Catch-alls on the BMC Gateway's listener: no hostnames, whatever the kind.
+    (TENANT, route("HTTPRoute", "catch-all", "tenant-a", None), {"route-no-catch-all-on-the-bmc-gateway": "fail"}),
+    (TENANT, route("HTTPRoute", "catch-all-empty", "tenant-a", [], [{"namespace": GATEWAY[0], "name": GATEWAY[1]}]),
+     {"route-no-catch-all-on-the-bmc-gateway": "fail"}),
+    (TENANT, route("HTTPRoute", "catch-all-local", GATEWAY[0], None, [{"name": GATEWAY[1]}]), {"route-no-catch-all-on-the-bmc-gateway": "fail"}),
+    (TENANT, route("TCPRoute", "tcp", "tenant-a", None), {"route-no-catch-all-on-the-bmc-gateway": "fail"}),
+    (TENANT, route("UDPRoute", "udp", "tenant-a", None), {"route-no-catch-all-on-the-bmc-gateway": "fail"}),
+    (TENANT, route("HTTPRoute", "other-listener", "tenant-a", None,
+                   [{"namespace": GATEWAY[0], "name": GATEWAY[1], "sectionName": "web"}]), {"route-no-catch-all-on-the-bmc-gateway": "pass"}),
+    (TENANT, route("HTTPRoute", "other-gateway", "tenant-a", None, [{"namespace": "apps", "name": "public"}]),
+     {"route-no-catch-all-on-the-bmc-gateway": "pass"}),
+    # Listeners: a ListenerSet's or another Gateway's, under the domain; a hostless one on the BMC Gateway.
+    (TENANT, listener_set("listener-claim", "tenant-a", [f"*.tenant-b.{DOMAIN}"]), {"listenerset-outside-the-bmc-domain": "fail"}),
+    (TENANT, listener_set("hostless", "tenant-a", [None]), {"listenerset-outside-the-bmc-domain": "fail"}),
+    (TENANT, listener_set("listener-elsewhere", "tenant-a", [None], parent="public"), {"listenerset-outside-the-bmc-domain": "pass"}),
+    (TENANT, listener_set("apps", "tenant-a", ["apps.example.org"]), {"listenerset-outside-the-bmc-domain": "pass"}),
+    (TENANT, gateway("rogue", "tenant-a", ["apps.example.org", f"*.{DOMAIN}"]), {"gateway-listeners-outside-the-bmc-domain": "fail"}),
+    (TENANT, gateway("public", "apps", ["apps.example.org"]), {"gateway-listeners-outside-the-bmc-domain": "pass"}),
+    # ReferenceGrants that let other namespaces' routes reach a BMC Service.
+    (TENANT, grant("to-bmc", "tenant-b", [{"group": "", "kind": "Service", "name": "web1-virtbmc"}]), {"referencegrant-not-to-a-bmc": "fail"}),
+    (TENANT, grant("to-all", "tenant-b", [{"group": "", "kind": "Service"}]), {"referencegrant-not-to-a-bmc": "fail"}),
+    (TENANT, grant("to-db", "tenant-b", [{"group": "", "kind": "Service", "name": "db"}]), {"referencegrant-not-to-a-bmc": "pass"}),
+    (TENANT, grant("to-secret", "tenant-b", [{"group": "", "kind": "Secret"}]), {"referencegrant-not-to-a-bmc": "pass"}),
+]
+
+
+def _write_suite(directory, values: dict, username: str, cases: list) -> int:
+    """A `kyverno test` suite of cases as one requester; returns how many results it expects."""
+    manifests = policies.render_kubernetes(values, None)
+    (directory / "policy.yaml").write_text(manifests["policy-route-isolation.yaml"])
+    rule_values = [{"name": rule, "values": {"bmcPodIPs": [BMC_POD_IP]}}
+                   for rule in ("service-externalname-not-to-a-bmc", "endpoints-not-to-a-bmc-pod")]
+    (directory / "values.yaml").write_text(json_stream([{
+        "apiVersion": "cli.kyverno.io/v1alpha1", "kind": "Values", "metadata": {"name": "values"},
+        "policies": [{"name": POLICY, "rules": rule_values}]}]))
+    namespace = username.split(":")[2] if username.startswith("system:serviceaccount:") else "default"
+    (directory / "userinfo.yaml").write_text(json_stream([{
+        "apiVersion": "cli.kyverno.io/v1alpha1", "kind": "UserInfo", "metadata": {"name": "requester"},
+        "userInfo": {"username": username, "groups": ["system:serviceaccounts", f"system:serviceaccounts:{namespace}",
+                                                      "system:authenticated"]}}]))
+    objects, results = [], []
+    names = [(o["metadata"]["namespace"], o["metadata"]["name"]) for o, _ in cases]
+    assert len(set(names)) == len(names), "kyverno test tells results apart by namespace/name only"
+    for obj, expected in cases:
+        objects.append(obj)
+        ref = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
+        results += [{"policy": POLICY, "rule": rule, "resources": [ref], "kind": obj["kind"], "result": outcome}
+                    for rule, outcome in expected.items()]
+    (directory / "resources.yaml").write_text(json_stream(objects))
+    (directory / "kyverno-test.yaml").write_text(json_stream([{
+        "apiVersion": "cli.kyverno.io/v1alpha1", "kind": "Test", "metadata": {"name": directory.name},
+        "policies": ["policy.yaml"], "resources": ["resources.yaml"], "variables": "values.yaml",
+        "userinfo": "userinfo.yaml", "results": results}]))
+    return len(results)
+
+
+def _passed(output: str) -> int:
+    return sum(int(n) for n in re.findall(r"Test Summary: (\d+) tests? passed", output))
+
+
+def test_every_detour_is_refused_and_the_generated_route_admitted(kyverno, tmp_path):
+    values = site_values()
+    expected = 0
+    for username in (TENANT, BACKGROUND):
+        suite = tmp_path / username.rsplit(":", 1)[-1]
+        suite.mkdir()
+        expected += _write_suite(suite, values, username, [(o, e) for u, o, e in CASES if u == username])
+    output = run_tests(kyverno, tmp_path)
+    assert _passed(output) >= expected, output
+    assert "Excluded" not in output, output  # every result was judged by its rule
+
+
+def test_every_rule_has_a_refused_and_an_admitted_case():
+    rules = [r["name"] for r in policies.parse(policies.render_kubernetes(site_values(), None)["policy-route-isolation.yaml"])[0]["spec"]["rules"]]
+    outcomes = {rule: {e[rule] for _, _, e in CASES if rule in e} for rule in rules}
+    # That rule admits only the endpoint controllers, which are excluded before it runs (the tier).
+    outcomes["bmc-endpoints-only-from-the-endpoint-controllers"].add("pass")
+    assert all({"fail", "pass"} <= seen for seen in outcomes.values()), outcomes
+
+
+_label = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,8}[a-z0-9])?", fullmatch=True)
+_hostname = st.one_of(
+    st.builds(lambda labels, tail: ".".join(labels + [tail]), st.lists(_label, min_size=0, max_size=3),
+              st.sampled_from([DOMAIN, "example.com", "com", "example.org", "bmc.example.com.example.org", "xbmc.example.com"])),
+).flatmap(lambda host: st.sampled_from([host, "*." + host]))
+
+
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(hostnames=st.lists(_hostname, min_size=1, max_size=12, unique=True))
+@example(hostnames=["*.com", "*.example.com", "*.bmc.example.com", "bmc.example.com", "*.xbmc.example.com",
+                    "a.bmc.example.com", "example.com", "*.org"])
+def test_engine_refuses_exactly_the_hostnames_the_zone_rule_claims(kyverno, tmp_path_factory, hostnames):
+    """Random hostnames, one route each, through `kyverno test`: the policy and exposure.claims_bmc_zone agree."""
+    suite = tmp_path_factory.mktemp("zone")
+    cases = [(route("HTTPRoute", f"r{i}", "tenant-a", [host]),
+              {"route-hostnames-outside-the-bmc-domain": "fail" if exposure.claims_bmc_zone(host, DOMAIN) else "pass"})
+             for i, host in enumerate(hostnames)]
+    expected = _write_suite(suite, site_values(), TENANT, cases)
+    assert _passed(run_tests(kyverno, suite)) >= expected
+
+
+@pytest.mark.parametrize("hostname, claimed", [
+    ("web1.tenant-b.bmc.example.com", True), ("bmc.example.com", True), ("*.bmc.example.com", True),
+    ("*.example.com", True), ("*.com", True), ("*.tenant-b.bmc.example.com", True), ("BMC.EXAMPLE.COM", True),
+    ("xbmc.example.com", False), ("*.xbmc.example.com", False), ("example.com", False),
+    ("bmc.example.com.example.org", False), ("*.org", False),
+])
+def test_the_zone_rule_covers_the_domain_its_hosts_and_every_wildcard_above_it(hostname, claimed):
+    assert exposure.claims_bmc_zone(hostname, DOMAIN) is claimed
+
+
+def test_the_ingress_site_renders_no_gateway_api_rule():
+    rendered = policies.parse(policies.render_kubernetes(load_values(None), None)["policy-route-isolation.yaml"])[0]
+    assert [r["name"] for r in rendered["spec"]["rules"]] == [
+        "service-externalname-not-to-a-bmc", "bmc-endpoints-only-from-the-endpoint-controllers", "endpoints-not-to-a-bmc-pod"]
+    kinds = {k for r in rendered["spec"]["rules"] for a in r["match"]["any"] for k in a["resources"]["kinds"]}
+    assert not any("gateway.networking" in k for k in kinds)
