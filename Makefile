@@ -25,16 +25,18 @@ $(VENV)/.installed: pyproject.toml
 deps:
 	@tools/install-deps
 
-# The Kyverno CLI, then the control plane's binaries (which reuse its compiled packages), from
-# Go module sources: cold, about 40 min on 2 cores; then MAAS's region from its source
+# The Kyverno CLI, then the control plane's binaries (which reuse its compiled packages), then
+# Traefik and the Gateway API CRDs for the traffic tier, from Go module sources: cold, about
+# 45 min on 2 cores; then MAAS's region from its source
 # (MAAS_SOURCE, default the upstream repository) with its template database. All cached under
 # ~/.cache/maas-kubevirt/. Without MAAS's source and nothing cached, the real-MAAS tier skips.
 test: deps venv
 	@kyverno=$$(tools/build-kyverno) || { echo "Kyverno CLI not built: its tests will skip (or fail under CI=true)" >&2; kyverno=""; }; \
 	controlplane=$$(tools/build-controlplane) || { echo "control plane not built: its tier will skip (or fail under CI=true)" >&2; controlplane=""; }; \
+	traefik=$$(tools/build-traefik) || { echo "Traefik not built: the traffic tier will skip (or fail under CI=true)" >&2; traefik=""; }; \
 	maas=$$(MAAS_SOURCE="$(MAAS_SOURCE)" tools/build-maas) || { echo "MAAS region not built: the real-MAAS tier will skip (or fail under CI=true unless MAAS's source is what is missing)" >&2; maas=""; }; \
 	profile=$${HYPOTHESIS_PROFILE:-$$( [ "$$CI" = true ] && echo ci || echo default )}; \
-	KYVERNO="$$kyverno" CONTROLPLANE_BIN="$$controlplane" REAL_MAAS="$$maas" HYPOTHESIS_PROFILE="$$profile" $(BIN)/pytest $(PYTEST_ARGS)
+	KYVERNO="$$kyverno" CONTROLPLANE_BIN="$$controlplane" TRAEFIK="$$traefik" REAL_MAAS="$$maas" HYPOTHESIS_PROFILE="$$profile" $(BIN)/pytest $(PYTEST_ARGS)
 
 # The reconciler's cost to MAAS against the double, then a fleet at MAAS's own pace on MAAS's region
 # with its rack stand-in (BENCH_REAL_N VMs, BENCH_REAL_T s per power-on: about 20 minutes at 100 and 20).

@@ -25,6 +25,14 @@ CRDs installed besides Kyverno's: kubevirtBMC's `VirtualMachineBMC` and KubeVirt
 `VirtualMachinePool`. Neither project's CRD text is on the Go module proxy (kubevirtBMC is
 not published there; KubeVirt generates its CRDs in code), so they are written below from the
 upstream contracts, kubevirtBMC's with the structural schema of the fields the bundle sets.
+
+With `TRAEFIK` set (the directory `tools/build-traefik` prints; the Makefile's `test` target sets
+it), the CRDs of its `crds/` are installed too, before Kyverno starts (Kyverno, run without
+--crdWatcher, refuses policies on kinds it did not know when it started): Gateway API's at the
+version Traefik serves, Traefik's traefik.io group and Envoy Gateway's SecurityPolicy. `traefik`
+is then that directory (the traffic tier, tests/test_traffic_tier.py, runs its binary), else
+None with the reason in `traefik_missing`: the traffic tier alone skips. Under CI=true a missing
+TRAEFIK fails the start.
 """
 
 from __future__ import annotations
@@ -44,9 +52,10 @@ from typing import Callable
 import pytest
 import yaml
 
-from conftest import require
+from conftest import IN_CI, require
 
 BIN_ENV = "CONTROLPLANE_BIN"
+TRAEFIK_ENV = "TRAEFIK"
 BINARIES = (
     "etcd",
     "kube-apiserver",
@@ -204,6 +213,8 @@ class ControlPlane:
     server: str = ""
     logs: Path = None  # type: ignore[assignment]
     processes: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+    traefik: Path | None = None     # tools/build-traefik's directory, its CRDs installed
+    traefik_missing: str = ""       # why traefik is None
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
         command = [str(self.bin_dir / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args]
@@ -335,9 +346,14 @@ class ControlPlane:
 
     def _install_test_crds(self) -> None:
         self.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(TEST_CRDS))
-        for crd in TEST_CRDS:
-            self.kubectl("wait", "--for", "condition=Established", f"crd/{crd['metadata']['name']}",
-                         "--timeout", "60s")
+        names = [crd["metadata"]["name"] for crd in TEST_CRDS]
+        self.traefik, self.traefik_missing = traefik_dir()
+        if self.traefik is not None:
+            crds = gateway_crds(self.traefik)
+            self.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(crds))
+            names += [crd["metadata"]["name"] for crd in crds]
+        self.kubectl("wait", "--for", "condition=Established", *(f"crd/{name}" for name in names),
+                     "--timeout", "60s")
 
     def _controller_command(self, deployment: str) -> tuple[list[str], dict]:
         """The Deployment's container args and env, as a process here: its flags, minus the in-cluster ones."""
@@ -425,6 +441,29 @@ class APIServerOnly(ControlPlane):
 
     def start_apiserver(self) -> None:
         self._start_apiserver(self.pki, self.port)
+
+
+def traefik_dir() -> tuple[Path | None, str]:
+    """TRAEFIK's directory (tools/build-traefik: `traefik` and `crds/`), or None and why. Under
+    CI=true a missing one fails (conftest.require): CI runs every tier."""
+    value = os.environ.get(TRAEFIK_ENV, "")
+    reason = ""
+    if not value:
+        reason = f"{TRAEFIK_ENV} is not set: run `make test`, or {TRAEFIK_ENV}=$(tools/build-traefik)"
+    else:
+        directory = Path(value)
+        if not (directory / "traefik").is_file() or not (directory / "crds" / ".done").is_file():
+            reason = f"{TRAEFIK_ENV}={directory} lacks traefik or crds/: run tools/build-traefik"
+    require(not (reason and IN_CI), reason)
+    return (None, reason) if reason else (Path(value), "")
+
+
+def gateway_crds(directory: Path) -> list[dict]:
+    """The CustomResourceDefinitions in <TRAEFIK>/crds/ (every *.yaml and *.yml, every document)."""
+    documents = []
+    for path in sorted([*(directory / "crds").glob("*.yaml"), *(directory / "crds").glob("*.yml")]):
+        documents += [d for d in yaml.safe_load_all(path.read_text()) if d and d.get("kind") == "CustomResourceDefinition"]
+    return documents
 
 
 def binaries_dir() -> Path:
