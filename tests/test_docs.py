@@ -368,6 +368,58 @@ def old_seed(page: Page) -> None:
     page.notes["seed"] = (page.repo / "build" / "seed").read_text().strip()
 
 
+# --- docs/gateway.md ---------------------------------------------------------------------------
+
+GATEWAY_SITE = {"exposure": "gateway", "gateway": {"namespace": "bmc-gateway", "name": "bmc"},
+                "ingress": {"controller_namespace": "traefik"}}
+
+
+def gateway_values_edited(page: Page, result) -> None:
+    """`cp values.yaml site.yaml  # set exposure: gateway ...`: the edit the comment asks for."""
+    page.write_values(page.repo / "site.yaml", GATEWAY_SITE)
+
+
+def ingress_site_running(page: Page) -> None:
+    """The page starts from a running ingress site: the default render applied, web1 served by its Ingress."""
+    no_tenant_a(page)
+    kubectl(page, "delete", "clusterpolicy", "-l", "app.kubernetes.io/part-of=maas-kubevirt", "--wait=true")
+    eventually(lambda: kubectl(page, "apply", "-k", str(page.repo / "build" / "kubernetes"), check=False).returncode == 0,
+               "the default render applies")
+    policies_ready(page, None)
+    kubectl(page, "create", "namespace", "tenant-a")
+    kubectl(page, "label", "namespace", "tenant-a", "maas.io/kubevirt-bmc=enabled",
+            "mutatevirtualmachines.kubemacpool.io=allocate")
+    web1_gets_its_bmc(page, None)
+
+
+def switch_printed(page: Page, result) -> None:
+    assert "The exposure changed from ingress to gateway" in result.stdout
+    for step in ("kubectl delete clusterpolicy maas-kubevirt-vm-bmc", "kubectl apply -k",
+                 "kubectl delete ingress --all-namespaces -l app.kubernetes.io/part-of=maas-kubevirt"):
+        assert step in result.stdout, step
+
+
+def ingress_kept(page: Page, result) -> None:
+    assert get(page, "ingress", "web1-bmc", "tenant-a"), "the Ingress went with the policy"
+
+
+def route_beside_ingress(page: Page, result) -> None:
+    policies_ready(page, result)
+    route = eventually(lambda: get(page, "httproute", "web1-bmc", "tenant-a"), "HTTPRoute web1-bmc in tenant-a")
+    assert route["spec"]["hostnames"] == ["web1.tenant-a.bmc.example.com"]
+    eventually(lambda: get(page, "middlewares.traefik.io", "web1-bmc-allowlist", "tenant-a"), "its Middleware")
+    ingress_kept(page, result)
+
+
+def route_listed(page: Page, result) -> None:
+    assert "web1-bmc" in result.stdout and "tenant-a" in result.stdout
+
+
+def only_the_route_left(page: Page, result) -> None:
+    assert get(page, "ingress", "web1-bmc", "tenant-a") is None
+    assert get(page, "httproute", "web1-bmc", "tenant-a")
+
+
 # --- the runners -------------------------------------------------------------------------------
 
 RUNNERS: dict[str, list[Step]] = {
@@ -382,6 +434,16 @@ RUNNERS: dict[str, list[Step]] = {
         Step('make mutate MODULES="identity values"', CHECKED,
              check='make -n mutate MODULES="identity values" | grep -F "tools/mutate identity values" >/dev/null'
                    ' && for m in identity values; do grep -q "\\"$m\\"" tools/mutate || exit 1; done'),
+    ],
+    "docs/gateway.md": [
+        Step("cp values.yaml site.yaml", RUN, after=gateway_values_edited),
+        Step("make VALUES=site.yaml", RUN, before=ingress_site_running, after=switch_printed),
+        Step("kubectl delete clusterpolicy maas-kubevirt-vm-bmc", CLUSTER, after=ingress_kept),
+        Step("kubectl apply -k build/kubernetes/", CLUSTER, after=route_beside_ingress, retry="requires permissions"),
+        Step("kubectl get httproute --all-namespaces -l app.kubernetes.io/part-of=maas-kubevirt", CLUSTER,
+             after=route_listed),
+        Step("kubectl delete ingress --all-namespaces -l app.kubernetes.io/part-of=maas-kubevirt", CLUSTER,
+             after=only_the_route_left),
     ],
     "docs/kubernetes.md": [
         # A fresh cluster's Kyverno may refuse the policies for a few seconds, until the
@@ -602,6 +664,18 @@ def test_kubernetes(tmp_path, control_plane):
         run_page(page)
     finally:
         kubectl(page, "delete", "namespace", "tenant-a", "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_gateway(tmp_path, control_plane):
+    page = sandbox(tmp_path, "docs/gateway.md")
+    with_cluster(page, control_plane)
+    try:
+        run_page(page)
+    finally:
+        # Back to no policies: the next user of the control plane applies its own render afresh.
+        kubectl(page, "delete", "namespace", "tenant-a", "--ignore-not-found", "--wait=false", check=False)
+        kubectl(page, "delete", "clusterpolicy", "-l", "app.kubernetes.io/part-of=maas-kubevirt", "--wait=true",
+                check=False)
 
 
 def with_cluster(page: Page, plane) -> None:

@@ -1,0 +1,123 @@
+"""The gateway exposure and the route-isolation policy on the live control plane (issue 30).
+
+Kyverno's own controllers admit and generate here, so this proves what `kyverno test` cannot: the
+generated HTTPRoute and Middleware are admitted (they come from the background controller's
+account), the endpoint controllers' writes are excluded, and the BMC pods' addresses come from
+the apiCall. Needs the Gateway API and Traefik CRDs the control plane installs from $TRAEFIK.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import require
+from test_controlplane import (  # noqa: F401  (fixtures: bundle, site, make_namespace)
+    PART_OF, SETTLE, apply, bundle, eventually, get, install, make_namespace, merged, render_bundle, site, vm,
+)
+
+GATEWAY_NAMESPACE, GATEWAY_NAME = "bmc-gateway", "bmc"
+TENANT = ("--as", "tenant-admin", "--as-group", "system:masters")
+ENDPOINT_CONTROLLER = ("--as", "system:serviceaccount:kube-system:endpointslice-controller",
+                       "--as-group", "system:masters")
+
+
+@pytest.fixture
+def gateway_bundle(control_plane, site, bundle):
+    """The gateway render (Traefik allowlist, every route kind the tier serves), applied and Ready."""
+    require(control_plane.kubectl("get", "crd", "httproutes.gateway.networking.k8s.io", check=False).returncode == 0,
+            "the control plane has no Gateway API CRDs (TRAEFIK unset: tools/build-traefik)")
+    directory, values, seed = site
+    gateway = merged(values, {"exposure": "gateway", "gateway": {
+        "namespace": GATEWAY_NAMESPACE, "name": GATEWAY_NAME, "allowlist": "traefik",
+        "route_kinds": ["HTTPRoute", "GRPCRoute", "TLSRoute", "TCPRoute", "XListenerSet"]}})
+    rendered = render_bundle(directory, gateway, seed, name="build")
+    # The switch render prints: the route rule cannot change in place.
+    control_plane.kubectl("delete", "clusterpolicy", "maas-kubevirt-vm-bmc", "--wait=true")
+    install(control_plane, rendered)
+    yield rendered
+    # Back to the default render for the next test (its bundle fixture starts the policies afresh).
+    control_plane.kubectl("delete", "clusterpolicy", "-l", PART_OF, "--wait=true")
+
+
+def refused(cp, obj: dict, *as_user: str) -> str:
+    result = cp.kubectl(*as_user, "create", "-f", "-", input=json.dumps(obj), check=False)
+    assert result.returncode != 0, f"admitted: {obj['kind']} {obj['metadata']['name']}"
+    return result.stderr
+
+
+def admitted(cp, obj: dict, *as_user: str) -> None:
+    cp.kubectl(*as_user, "create", "-f", "-", input=json.dumps(obj))
+
+
+def http_route(name: str, namespace: str, hostnames: list[str] | None) -> dict:
+    spec: dict = {"parentRefs": [{"namespace": GATEWAY_NAMESPACE, "name": GATEWAY_NAME}],
+                  "rules": [{"backendRefs": [{"name": "web", "port": 80}]}]}
+    if hostnames is not None:
+        spec["hostnames"] = hostnames
+    return {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def slice_of(name: str, namespace: str, service: str, address: str) -> dict:
+    return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "addressType": "IPv4",
+            "metadata": {"name": name, "namespace": namespace, "labels": {"kubernetes.io/service-name": service}},
+            "endpoints": [{"addresses": [address]}], "ports": [{"name": "http", "port": 10080, "protocol": "TCP"}]}
+
+
+def bmc_pod(cp, vm_name: str, namespace: str, address: str) -> None:
+    """A kubevirtBMC agent pod as the API server sees it (no kubelet here: its address is patched in)."""
+    apply(cp, {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": f"{vm_name}-virtbmc-agent", "namespace": namespace,
+        "labels": {"kubevirt.io/virtualmachinebmc-name": vm_name}},
+        "spec": {"containers": [{"name": "virtbmc", "image": "virtbmc"}]}})
+    cp.kubectl("-n", namespace, "patch", "pod", f"{vm_name}-virtbmc-agent", "--subresource", "status", "--type", "merge",
+               "-p", json.dumps({"status": {"podIP": address, "podIPs": [{"ip": address}]}}))
+
+
+def test_the_gateway_exposure_generates_the_route_and_allowlist_and_deletes_them_with_the_vm(
+        control_plane, gateway_bundle, make_namespace):
+    cp, ns = control_plane, make_namespace()
+    apply(cp, vm("web1", ns))
+    route = eventually(cp, lambda: get(cp, "httproute", "web1-bmc", ns), "HTTPRoute web1-bmc")
+    middleware = eventually(cp, lambda: get(cp, "middlewares.traefik.io", "web1-bmc-allowlist", ns), "Middleware")
+    assert route["spec"]["hostnames"] == [f"web1.{ns}.{gateway_bundle.domain}"]
+    assert route["spec"]["parentRefs"][0]["name"] == GATEWAY_NAME
+    assert route["spec"]["rules"][0]["backendRefs"][0]["name"] == "web1-virtbmc"
+    assert route["spec"]["rules"][0]["filters"][0]["extensionRef"]["name"] == "web1-bmc-allowlist"
+    assert middleware["spec"]["ipAllowList"]["sourceRange"] == gateway_bundle.values["ingress"]["source_ranges"]
+    assert get(cp, "ingress", "web1-bmc", ns) is None
+    cp.kubectl("-n", ns, "delete", "virtualmachine", "web1", "--wait=true")
+    eventually(cp, lambda: get(cp, "httproute", "web1-bmc", ns) is None
+               and get(cp, "middlewares.traefik.io", "web1-bmc-allowlist", ns) is None,
+               "the route and its Middleware go with the VM")
+
+
+def test_no_tenant_route_reaches_another_namespaces_bmc(control_plane, gateway_bundle, make_namespace):
+    cp, victim, tenant = control_plane, make_namespace(), make_namespace(labelled=False)
+    domain = gateway_bundle.domain
+    apply(cp, vm("web1", victim))
+    eventually(cp, lambda: get(cp, "httproute", "web1-bmc", victim), "the victim's HTTPRoute")
+    bmc_pod(cp, "web1", victim, "198.51.100.41")
+    # A route claiming the victim's host, its own namespace's by hand, or a covering wildcard.
+    for name, hosts in (("claim", [f"web1.{victim}.{domain}"]), ("own", [f"web9.{tenant}.{domain}"]),
+                        ("wildcard", ["*." + domain.split(".", 1)[1]])):
+        assert "route-hostnames-outside-the-bmc-domain" in refused(cp, http_route(name, tenant, hosts), *TENANT)
+    assert "route-no-catch-all-on-the-bmc-gateway" in refused(cp, http_route("catch-all", tenant, None), *TENANT)
+    admitted(cp, http_route("app", tenant, ["app.example.org"]), *TENANT)
+    # The detours around the route: an ExternalName, a selectorless Service's slice, a grant.
+    assert "service-externalname-not-to-a-bmc" in refused(cp, {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "detour", "namespace": tenant},
+        "spec": {"type": "ExternalName", "externalName": f"web1-virtbmc.{victim}.svc.cluster.local"}}, *TENANT)
+    assert "endpoints-not-to-a-bmc-pod" in refused(cp, slice_of("detour-1", tenant, "detour", "198.51.100.41"), *TENANT)
+    assert "bmc-endpoints-only-from-the-endpoint-controllers" in refused(
+        cp, slice_of("web1-virtbmc-1", victim, "web1-virtbmc", "198.51.100.99"), *TENANT)
+    assert "referencegrant-not-to-a-bmc" in refused(cp, {
+        "apiVersion": "gateway.networking.k8s.io/v1beta1", "kind": "ReferenceGrant",
+        "metadata": {"name": "to-bmc", "namespace": victim},
+        "spec": {"from": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "namespace": tenant}],
+                 "to": [{"group": "", "kind": "Service", "name": "web1-virtbmc"}]}}, *TENANT)
+    # What the endpoint controller writes for the BMC's own Service is its business.
+    admitted(cp, slice_of("web1-virtbmc-2", victim, "web1-virtbmc", "198.51.100.41"), *ENDPOINT_CONTROLLER)
+    admitted(cp, slice_of("db-1", tenant, "db", "198.51.100.7"), *TENANT)
