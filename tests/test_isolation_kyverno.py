@@ -146,10 +146,11 @@ CASES = [
 ]
 
 
-def _write_suite(directory, values: dict, username: str, cases: list) -> int:
+def _write_suite(directory, values: dict, username: str, cases: list, policy: str = POLICY,
+                 policy_file: str = "policy-route-isolation.yaml") -> int:
     """A `kyverno test` suite of cases as one requester; returns how many results it expects."""
     manifests = policies.render_kubernetes(values, None)
-    (directory / "policy.yaml").write_text(manifests["policy-route-isolation.yaml"])
+    (directory / "policy.yaml").write_text(manifests[policy_file])
     rule_values = [{"name": rule, "values": {"bmcPodIPs": [BMC_POD_IP]}}
                    for rule in ("service-externalname-not-to-a-bmc", "endpoints-not-to-a-bmc-pod")]
     (directory / "values.yaml").write_text(json_stream([{
@@ -166,7 +167,7 @@ def _write_suite(directory, values: dict, username: str, cases: list) -> int:
     for obj, expected in cases:
         objects.append(obj)
         ref = f"{obj['metadata']['namespace']}/{obj['metadata']['name']}"
-        results += [{"policy": POLICY, "rule": rule, "resources": [ref], "kind": obj["kind"], "result": outcome}
+        results += [{"policy": policy, "rule": rule, "resources": [ref], "kind": obj["kind"], "result": outcome}
                     for rule, outcome in expected.items()]
     (directory / "resources.yaml").write_text(json_stream(objects))
     (directory / "kyverno-test.yaml").write_text(json_stream([{
@@ -238,3 +239,39 @@ def test_the_ingress_site_renders_no_gateway_api_rule():
         "service-externalname-not-to-a-bmc", "bmc-endpoints-only-from-the-endpoint-controllers", "endpoints-not-to-a-bmc-pod"]
     kinds = {k for r in rendered["spec"]["rules"] for a in r["match"]["any"] for k in a["resources"]["kinds"]}
     assert not any("gateway.networking" in k for k in kinds)
+
+
+def test_the_ingress_rules_follow_the_controllers_prefix_and_its_class_less_ingresses(kyverno, tmp_path):
+    """ingress.annotation_prefix and ingress.watch_without_class (issue 30 item 3, the Ingress world)."""
+    from policies_fixtures import catch_all_ingress
+
+    values = copy.deepcopy(load_values(None))
+    values["ingress"].update(annotation_prefix="ingress.example.org", watch_without_class=True)
+    snippet = {"ingress.example.org/server-snippet": "return 200;"}
+    alias = {"ingress.example.org/server-alias": "*.bmc.example.com"}
+    cases = [
+        (catch_all_ingress("classless-hostless", "tenant-a", class_name=None, hosts=[None]), {"ingress-no-catch-all": "fail"}),
+        (catch_all_ingress("classless-snippet", "tenant-a", class_name=None, hosts=["a.example.org"], annotations=snippet),
+         {"ingress-no-nginx-snippet": "fail", "ingress-no-catch-all": "pass"}),
+        (catch_all_ingress("prefixed-snippet", "tenant-a", hosts=["b.example.org"], annotations=snippet),
+         {"ingress-no-nginx-snippet": "fail"}),
+        (catch_all_ingress("prefixed-alias", "tenant-a", hosts=["c.example.org"], annotations=alias),
+         {"ingress-server-alias-in-its-own-namespace": "fail"}),
+        # The default prefix is not this controller's: its annotations configure nothing here.
+        (catch_all_ingress("default-prefix-snippet", "tenant-a", hosts=["d.example.org"],
+                           annotations={"nginx.ingress.kubernetes.io/server-snippet": "return 200;"}),
+         {"ingress-no-nginx-snippet": "pass"}),
+        (catch_all_ingress("other-class", "tenant-a", class_name="traefik", hosts=[None]), {"ingress-no-catch-all": "skip"}),
+    ]
+    expected = _write_suite(tmp_path, validate(values), TENANT, cases, policies.POLICY_NAMES["isolation"],
+                            "policy-bmc-isolation.yaml")
+    assert _passed(run_tests(kyverno, tmp_path)) >= expected
+    # Without watch_without_class, a class-less Ingress is not the BMC class's.
+    values["ingress"]["watch_without_class"] = False
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    classless = [(catch_all_ingress("classless-hostless", "tenant-a", class_name=None, hosts=[None]),
+                  {"ingress-no-catch-all": "skip"})]
+    expected = _write_suite(plain, validate(values), TENANT, classless, policies.POLICY_NAMES["isolation"],
+                            "policy-bmc-isolation.yaml")
+    assert _passed(run_tests(kyverno, plain)) >= expected

@@ -121,3 +121,18 @@ def test_no_tenant_route_reaches_another_namespaces_bmc(control_plane, gateway_b
     # What the endpoint controller writes for the BMC's own Service is its business.
     admitted(cp, slice_of("web1-virtbmc-2", victim, "web1-virtbmc", "198.51.100.41"), *ENDPOINT_CONTROLLER)
     admitted(cp, slice_of("db-1", tenant, "db", "198.51.100.7"), *TENANT)
+
+
+def test_with_the_ingress_exposure_the_detours_around_the_ingress_are_refused(control_plane, bundle, make_namespace):
+    """The ExternalName and selectorless detours of item 3 need no Gateway API: the default render refuses them."""
+    cp, victim, tenant = control_plane, make_namespace(), make_namespace(labelled=False)
+    bmc_pod(cp, "web1", victim, "198.51.100.42")
+    assert "service-externalname-not-to-a-bmc" in refused(cp, {
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "detour", "namespace": tenant},
+        "spec": {"type": "ExternalName", "externalName": "198.51.100.42"}}, *TENANT)
+    assert "endpoints-not-to-a-bmc-pod" in refused(cp, {
+        "apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "detour", "namespace": tenant},
+        "subsets": [{"addresses": [{"ip": "198.51.100.42"}], "ports": [{"port": 10080}]}]}, *TENANT)
+    assert "bmc-endpoints-only-from-the-endpoint-controllers" in refused(
+        cp, slice_of("web1-virtbmc-1", victim, "web1-virtbmc", "198.51.100.98"), *TENANT)
+    admitted(cp, slice_of("web1-virtbmc-2", victim, "web1-virtbmc", "198.51.100.42"), *ENDPOINT_CONTROLLER)

@@ -405,8 +405,8 @@ def _context(values: dict, seed: str | None) -> dict[str, Any]:
         + _jmespath_string(prefix) + ") && ends_with(@, " + _jmespath_string(SNIPPET_SUFFIX)
         + ")]) }}",
         "nginx_annotation_prefix": prefix,
-        "ingress_without_class": "{{ !request.object.spec.ingressClassName && !request.object.metadata.annotations.\""
-        + LEGACY_INGRESS_CLASS_ANNOTATION + "\" }}",
+        "ingress_without_class": "{{ (request.object.spec.ingressClassName || '') == '' && "
+        "(request.object.metadata.annotations.\"" + LEGACY_INGRESS_CLASS_ANNOTATION + "\" || '') == '' }}",
         "snippet_suffix": SNIPPET_SUFFIX,
         "seed_url_path": f"/api/v1/namespaces/{kubernetes['system_namespace']}/secrets/{kubernetes['seed_secret']}",
         "rotations_configmap": identity.ROTATIONS_CONFIGMAP,
