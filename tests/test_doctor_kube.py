@@ -28,6 +28,7 @@ SEED = "seed-value-never-leaves-kube-0123456789"
 class StandIn:
     def __init__(self):
         self.requests: list[tuple[str, str, dict, str]] = []
+        self.objects: dict[str, dict] = {}      # path -> what a GET of it answers
         server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         server.daemon_threads = True
         self.server = server
@@ -70,6 +71,8 @@ class StandIn:
         return Handler
 
     def answer(self, path: str, query: dict, accept: str):
+        if path in self.objects:
+            return 200, self.objects[path]
         if path == "/api/v1/namespaces":
             assert query["limit"] == str(kube.PAGE)
             if "continue" not in query:
@@ -129,6 +132,27 @@ def test_what_the_isolation_checks_read(stand_in, tmp_path):
     assert [path for _, path, *_ in stand_in.requests] == [
         "/apis/networking.k8s.io/v1/namespaces/vms/networkpolicies", "/apis/apps/v1/daemonsets",
         "/apis/networking.k8s.io/v1/namespaces/vms/ingresses", "/apis/networking.k8s.io/v1/ingresses"]
+
+
+def test_what_the_exposure_checks_read(stand_in, tmp_path):
+    """The Gateway, its routes and the allowlist objects; an absent CRD answers 404: None or []."""
+    cluster = kube.Cluster(str(kubeconfig(tmp_path, stand_in.url)))
+    assert cluster.gateway("gw", "bmc") is None
+    assert cluster.httproutes("vms") == cluster.middlewares("vms") == cluster.securitypolicies("vms") == []
+    stand_in.objects["/apis/gateway.networking.k8s.io/v1/namespaces/gw/gateways/bmc"] = {"kind": "Gateway"}
+    stand_in.objects["/apis/traefik.io/v1alpha1/namespaces/vms/middlewares"] = {
+        "kind": "MiddlewareList", "metadata": {}, "items": [{"metadata": {"name": "web1-bmc-allowlist"}}]}
+    assert cluster.gateway("gw", "bmc") == {"kind": "Gateway"}
+    assert [m["metadata"]["name"] for m in cluster.middlewares("vms")] == ["web1-bmc-allowlist"]
+    cluster.close()
+    assert [path for _, path, *_ in stand_in.requests] == [
+        "/apis/gateway.networking.k8s.io/v1/namespaces/gw/gateways/bmc",
+        "/apis/gateway.networking.k8s.io/v1/namespaces/vms/httproutes",
+        "/apis/traefik.io/v1alpha1/namespaces/vms/middlewares",
+        "/apis/gateway.envoyproxy.io/v1alpha1/namespaces/vms/securitypolicies",
+        "/apis/gateway.networking.k8s.io/v1/namespaces/gw/gateways/bmc",
+        "/apis/traefik.io/v1alpha1/namespaces/vms/middlewares"]
+    assert {method for method, *_ in stand_in.requests} == {"GET"}
 
 
 def test_secrets_are_listed_as_metadata_and_the_seed_as_a_digest(stand_in, tmp_path):

@@ -160,6 +160,24 @@ class Cluster:
     def network_policies(self, namespace: str) -> list[dict]:
         return list(self.items(f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies"))
 
+    # The exposure's objects. A CRD that is not installed answers 404, so its reader returns
+    # None or [] like the readers above: the checks say which CRD is missing.
+    def gateway(self, namespace: str, name: str) -> dict | None:
+        """One Gateway API Gateway (gateway.networking.k8s.io/v1), None when absent."""
+        found = self.get(f"/apis/gateway.networking.k8s.io/v1/namespaces/{namespace}/gateways/{name}")
+        return found if isinstance(found, dict) else None
+
+    def httproutes(self, namespace: str) -> list[dict]:
+        return list(self.items(f"/apis/gateway.networking.k8s.io/v1/namespaces/{namespace}/httproutes"))
+
+    def middlewares(self, namespace: str) -> list[dict]:
+        """Traefik's Middlewares (traefik.io/v1alpha1) of one namespace."""
+        return list(self.items(f"/apis/traefik.io/v1alpha1/namespaces/{namespace}/middlewares"))
+
+    def securitypolicies(self, namespace: str) -> list[dict]:
+        """Envoy Gateway's SecurityPolicies (gateway.envoyproxy.io/v1alpha1) of one namespace."""
+        return list(self.items(f"/apis/gateway.envoyproxy.io/v1alpha1/namespaces/{namespace}/securitypolicies"))
+
     def daemonsets(self) -> list[dict]:
         """DaemonSets in every namespace (a CNI runs its node agent as one)."""
         return list(self.items("/apis/apps/v1/daemonsets"))
