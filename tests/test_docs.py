@@ -239,7 +239,7 @@ def doctor_rows_are_documented(page: Page, result) -> None:
     documented = documented_checks()
     for line in result.stdout.splitlines():
         row = line.split()[0] if line.strip() else ""
-        if re.fullmatch(r"(maas|cluster|network|reconciler)\.[\w/.-]+", row):
+        if re.fullmatch(r"(maas|cluster|network|reconciler|ingress|gateway)\.[\w/.-]+", row):
             assert any(row == name or (name.endswith("…") and row.startswith(name[:-1])) or
                        (name.endswith("/<ns>") and row.startswith(name[:-4])) for name in documented), \
                 f"doctor printed the check {row}, which docs/troubleshooting.md does not list"
@@ -555,7 +555,7 @@ def test_troubleshooting_lists_every_check_doctor_makes():
     """Each check name in doctor's source is a row of docs/troubleshooting.md (fast: no tier)."""
     names = set()
     for source in (ROOT / "src" / "maas_kubevirt" / "doctor").glob("*.py"):
-        names.update(re.findall(r'"((?:maas|cluster|network|reconciler|ingress)\.[a-z_]+)(?:["/])', source.read_text()))
+        names.update(re.findall(r'"((?:maas|cluster|network|reconciler|ingress|gateway)\.[a-z_]+)(?:["/])', source.read_text()))
     listed = documented_checks()
     assert len(listed) == len(set(listed)), f"a check is listed twice: {sorted(n for n in listed if listed.count(n) > 1)}"
     rows = {re.sub(r"/(…|<ns>)$", "", name) for name in listed}

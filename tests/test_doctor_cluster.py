@@ -148,6 +148,37 @@ def test_a_healthy_site(site):
     assert {n for n in checks if n.startswith("cluster.kyverno_rbac/")} == {
         f"cluster.kyverno_rbac/{name.rsplit(':', 1)[-1]}" for name in roles}
     assert "cluster.kyverno_rbac/background-controller" in checks
+    assert checks["ingress.allowlist"].status == "ok" and "allowlist-source-range" in checks["ingress.allowlist"].found
+
+
+def test_the_exposure_readers_on_the_real_api_server(site):
+    """An API group that is not served answers 404: the Gateway is None and every list empty. Once
+    the Gateway API CRDs are installed on this tier, a Gateway no controller programs is read
+    back and reported not Programmed."""
+    cluster = kube.Cluster(str(site.plane.kubeconfig))
+    try:
+        for crd, read in (("middlewares.traefik.io", cluster.middlewares),
+                          ("securitypolicies.gateway.envoyproxy.io", cluster.securitypolicies)):
+            if cluster.crd(crd) is None:
+                assert read(NAMESPACE) == []
+        if cluster.crd(doctor.gateway.GATEWAY_CRD) is None:
+            assert cluster.gateway(NAMESPACE, "bmc") is None and cluster.httproutes(NAMESPACE) == []
+            pytest.skip("the Gateway API CRDs are not installed on this control plane")
+        site.apply({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+                    "metadata": {"name": "doctor-bmc", "namespace": NAMESPACE},
+                    "spec": {"gatewayClassName": "doctor-no-controller", "listeners": [
+                        {"name": "bmc", "protocol": "HTTPS", "port": 443, "hostname": f"*.{DOMAIN}",
+                         "tls": {"certificateRefs": [{"name": "doctor-bmc-tls"}]}}]}})
+        try:
+            found = cluster.gateway(NAMESPACE, "doctor-bmc")
+            assert found is not None and found["spec"]["listeners"][0]["hostname"] == f"*.{DOMAIN}"
+            check = doctor.programmed_check(found, True, f"{NAMESPACE}/doctor-bmc", "", [NAMESPACE], DOMAIN)
+            assert check.status == "fail" and "is not Programmed" in check.found
+            assert cluster.httproutes(NAMESPACE) == []
+        finally:
+            site.plane.kubectl("delete", "gateway", "doctor-bmc", "-n", NAMESPACE, "--wait=true", check=False)
+    finally:
+        cluster.close()
 
 
 def test_the_bmcs_closed_to_the_cluster(restored):

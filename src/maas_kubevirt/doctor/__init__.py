@@ -2,7 +2,8 @@
 
 Each check gives one row: its name, ok / warn / fail / skip, what it found and the exact fix.
 The checks themselves are pure functions over what MAAS, the API server and the local system
-answer, one module per family (:mod:`.maas`, :mod:`.cluster`, :mod:`.network`); ``run``
+answer, one module per family (:mod:`.maas`, :mod:`.cluster` with the exposure's rows in
+:mod:`.gateway`, :mod:`.network`); ``run``
 gathers those answers (read-only everywhere) and ``main`` prints them as a table or as JSON.
 Exit status: 0 when nothing fails, 1 otherwise, 2 for usage or configuration errors.
 
@@ -82,8 +83,13 @@ from maas_kubevirt.doctor.cluster import (  # noqa: E402
     NETWORK_POLICY_CNIS, Generated, Inventory, _cidrs, _selects, allowlist_check, catch_all, catch_all_check,
     cluster_checks, cni_check, crds_check, image_version, ingress_classes, kyverno_rbac_checks,
     kyverno_version_check, missing_rules, namespaces_check, network_policies_check, policies_check,
-    seed_secret_check, vm_problems, vms_check,
+    seed_secret_check, vm_problems, vms_check, cluster_check_names,
 )
+from maas_kubevirt.doctor.gateway import (  # noqa: E402
+    GATEWAY_CHECKS, INGRESS_CHECKS, admits, allowed_routes_check, exposure_checks, hostname_covers,
+    hostname_matches, ingress_allowlist_check, programmed_check, route_problem, routes_check,
+)
+from maas_kubevirt.doctor.gateway import allowlist_check as gateway_allowlist_check  # noqa: E402
 
 # What callers and tests use from the families, under one name: maas_kubevirt.doctor.
 __all__ = [
@@ -98,7 +104,10 @@ __all__ = [
     "image_version", "kyverno_rbac_checks", "kyverno_version_check", "missing_rules", "namespaces_check",
     "policies_check", "seed_secret_check", "vm_problems", "vms_check", "NETWORK_POLICY_CNIS", "catch_all",
     "catch_all_check", "cni_check", "ingress_classes", "network_policies_check",
-    "lease_check", "lease_checks",
+    "lease_check", "lease_checks", "cluster_check_names",
+    "GATEWAY_CHECKS", "INGRESS_CHECKS", "admits", "allowed_routes_check", "exposure_checks", "gateway_allowlist_check",
+    "hostname_covers", "hostname_matches", "ingress_allowlist_check", "programmed_check", "route_problem",
+    "routes_check",
 ]
 
 

@@ -323,7 +323,9 @@ def vms_check(inventory: Inventory, generated: Generated, opt_in: str) -> Check:
     if not inventory.vms:
         return Check(name, OK, "no VirtualMachine yet")
     if not broken:
-        return Check(name, OK, f"{len(inventory.vms)} VM(s), each with MACs, Secret, VirtualMachineBMC and Ingress")
+        kinds = [kind for kind in ("Secret", "VirtualMachineBMC", "Ingress") if kind in generated.names]
+        return Check(name, OK, f"{len(inventory.vms)} VM(s), each with MACs, {', '.join(kinds[:-1])} and {kinds[-1]}"
+                     if len(kinds) > 1 else f"{len(inventory.vms)} VM(s), each with MACs")
     fix = ("MACs: label the namespace for KubeMacPool and recreate the VM, or set "
            "spec.template.spec.domain.devices.interfaces[].macAddress; missing BMC objects: "
            f"check `kubectl get clusterpolicy` (Ready) and the namespace label {opt_in}")
@@ -463,6 +465,16 @@ CLUSTER_CHECKS = ("cluster.crds", "cluster.kyverno", "cluster.kyverno_rbac", "cl
                   "cluster.network_policies", "cluster.cni", "cluster.catch_all")
 
 
+def cluster_check_names(values: Mapping[str, Any]) -> list[str]:
+    """The cluster rows doctor makes for these values, in order (the per-namespace and per-role
+    rows by their prefix): the Ingress allowlist row with exposure ingress, the exposure's rows."""
+    from maas_kubevirt.doctor.gateway import check_names
+
+    names = [n for n in CLUSTER_CHECKS if values["exposure"] == "ingress" or n != "cluster.ingress_allowlist"]
+    at = names.index("cluster.network_policies")
+    return names[:at] + list(check_names(values)) + names[at:]
+
+
 def _listed_or_none(read: Callable[[], list[dict]]) -> list[dict] | None:
     """What read returns, or None when the API server forbids it (a narrower kubeconfig)."""
     from maas_kubevirt.kube import KubeError
@@ -478,6 +490,7 @@ def _listed_or_none(read: Callable[[], list[dict]]) -> list[dict] | None:
 def cluster_checks(values: Mapping[str, Any], cluster: Any, seed: str | None, fixes: _Fixes,
                    reach: Reach) -> list[Check]:
     """The cluster checks (read-only), and one VM host per opted-in namespace for the DNS check."""
+    from maas_kubevirt.doctor.gateway import exposure_checks
     from maas_kubevirt.kube import KubeError
 
     kubernetes, domain = values["kubernetes"], values["redfish"]["domain"]
@@ -513,7 +526,9 @@ def cluster_checks(values: Mapping[str, Any], cluster: Any, seed: str | None, fi
                 {str(b["metadata"]["name"]) for b in cluster.virtual_machine_bmcs(namespace)},
                 cluster.ingresses(namespace)))
         checks.extend(vms_check(inventory, generated, opt_in) for inventory in inventories)
-        checks.append(allowlist_check(inventories, generated, fixes.apply))
+        if values["exposure"] == "ingress":
+            checks.append(allowlist_check(inventories, generated, fixes.apply))
+        checks.extend(exposure_checks(values, cluster, namespaces, inventories, fixes))
         checks.append(network_policies_check(
             {inventory.namespace: cluster.network_policies(inventory.namespace) for inventory in inventories},
             generated, fixes.apply))
@@ -524,7 +539,8 @@ def cluster_checks(values: Mapping[str, Any], cluster: Any, seed: str | None, fi
         done = {c.name.split("/")[0] for c in checks}
         checks.append(Check("cluster.api", FAIL, _clean(error),
                             "check the kubeconfig's server and that its user may get and list these objects"))
-        return checks + _skipped([n for n in CLUSTER_CHECKS if n not in done], "the API server did not answer")
+        return checks + _skipped([n for n in cluster_check_names(values) if n not in done],
+                                 "the API server did not answer")
     for inventory in inventories:
         if inventory.namespace in reach.hosts:
             continue
