@@ -149,13 +149,28 @@ def isolated_route_kinds(values: dict) -> list[str]:
     return ["HTTPRoute", "GRPCRoute"] if values["exposure"] == "gateway" else []
 
 
+def hostname_matches(listener: str | None, host: str) -> bool:
+    """Whether a Gateway API listener or route hostname admits one host: none admits every host,
+    ``*.<suffix>`` a host of one or more labels before ``.<suffix>``, any other only itself."""
+    if not listener:
+        return True
+    listener, host = listener.lower(), host.lower()
+    if listener.startswith("*."):
+        suffix = listener[1:]
+        return host.endswith(suffix) and len(host) > len(suffix) and not host[:-len(suffix)].endswith(".")
+    return listener == host
+
+
+def hostname_covers(listener: str | None, suffix: str) -> bool:
+    """Whether a hostname admits every host ``<label>.<suffix>``: none, or a wildcard that admits one."""
+    return not listener or (listener.startswith("*.") and hostname_matches(listener, f"x.{suffix}"))
+
+
 def claims_bmc_zone(hostname: str, domain: str) -> bool:
     """True when a route or listener hostname would serve a BMC host <vm>.<ns>.<domain>.
 
-    Gateway API reads '*.' as a suffix match over one or more labels, so '*.example.com' covers
-    every BMC host under bmc.example.com; the route-isolation policy computes the same in JMESPath.
+    A hostname at or under the domain does, and so does a wildcard above it ('*.example.com'
+    covers bmc.example.com's hosts); the route-isolation policy computes the same in JMESPath.
     """
     host, domain = hostname.lower(), domain.lower()
-    if host == domain or host.endswith("." + domain):
-        return True
-    return host.startswith("*.") and ("." + domain).endswith(host[1:])
+    return host == domain or host.endswith("." + domain) or (host.startswith("*.") and hostname_covers(host, domain))

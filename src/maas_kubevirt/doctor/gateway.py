@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 from maas_kubevirt import exposure, policies
 from maas_kubevirt.doctor import FAIL, OK, SKIP, WARN, Check, _clean, _some
 from maas_kubevirt.doctor.cluster import _selects
+from maas_kubevirt.exposure import hostname_covers, hostname_matches  # noqa: F401 (doctor re-exports both)
 
 if TYPE_CHECKING:
     from maas_kubevirt.doctor import _Fixes
@@ -37,35 +38,6 @@ LISTENER_CONDITIONS = ("Accepted", "Programmed", "ResolvedRefs")
 def check_names(values: Mapping[str, Any]) -> tuple[str, ...]:
     """The exposure rows doctor makes for these values."""
     return GATEWAY_CHECKS if values["exposure"] == "gateway" else INGRESS_CHECKS
-
-
-# --- Gateway API hostname matching -------------------------------------------------------------
-
-
-def hostname_matches(listener: str | None, host: str) -> bool:
-    """Whether a listener's hostname admits one host, as Gateway API matches them: no hostname
-    admits every host, ``*.<suffix>`` admits a host of one or more labels before ``.<suffix>``
-    (not ``<suffix>`` itself), any other hostname only itself. Hostnames are case-insensitive."""
-    if not listener:
-        return True
-    listener, host = listener.lower(), host.lower()
-    if listener.startswith("*."):
-        suffix = listener[1:]                      # ".<suffix>"
-        return host.endswith(suffix) and len(host) > len(suffix) and not host[:-len(suffix)].endswith(".")
-    return listener == host
-
-
-def hostname_covers(listener: str | None, suffix: str) -> bool:
-    """Whether a listener's hostname admits every host ``<label>.<suffix>`` (``*.<suffix>``), for
-    any label: no hostname, or ``*.<s>`` where suffix is s or ends with ``.s``. An exact hostname
-    names one host, never all of them."""
-    if not listener:
-        return True
-    listener, suffix = listener.lower(), suffix.lower()
-    if not listener.startswith("*."):
-        return False
-    own = listener[2:]
-    return suffix == own or suffix.endswith("." + own)
 
 
 # --- reading the Gateway ------------------------------------------------------------------------
