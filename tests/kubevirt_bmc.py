@@ -1,5 +1,8 @@
 """kubevirtBMC's Redfish service as MAAS reaches it through the BMC Ingress: HTTPS on 127.0.0.1,
 one VM per Host ``<vm>.<ns>.<domain>``, each with its own power state, started in the test process.
+With ``tls=None`` and a listening socket given to ``start`` it is kubevirtBMC itself, behind a real
+proxy: plain HTTP on its own port (10080), as the traffic tier runs it on a test host
+(tests/gateway_api.py); the proxy passes the VM's Host on.
 
 Every behaviour cites kubevirtBMC v0.7.0 (github.com/starbops/kubevirtbmc, tag v0.7.0, whose pkg/
 files are unchanged up to its default branch); its pkg/redfish/api_service.go is read from the
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import ssl
 import threading
 import time
@@ -70,7 +74,7 @@ class Seen:
 class KubevirtBMC(LoopbackServer):
     """The Redfish side of kubevirtBMC for every VM under ``domain``; ``seed`` gives each VM's Secret."""
 
-    def __init__(self, domain: str, tls: tuple[str, str], *, seed: str | None = None, start_time: float = 0.0,
+    def __init__(self, domain: str, tls: tuple[str, str] | None, *, seed: str | None = None, start_time: float = 0.0,
                  clock: Callable[[], float] = time.monotonic):
         self.domain = domain
         self.tls = tls
@@ -82,22 +86,29 @@ class KubevirtBMC(LoopbackServer):
         self.server_names: list[str | None] = []
         self.lock = threading.Lock()
 
-    def start(self) -> "KubevirtBMC":
+    def start(self, listening: socket.socket | None = None) -> "KubevirtBMC":
+        """Serve on a new socket of 127.0.0.1, or on ``listening`` (bound and listening already)."""
         bmc = self
 
         class Handler(_Handler):
             pass
 
         Handler.bmc = bmc
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        context.load_cert_chain(*self.tls)
+        if listening is None:
+            server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        else:
+            server = ThreadingHTTPServer(listening.getsockname(), Handler, bind_and_activate=False)
+            server.socket.close()
+            server.socket = listening
+        if self.tls:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*self.tls)
 
-        def remember(sock: ssl.SSLSocket, name: str | None, ctx: ssl.SSLContext) -> None:
-            bmc.server_names.append(name)
+            def remember(sock: ssl.SSLSocket, name: str | None, ctx: ssl.SSLContext) -> None:
+                bmc.server_names.append(name)
 
-        context.sni_callback = remember
-        server.socket = context.wrap_socket(server.socket, server_side=True)
+            context.sni_callback = remember
+            server.socket = context.wrap_socket(server.socket, server_side=True)
         self.serve(server, "kubevirt-bmc")
         return self
 
