@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import json
 import socket
-import ssl
 import threading
 import time
 from dataclasses import dataclass, field
@@ -101,14 +100,7 @@ class KubevirtBMC(LoopbackServer):
             server.socket.close()
             server.socket = listening
         if self.tls:
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            context.load_cert_chain(*self.tls)
-
-            def remember(sock: ssl.SSLSocket, name: str | None, ctx: ssl.SSLContext) -> None:
-                bmc.server_names.append(name)
-
-            context.sni_callback = remember
-            server.socket = context.wrap_socket(server.socket, server_side=True)
+            self.wrap_tls(server, self.tls, self.server_names)
         self.serve(server, "kubevirt-bmc")
         return self
 

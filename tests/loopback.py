@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 import threading
 from http.server import ThreadingHTTPServer
 from typing import Any
@@ -21,6 +22,14 @@ class LoopbackServer:
         thread = threading.Thread(target=server.serve_forever, args=(0.05,), name=name, daemon=True)
         thread.start()
         return thread
+
+    @staticmethod
+    def wrap_tls(server: ThreadingHTTPServer, tls: tuple[str, str], server_names: list) -> None:
+        """Serve HTTPS with the (certificate, key) files, appending each client's SNI (or None) to server_names."""
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(*tls)
+        context.sni_callback = lambda sock, name, ctx: server_names.append(name)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
 
     def stop(self) -> None:
         if self.server:

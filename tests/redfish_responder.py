@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import json
-import ssl
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -36,14 +35,7 @@ class RedfishResponder(LoopbackServer):
         Handler.responder = responder
         server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         if self.tls:
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            context.load_cert_chain(*self.tls)
-
-            def remember(sock: ssl.SSLSocket, name: str | None, ctx: ssl.SSLContext) -> None:
-                responder.server_names.append(name)
-
-            context.sni_callback = remember
-            server.socket = context.wrap_socket(server.socket, server_side=True)
+            self.wrap_tls(server, self.tls, self.server_names)
         self.serve(server, "redfish-responder")
         return self
 
