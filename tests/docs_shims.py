@@ -25,8 +25,11 @@ write) and exits non-zero, saying why, when they do not match. Why each exists:
   first line of output, and fails if the service exits or never says it is ready.
   `show -p NAME,... maas-kubevirt` prints those properties as the unit sets them.
 - journalctl: prints that output for `-u maas-kubevirt`, the only unit there is.
-- maas: MAAS's CLI needs a region host. `maas apikey --username NAME` prints the test MAAS's key;
-  with MAAS's source at hand (the real-MAAS tier's cache) it checks `apikey` takes --username.
+- maas: MAAS's CLI needs a region host. `maas apikey --username NAME` prints every key the user
+  has, one per line, as MAAS's apikey command does: here two (the one MAAS made with the account
+  and the test MAAS's), so a recipe that stores that output holds two keys and the CLI refuses
+  it. With `--generate` (and `--name NAME`) it prints one new key, the test MAAS's. With MAAS's
+  source at hand (the real-MAAS tier's cache) it checks that `apikey` takes each option used.
 """
 
 from __future__ import annotations
@@ -357,12 +360,26 @@ def journalctl(args: list[str]) -> None:
 # --- MAAS's CLI --------------------------------------------------------------------------------
 
 def maas(args: list[str]) -> None:
-    if len(args) != 3 or args[:2] != ["apikey", "--username"]:
-        fail(f"only `maas apikey --username NAME` is covered, not {args}")
+    options, rest = [], list(args[1:])
+    while rest:
+        option = rest.pop(0)
+        if option in ("--username", "--name") and rest:
+            options.append(option)
+            rest.pop(0)
+        elif option == "--generate":
+            options.append(option)
+        else:
+            fail(f"only `maas apikey --username NAME [--generate [--name NAME]]` is covered, not {args}")
+    if args[:1] != ["apikey"] or "--username" not in options or ("--name" in options and "--generate" not in options):
+        fail(f"only `maas apikey --username NAME [--generate [--name NAME]]` is covered, not {args}")
     source = os.environ.get("DOCS_MAAS_SOURCE", "")
     command = Path(source) / "src" / "maasserver" / "management" / "commands" / "apikey.py"
-    if source and command.is_file() and '"--username"' not in command.read_text():
-        fail(f"MAAS's apikey command ({command}) takes no --username")
+    if source and command.is_file():
+        for option in options:
+            if f'"{option}"' not in command.read_text():
+                fail(f"MAAS's apikey command ({command}) takes no {option}")
+    if "--generate" not in options:
+        print("Qv9bA3mZ7cXe2LpK4t:8Hs6Wd1Nf5Gj0Rk3Ty:Pm2Vb7Xc4Zq9Ln6Jh1Sd5Fg8Kw3Er0Tu")
     print(os.environ["DOCS_MAAS_KEY"])
 
 

@@ -36,7 +36,7 @@ from maas_kubevirt.render import render_commissioning, script_settings
 from test_commissioning import SCRIPT, SKIPPED, VALUES, assert_enlisted, load_script
 
 CI = os.environ.get("HYPOTHESIS_PROFILE") == "ci"
-# The main property runs at least 10,000 examples under the ci profile (DESIGN.md section 7).
+# The main property runs at least 10,000 examples under the ci profile (tests/conftest.py).
 MANY = max(10_000, settings.default.max_examples) if CI else settings.default.max_examples * 3
 
 script = load_script(SCRIPT, "kubevirt_bmc_config_properties")

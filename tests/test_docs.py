@@ -100,15 +100,18 @@ def maas_values(page: Page, **extra) -> dict:
 
 # --- README.md ---------------------------------------------------------------------------------
 
+SITE_DOMAIN = "bmc.site.example"
+
+
 def site_yaml_edited(page: Page, result) -> None:
     """`cp values.yaml site.yaml  # edit ...`: the edit the comment asks for."""
     assert (page.repo / "site.yaml").read_text() == (page.repo / "values.yaml").read_text()
-    page.write_values(page.repo / "site.yaml", {"redfish": {"domain": "bmc.site.example"}})
+    page.write_values(page.repo / "site.yaml", {"redfish": {"domain": SITE_DOMAIN}})
 
 
 def rendered_with_site_yaml(page: Page, result) -> None:
     text = "".join(p.read_text() for p in (page.repo / "build" / "kubernetes").glob("*.yaml"))
-    assert "bmc.site.example" in text, "make VALUES=site.yaml did not render site.yaml's domain"
+    assert SITE_DOMAIN in text, "make VALUES=site.yaml did not render site.yaml's domain"
 
 
 def bundle_rendered(page: Page, result) -> None:
@@ -359,13 +362,22 @@ def stop_service(page: Page) -> None:
 
 
 def new_seed_rendered(page: Page, result) -> None:
-    seed = (page.repo / "build" / "seed").read_text().strip()
-    assert seed != page.notes["seed"] and (page.repo / "build" / "seed").stat().st_mode & 0o777 == 0o600
-    assert seed in (page.repo / "build" / "kubernetes" / "seed-secret.yaml").read_text()
+    """The new seed rendered with the site's values (not the defaults), the old one kept, private."""
+    build = page.repo / "build"
+    seed = (build / "seed").read_text().strip()
+    assert seed != page.notes["seed"] and (build / "seed").stat().st_mode & 0o777 == 0o600
+    assert seed in (build / "kubernetes" / "seed-secret.yaml").read_text()
+    assert (build / "seed.old").read_text().strip() == page.notes["seed"]
+    assert (build / "seed.old").stat().st_mode & 0o777 == 0o600
+    rendered = "".join(path.read_text() for path in (build / "kubernetes").glob("*.yaml"))
+    assert SITE_DOMAIN in rendered and "bmc.example.com" not in rendered, "the seed was rendered without site.yaml"
 
 
 def old_seed(page: Page) -> None:
+    """The site as the README configures it: site.yaml (its own domain), the seed at build/seed."""
     page.notes["seed"] = (page.repo / "build" / "seed").read_text().strip()
+    shutil.copy(page.repo / "values.yaml", page.repo / "site.yaml")
+    page.write_values(page.repo / "site.yaml", {"redfish": {"domain": SITE_DOMAIN}})
 
 
 # --- docs/gateway.md ---------------------------------------------------------------------------
@@ -478,7 +490,8 @@ RUNNERS: dict[str, list[Step]] = {
         Step("sudo apt install ./build/deb/maas-kubevirt_*_all.deb", SHIM, after=installed),
         Step("sudoedit /etc/maas-kubevirt/values.yaml", SHIM, before=package_values),
         Step("sudo install -m 0600 /dev/null /etc/maas-kubevirt/api-key", SHIM),
-        Step("sudo maas apikey --username ADMIN | sudo tee /etc/maas-kubevirt/api-key >/dev/null", SHIM),
+        Step("sudo maas apikey --username ADMIN --generate --name maas-kubevirt | sudo tee /etc/maas-kubevirt/api-key"
+             " >/dev/null", SHIM),
         Step("sudo install -m 0600 build/seed /etc/maas-kubevirt/seed", SHIM),
         Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml reconcile --once --dry-run", SHIM),
         Step("sudo systemctl restart maas-kubevirt && journalctl -u maas-kubevirt", SHIM, after=service_reconciled),
@@ -506,10 +519,11 @@ RUNNERS: dict[str, list[Step]] = {
         Step("sudo systemctl daemon-reload && sudo systemctl restart maas-kubevirt", SHIM),
         Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml status | tail -n 1", SHIM, after=lease_held),
         Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml rotate web1.vms", SHIM, after=rotated_by_hand),
-        Step("install -m 0600 /dev/null build/seed.new", RUN, before=old_seed),
+        Step("install -m 0600 build/seed build/seed.old", RUN, before=old_seed),
+        Step("install -m 0600 /dev/null build/seed.new", RUN),
         Step("python3 -c 'import secrets; print(secrets.token_hex(32))' >build/seed.new", RUN),
         Step("mv build/seed.new build/seed", RUN),
-        Step(".venv/bin/maas-kubevirt render --output build", RUN, after=new_seed_rendered),
+        Step(".venv/bin/maas-kubevirt --values site.yaml render --output build", RUN, after=new_seed_rendered),
     ],
     "docs/troubleshooting.md": [
         Step(".venv/bin/maas-kubevirt --values site.yaml doctor", MAAS, before=doctor_site, codes=(0, 1),
@@ -549,6 +563,79 @@ def test_checked_only_commands_are_marked_in_their_page():
         marked = re.findall(r"^<!-- docs-test: checked-only: (.+?) \(.*?\) -->$", text, re.M)
         checked = [s.command for s in RUNNERS.get(page, []) if s.how == CHECKED]
         assert sorted(marked) == sorted(checked), f"{page}: marked {marked}, checked {checked}"
+
+
+# Each of these recipes was once in a page, and wrong (issue 32 item 4).
+RENDERS_THE_DEFAULTS = {
+    ("README.md", "make"): "the quick start builds the bundle from the built-in defaults, and says so",
+}
+
+
+def test_every_render_uses_the_sites_values():
+    """A render on a page names the site's values (`--values FILE`, `make VALUES=FILE`): followed
+    as written, a render without them applies the built-in defaults (bmc.example.com, the RFC 1918
+    ranges) to the cluster."""
+    problems = []
+    for page in PAGES:
+        for command in commands(page):
+            text = command.text
+            renders = re.search(r"maas-kubevirt\b.*\srender\b", text) or re.fullmatch(r"make(\s+(all|build))?", text)
+            renders = renders or (re.match(r"make\b", text) and "VALUES=" in text)
+            if not renders or (page, text) in RENDERS_THE_DEFAULTS:
+                continue
+            if "--values" not in text and "VALUES=" not in text:
+                problems.append(f"{command}: renders without the site's values (--values FILE)")
+    assert not problems, "\n".join(problems)
+
+
+def key_file_recipes() -> list[tuple[str, str]]:
+    """Every `maas apikey` whose output goes into a file, in the pages and README.Debian."""
+    found = [(str(c), c.text) for page in PAGES for c in commands(page)]
+    debian = ROOT / "debian" / "README.Debian"
+    found += [(f"debian/README.Debian:{n}", line.strip()) for n, line in enumerate(debian.read_text().splitlines(), 1)]
+    return [(where, text) for where, text in found if "maas apikey" in text and re.search(r"[|>]", text)]
+
+
+def test_every_key_file_recipe_stores_one_key():
+    """`maas apikey --username U` prints every key U has, one per line, and the CLI refuses a key
+    file of two lines (exit 2, which the unit does not restart from): a recipe that fills a key file
+    generates one key."""
+    recipes = key_file_recipes()
+    assert recipes, "no page stores a MAAS API key: this test checks nothing"
+    assert not [f"{where}: {text}" for where, text in recipes if "--generate" not in text.split("|")[0]]
+
+
+def test_no_page_says_the_bmc_is_reached_over_plain_http():
+    """MAAS's Redfish driver prepends https:// to the power address: values.yaml once said that
+    without TLS settings the Ingress serves plain HTTP, which MAAS cannot use."""
+    said = [f"{name}:{number}: {line.strip()}" for name in (*PAGES, "values.yaml")
+            for number, line in enumerate((ROOT / name).read_text().splitlines(), 1)
+            if re.search(r"\bserves? (only )?plain HTTP|plain HTTP only", line)]
+    assert not said, "\n".join(said)
+
+
+def test_no_file_cites_a_page_the_repository_does_not_hold():
+    """A user's clone holds only the repository: a comment, docstring or page citing a `NAME.md`
+    (once DESIGN.md, FIELD-NOTES) must name a file in it."""
+    tracked = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout.split()
+    names = {Path(path).name for path in tracked if path.endswith(".md")} | {path for path in tracked if path.endswith(".md")}
+    cited = []
+    for path in tracked:
+        if path == "tests/test_docs.py" or (
+                not path.endswith((".py", ".md", ".j2", ".yaml", ".sh", ".Debian")) and not path.startswith(("tools/", "debian/"))):
+            continue
+        try:
+            text = (ROOT / path).read_text()
+        except (UnicodeDecodeError, IsADirectoryError, FileNotFoundError):
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            for name in re.findall(r"\b[\w./-]*[A-Za-z0-9_-]\.md\b", line):
+                if name.lstrip("./") not in names and Path(name).name not in names:
+                    cited.append(f"{path}:{number}: {name}")
+            if "FIELD-NOTES" in line:
+                cited.append(f"{path}:{number}: FIELD-NOTES")
+    assert not cited, "\n".join(cited)
 
 
 def test_troubleshooting_lists_every_check_doctor_makes():
@@ -785,12 +872,19 @@ def test_the_shims_refuse_what_does_not_exist(tmp_path):
         "systemctl restart maas-kubevirt": "is not installed",
         "systemctl enable --now maas-kubevirt": "only daemon-reload and restart/stop",
         "journalctl -f": "only `journalctl -u maas-kubevirt`",
-        "maas login admin http://localhost:5240/MAAS/": "only `maas apikey --username NAME`",
+        "maas login admin http://localhost:5240/MAAS/": "only `maas apikey --username NAME [--generate",
+        "maas apikey --username admin --name x": "only `maas apikey --username NAME [--generate",
     }
     for command, reason in refused.items():
         name, *args = command.split()
         result = subprocess.run([str(shims / name), *args], cwd=tmp_path, env=env, capture_output=True, text=True)
         assert result.returncode != 0 and reason in result.stderr, (command, result.stderr)
+    # As MAAS's apikey: every key of the user without --generate (a key file made of that holds two).
+    listed = subprocess.run([str(shims / "maas"), "apikey", "--username", "admin"], env=env, capture_output=True,
+                            text=True, check=True).stdout.splitlines()
+    generated = subprocess.run([str(shims / "maas"), "apikey", "--username", "admin", "--generate", "--name", "mk"],
+                               env=env, capture_output=True, text=True, check=True).stdout.splitlines()
+    assert len(listed) == 2 and generated == ["a:b:c"], (listed, generated)
     # The service's unit installed: a restart needs its credentials' files, and drop-ins reloaded.
     unit = tmp_path / "pkgroot" / "lib" / "systemd" / "system" / "maas-kubevirt.service"
     unit.parent.mkdir(parents=True)

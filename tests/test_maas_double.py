@@ -285,7 +285,7 @@ def test_the_end_of_commissioning_records_ready_then_the_status_change(double):
 # creates. src/maasserver/models/node.py Node.set_power_config: same power type, a row matching the
 # parameters as given (secret included, so never when power_pass is given) takes this machine and
 # every machine of its old row; none matching, the current row is updated in place; the old row is
-# deleted once no node is on it. Measured on MAAS 3.6.5's region (FIELD-NOTES).
+# deleted once no node is on it. Measured on MAAS 3.6.5's region (tests/test_real_maas.py).
 
 
 def anonymous(double: MaasDouble, params: dict) -> requests.Response:

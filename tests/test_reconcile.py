@@ -945,9 +945,13 @@ def test_the_docs_seed_rotation_commands_make_a_new_private_seed_and_render_with
     assert subprocess.run([sys.executable, "-m", "maas_kubevirt", "render", "--output", "build"],
                           cwd=tmp_path, capture_output=True).returncode == 0
     old = (tmp_path / "build" / "seed").read_text()
+    (tmp_path / "site.yaml").write_text("redfish:\n  domain: bmc.rotation.example\n")
     subprocess.run(["sh", "-eu", "-c", "umask 022\n" + script], cwd=tmp_path, check=True, capture_output=True)
     new = (tmp_path / "build" / "seed").read_text()
     assert new != old and (tmp_path / "build" / "seed").stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "build" / "seed.old").read_text() == old
+    assert "bmc.rotation.example" in (tmp_path / "build" / "kubernetes" / "kustomization.yaml").read_text() + "".join(
+        p.read_text() for p in (tmp_path / "build" / "kubernetes").glob("policy-*.yaml"))
     assert not (tmp_path / "build" / "seed.new").exists()
     secret = (tmp_path / "build" / "kubernetes" / "seed-secret.yaml").read_text()
     assert new.strip() in secret and old.strip() not in secret

@@ -124,7 +124,7 @@ def test_stream_needs_a_seed_file(tmp_path, capsys):
 def test_stream_is_one_yaml_document_per_object(tmp_path, capsys):
     seed_file = private_file(tmp_path / "seed", SITE_SEED + "\n")
     values_file = tmp_path / "values.yaml"
-    values_file.write_text(yaml.safe_dump({"seed": {"file": str(seed_file)}}))
+    values_file.write_text(yaml.safe_dump({"seed": {"file": str(seed_file)}, "ingress": {"tls_secret": "bmc-tls"}}))
     assert cli.main(["--values", str(values_file), "render", "--output", "-"]) == 0
     out, err = capsys.readouterr()
     assert "Next steps" not in out and not re.search(r"^Rendered \d+ files", out, re.MULTILINE)
@@ -400,3 +400,21 @@ def test_a_template_that_assigns_settings_again_is_refused(tmp_path, monkeypatch
 def test_a_template_with_other_kinds_of_assignment_renders(tmp_path, monkeypatch):
     template_with(tmp_path, monkeypatch, "config.path = '/x'\na, b = 1, 2\n" + MARKER)
     assert settings_of(render.render_commissioning(DEFAULTS)) == render.script_settings(DEFAULTS)
+
+
+def test_an_ingress_without_a_certificate_is_warned_about_and_still_rendered(tmp_path, capsys):
+    """MAAS's driver speaks HTTPS only: with neither ingress.tls_secret nor ingress.cluster_issuer
+    render warns, once, naming both keys; either one, or the gateway exposure, silences it."""
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump({"ingress": {"class_name": "nginx"}}))
+    assert cli.main(["--values", str(site), "render", "--output", str(tmp_path / "a")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and "ingress.tls_secret and ingress.cluster_issuer" in err, err
+    assert "HTTPS" in err and "'nginx'" in err
+    assert (tmp_path / "a" / "kubernetes" / "kustomization.yaml").is_file()
+    for changes in ({"ingress": {"tls_secret": "bmc-tls"}}, {"ingress": {"cluster_issuer": "site-ca"}},
+                    {"exposure": "gateway", "gateway": {"namespace": "gw", "name": "bmc"}}):
+        values = copy.deepcopy(DEFAULTS)
+        for key, part in changes.items():
+            values[key] = {**values[key], **part} if isinstance(part, dict) else part
+        assert render.tls_warning(values) is None, changes

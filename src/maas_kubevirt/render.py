@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from maas_kubevirt import EXIT_OK, PROG, exposure, policies
+from maas_kubevirt.console import warn
 from maas_kubevirt import seed as seeds
 from maas_kubevirt.paths import SCRIPT_NAME, data_dir, write_atomic
 from maas_kubevirt.policies import KUSTOMIZATION_FILE, SEED_SECRET_FILE, render_kubernetes
@@ -20,7 +21,7 @@ from maas_kubevirt.policies import KUSTOMIZATION_FILE, SEED_SECRET_FILE, render_
 PRIVATE_DIR, PUBLIC_DIR = 0o700, 0o755
 _SETTINGS_LINE = re.compile(r"^SETTINGS = .*# replaced by maas-kubevirt render$", re.MULTILINE)
 # Scripts run at enlistment: tagged enlisting (enlist_commissioning on) or bmc-config (off)
-# (src/maasserver/models/scriptset.py); DESIGN.md section 4. upload-script and doctor check them.
+# (src/maasserver/models/scriptset.py); docs/design.md, "MAAS contracts". upload-script and doctor check them.
 REQUIRED_TAGS = ("bmc-config", "enlisting")
 
 
@@ -136,10 +137,22 @@ def render(values: dict, output: str | Path) -> list[Path]:
     return written
 
 
+def tls_warning(values: dict) -> str | None:
+    """Why the BMC Ingresses may not be reachable by MAAS, when they name no certificate; else None."""
+    ingress = values["ingress"]
+    if values["exposure"] != "ingress" or ingress["tls_secret"] or ingress["cluster_issuer"]:
+        return None
+    return ("ingress.tls_secret and ingress.cluster_issuer are both empty: the BMC Ingresses name no certificate, "
+            "and MAAS's Redfish driver reaches a BMC only over HTTPS on port 443; set one of them, or make sure the "
+            f"controller of class {ingress['class_name']!r} serves these hosts over HTTPS with its default certificate")
+
+
 def main(values: dict, args: Any) -> int:
     """``render [--output DIR | -]``: render the bundle and print the next commands."""
     previous = {} if str(args.output) == "-" else policies.cluster_policies(Path(args.output) / "kubernetes")
     written = render(values, args.output)
+    if (problem := tls_warning(values)) is not None:
+        warn(problem)
     if written:
         output = Path(args.output)
         # What Kyverno would refuse to update in place, compared with the last render here.
