@@ -151,15 +151,7 @@ def get(page: Page, kind: str, name: str, namespace: str):
 
 
 def web1_gets_its_bmc(page: Page, result) -> None:
-    """The namespace is opted in: a VM made in it gets its serial and its BMC objects."""
-    kubectl(page, "apply", "-f", "-", input=json.dumps({
-        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine",
-        "metadata": {"name": "web1", "namespace": "tenant-a"},
-        "spec": {"runStrategy": "Halted", "template": {"spec": {
-            "domain": {"devices": {"interfaces": [{"name": "default", "masquerade": {},
-                                                   "macAddress": "02:00:00:00:00:01"}]},
-                       "resources": {"requests": {"memory": "1Gi"}}},
-            "networks": [{"name": "default", "pod": {}}]}}}}))
+    """examples/pxe-vm.yaml, admitted in the opted-in namespace: web1 gets its serial and its BMC objects."""
     eventually(lambda: (get(page, "virtualmachine", "web1", "tenant-a") or {}).get("spec", {}).get("template", {})
                .get("spec", {}).get("domain", {}).get("firmware", {}).get("serial") == "web1.tenant-a",
                "web1 has the serial web1.tenant-a")
@@ -465,7 +457,8 @@ RUNNERS: dict[str, list[Step]] = {
              retry="requires permissions"),
         Step("kubectl create namespace tenant-a", CLUSTER),
         Step("kubectl label namespace tenant-a maas.io/kubevirt-bmc=enabled mutatevirtualmachines.kubemacpool.io=allocate",
-             CLUSTER, after=web1_gets_its_bmc),
+             CLUSTER),
+        Step("kubectl -n tenant-a apply -f examples/pxe-vm.yaml", CLUSTER, after=web1_gets_its_bmc),
         Step("kubectl label namespace tenant-a maas.io/kubevirt-bmc-", CLUSTER),
         Step("kubectl -n tenant-a delete secret,virtualmachinebmc,ingress,networkpolicy -l app.kubernetes.io/part-of=maas-kubevirt",
              CLUSTER, after=bmc_objects_gone),
@@ -636,6 +629,29 @@ def test_no_file_cites_a_page_the_repository_does_not_hold():
             if "FIELD-NOTES" in line:
                 cited.append(f"{path}:{number}: FIELD-NOTES")
     assert not cited, "\n".join(cited)
+
+
+def test_the_example_vm_can_pxe_boot_into_maas():
+    """examples/pxe-vm.yaml (admitted on the control plane by docs/kubernetes.md's run): a bridge on
+    the PXE segment first in the boot order, MAAS's to power (Halted), a disk to deploy onto, and
+    a name that can name a kubevirtBMC Service."""
+    from maas_kubevirt import identity
+
+    documents = {d["kind"]: d for d in yaml.safe_load_all((ROOT / "examples" / "pxe-vm.yaml").read_text()) if d}
+    vm = documents["VirtualMachine"]
+    spec = vm["spec"]["template"]["spec"]
+    interfaces, disks = spec["domain"]["devices"]["interfaces"], spec["domain"]["devices"]["disks"]
+    assert vm["spec"]["runStrategy"] == "Halted" and "running" not in vm["spec"]
+    assert [i.get("bootOrder") for i in interfaces][0] == 1 and "bridge" in interfaces[0]
+    assert all(d.get("bootOrder", 99) > 1 for d in disks)
+    networks = {n["name"]: n for n in spec["networks"]}
+    assert "multus" in networks[interfaces[0]["name"]] and "pod" not in networks[interfaces[0]["name"]]
+    assert all("macAddress" not in i for i in interfaces), "KubeMacPool gives the MAC: a fixed one would be shared by copies"
+    claim = next(v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"] if "persistentVolumeClaim" in v)
+    assert claim == documents["PersistentVolumeClaim"]["metadata"]["name"]
+    assert "namespace" not in vm["metadata"], "the namespace is the operator's choice (kubectl -n)"
+    identity.redfish_host(vm["metadata"]["name"], "tenant-a", "bmc.example.com")
+    assert len(vm["metadata"]["name"]) <= 55 and "." not in vm["metadata"]["name"]
 
 
 def test_troubleshooting_lists_every_check_doctor_makes():
