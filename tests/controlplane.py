@@ -1,7 +1,7 @@
 """A live Kubernetes control plane on 127.0.0.1 for the tests: the `control_plane` fixture.
 
 etcd, kube-apiserver (RBAC, service-account tokens), kube-controller-manager (ClusterRole
-aggregation, garbage collector, namespace and service-account controllers) and Kyverno's
+aggregation, garbage collector, namespace, service-account and PVC-protection controllers) and Kyverno's
 admission and background controllers, out of cluster, each as its own ServiceAccount. The
 binaries and Kyverno's install manifest come from `tools/build-controlplane`, through the
 `CONTROLPLANE_BIN` environment variable (the Makefile's `test` target sets it); without it
@@ -324,7 +324,9 @@ class ControlPlane:
             str(self.bin_dir / "kube-controller-manager"), "--kubeconfig", str(kubeconfig),
             "--secure-port", "0", "--leader-elect=false", "--use-service-account-credentials=true",
             "--controllers", "clusterrole-aggregation-controller,garbage-collector-controller,"
-            "namespace-controller,serviceaccount-controller",
+            "namespace-controller,serviceaccount-controller,"
+            # A PersistentVolumeClaim (examples/pxe-vm.yaml's) carries a finalizer only this removes.
+            "persistentvolumeclaim-protection-controller",
         ])
 
         def default_account() -> bool:

@@ -393,6 +393,7 @@ def ingress_site_running(page: Page) -> None:
     kubectl(page, "create", "namespace", "tenant-a")
     kubectl(page, "label", "namespace", "tenant-a", "maas.io/kubevirt-bmc=enabled",
             "mutatevirtualmachines.kubemacpool.io=allocate")
+    kubectl(page, "-n", "tenant-a", "apply", "-f", str(page.repo / "examples" / "pxe-vm.yaml"))
     web1_gets_its_bmc(page, None)
 
 
