@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -496,14 +497,83 @@ def test_catch_all_rule(hosts, default_backend, class_name, legacy):
     assert doctor.ingress_classes(ingress_) == {c for c in (class_name, legacy) if c}
 
 
-@given(st.integers(0, 9), st.integers(0, 12), st.integers(0, 12), st.sampled_from(["", "~beta1-123-gabc", "-rc2"]))
-def test_maas_version_rule(major, minor, point, suffix):
-    """fail below 2.9.0 and inside 3.6.0-3.6.4 / 3.7.0-3.7.2, ok elsewhere; the fix names 3.6.5 and 3.7.3."""
-    check = doctor.version_check(f"{major}.{minor}.{point}{suffix}")
-    version = (major, minor, point)
-    bad = version < (2, 9, 0) or (3, 6, 0) <= version <= (3, 6, 4) or (3, 7, 0) <= version <= (3, 7, 2)
+_versions = st.tuples(st.integers(0, 9), st.integers(0, 12), st.integers(0, 20))
+_suffixes = st.sampled_from(["", "~beta1-123-gabc", "-rc2", "-16000-g1234.snap"])
+_broken = ((3, 6, 0), (3, 6, 4)), ((3, 7, 0), (3, 7, 2))
+
+
+def _text(version):
+    return ".".join(map(str, version))
+
+
+@given(_versions, _suffixes)
+def test_maas_version_rule(version, suffix):
+    """With nothing proven: fail below 2.9.0 and inside 3.6.0-3.6.4 / 3.7.0-3.7.2, ok elsewhere;
+    the fix names 3.6.5 and 3.7.3."""
+    check = doctor.version_check(f"{_text(version)}{suffix}")
+    bad = version < (2, 9, 0) or any(low <= version <= high for low, high in _broken)
     assert check.status == ("fail" if bad else "ok")
     assert ("upgrade to 3.6.5 or 3.7.3" in check.fix) is bad
+
+
+@given(_versions, _suffixes, st.lists(_versions.filter(lambda v: v >= (2, 9, 0) and not any(
+    low <= v <= high for low, high in _broken)), min_size=1, max_size=4, unique=True))
+def test_maas_version_rule_follows_the_proven_releases(version, suffix, proven):
+    """ok exactly on a proven release; a warning naming the nearest proven release (its own
+    series' newest, else the newest older one, else the oldest) on any other that works; fail on
+    the broken ranges whatever is proven."""
+    check = doctor.version_check(f"{_text(version)}{suffix}", [_text(release) for release in proven])
+    bad = version < (2, 9, 0) or any(low <= version <= high for low, high in _broken)
+    if bad:
+        assert check.status == "fail"
+        return
+    if version in proven:
+        assert check.status == "ok" and "proven on" in check.found
+        return
+    same = sorted(r for r in proven if r[:2] == version[:2])
+    older = sorted(r for r in proven if r < version)
+    nearest = (same or older or sorted(proven)[:1])[-1]
+    assert check.status == "warn"
+    assert f"the nearest proven is {_text(nearest)}" in check.found
+    assert _text(nearest) in check.fix
+    # every proven release is listed, oldest first
+    assert ", ".join(_text(r) for r in sorted(proven)) in check.found
+
+
+@given(_versions, st.lists(_versions, min_size=1, max_size=5))
+def test_nearest_proven_is_proven_and_in_the_series_when_one_is(version, proven):
+    from maas_kubevirt.maas import nearest_proven
+
+    nearest = nearest_proven(version, proven)
+    assert nearest in proven
+    if version in proven:
+        assert nearest[:2] == version[:2]
+    if any(r[:2] == version[:2] for r in proven):
+        assert nearest == max(r for r in proven if r[:2] == version[:2])
+    elif any(r < version for r in proven):
+        assert nearest == max(r for r in proven if r < version)
+    else:
+        assert nearest == min(proven)
+    assert nearest_proven(version, []) is None
+
+
+def test_maas_version_row_on_the_matrix():
+    """upstream.lock.yaml's matrix: ok on 3.5.13, 3.6.5 and 3.7.3; each other release that works
+    names its series' proven release, or the nearest older."""
+    from maas_kubevirt import upstream
+
+    lock = upstream.proven(Path(__file__).resolve().parents[1] / upstream.LOCK_NAME)
+    matrix = upstream.proven_releases("maas", lock)
+    assert matrix == ("3.5.13", "3.6.5", "3.7.3") and lock["maas"] in matrix
+    expected = {"3.5.13": ("ok", None), "3.6.5": ("ok", None), "3.7.3": ("ok", None),
+                "3.5.4": ("warn", "3.5.13"), "3.5.14": ("warn", "3.5.13"), "3.6.6": ("warn", "3.6.5"),
+                "3.7.4": ("warn", "3.7.3"), "3.8.0": ("warn", "3.7.3"), "3.4.2": ("warn", "3.5.13"),
+                "2.9.0": ("warn", "3.5.13"), "3.6.4": ("fail", None), "3.7.0": ("fail", None), "2.8.9": ("fail", None)}
+    for text, (status, nearest) in expected.items():
+        check = doctor.version_check(text, matrix)
+        assert check.status == status, (text, check)
+        if nearest:
+            assert f"the nearest proven is {nearest}" in check.found, (text, check)
 
 
 def test_an_unreadable_maas_version_is_a_warning():
@@ -586,3 +656,13 @@ def test_the_fix_names_the_edit_and_where_maas_lists_its_rack_controllers():
     assert doctor.source_ranges_check(["10.0.0.5/32", "10.0.0.6/32"], APPLY, rack_controllers=2).found == (
         "10.0.0.5/32, 10.0.0.6/32: 2 address(es) may reach the BMCs; MAAS lists 2 rack controller(s): "
         "1 address(es) allowed per rack controller")
+
+
+def test_the_readme_and_maas_page_state_the_proven_releases():
+    from maas_kubevirt import upstream
+
+    root = Path(__file__).resolve().parents[1]
+    matrix = upstream.proven_releases("maas", upstream.proven(root / upstream.LOCK_NAME))
+    stated = ", ".join(matrix[:-1]) + " and " + matrix[-1]
+    for page in ("README.md", "docs/maas.md"):
+        assert stated in " ".join((root / page).read_text(encoding="utf-8").split()), page

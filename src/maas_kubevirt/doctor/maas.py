@@ -21,6 +21,7 @@ from maas_kubevirt.maas import (
     MAASAuthError,
     MAASClient,
     MAASError,
+    nearest_proven,
     parse_version,
 )
 from maas_kubevirt.paths import SCRIPT_NAME
@@ -36,9 +37,10 @@ if TYPE_CHECKING:
 FIXED_DNS_VERSIONS = "upgrade to 3.6.5 or 3.7.3"
 
 
-def version_check(text: str, proven: str | None = None) -> Check:
-    """MAAS 2.9 or later, not one that refuses DNS names in a redfish power address, and (a
-    warning) not older than the release the tiers prove the bundle on (upstream.lock.yaml)."""
+def version_check(text: str, proven: "Sequence[str] | str | None" = None) -> Check:
+    """MAAS 2.9 or later, not one that refuses DNS names in a redfish power address (fail), and
+    one of the releases the real-MAAS tier proves the bundle on (upstream.lock.yaml's
+    `maas-proven:`): ok on one of those, a warning naming the nearest on any other release."""
     version = parse_version(text)
     name = "maas.version"
     if version is None:
@@ -53,11 +55,18 @@ def version_check(text: str, proven: str | None = None) -> Check:
             return Check(name, FAIL, f"MAAS {_clean(text)} refuses DNS names in a redfish power address "
                          f"({_version_text(low)}-{_version_text(high)}, LP:2150892): VMs enlist without power",
                          FIXED_DNS_VERSIONS)
-    tested = parse_version(proven) if proven else None
-    if tested is not None and version < tested:
-        return Check(name, WARN, f"MAAS {_clean(text)}: older than MAAS {proven}, the release maas-kubevirt "
-                     f"is proven on ({upstream.LOCK_NAME})", f"upgrade MAAS to {proven} or later")
-    return Check(name, OK, f"MAAS {_clean(text)}" + (f" (proven on {proven})" if proven else ""))
+    releases = proven.split() if isinstance(proven, str) else list(proven or ())
+    parsed = {parse_version(release): release for release in releases}
+    parsed.pop(None, None)
+    if not parsed:
+        return Check(name, OK, f"MAAS {_clean(text)}")
+    listed = ", ".join(parsed[release] for release in sorted(parsed))
+    if version in parsed:
+        return Check(name, OK, f"MAAS {_clean(text)} (proven on {listed})")
+    nearest = parsed[nearest_proven(version, list(parsed))]
+    return Check(name, WARN, f"MAAS {_clean(text)}: not a release maas-kubevirt is proven on ({listed}, "
+                 f"{upstream.LOCK_NAME}); the nearest proven is {nearest}",
+                 f"run MAAS {nearest}, the nearest proven release")
 
 
 def admin_check(user: Mapping[str, Any], key_source: str) -> Check:
@@ -295,7 +304,7 @@ def maas_checks(values: Mapping[str, Any], client: MAASClient, seed: str | None,
     domain = values["redfish"]["domain"]
     checks: list[Check] = []
     try:
-        checks.append(version_check(client.version(), upstream.proven().get("maas")))
+        checks.append(version_check(client.version(), upstream.proven_releases("maas")))
     except MAASAuthError as error:
         # MAAS answers version/ without authentication, but refuses a request signed by a bad key.
         checks.append(Check("maas.version", SKIP, "not read: the API key was refused"))

@@ -38,3 +38,21 @@ def check_version(text: str) -> list[str]:
                 "3.6.0-3.6.4 and 3.7.0-3.7.2): enlistment of KubeVirt VMs fails; upgrade MAAS"
             ]
     return []
+
+
+Version = tuple[int, int, int]
+
+
+def nearest_proven(version: Version, proven: "list[Version] | tuple[Version, ...]") -> Version | None:
+    """The proven release nearest ``version``: the one of its series (major.minor), the newest
+    when several; else the newest proven release older than it; else the oldest. None when
+    nothing is proven. A release of a proven series is nearest its own series' proven release,
+    whether older or newer (3.5.4 and 3.5.20: 3.5.13), so that the advice stays in the series."""
+    if not proven:
+        return None
+    ordered = sorted(set(proven))
+    same = [release for release in ordered if release[:2] == version[:2]]
+    if same:
+        return same[-1]
+    older = [release for release in ordered if release < version]
+    return older[-1] if older else ordered[0]
