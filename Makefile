@@ -6,18 +6,24 @@ BUILD ?= build
 VALUES ?=
 CLI = $(BIN)/maas-kubevirt $(if $(VALUES),--values $(VALUES))
 
-.PHONY: all render venv deps kyverno test bench mutate deb clean
+.PHONY: all render venv test-venv deps kyverno test bench mutate deb clean
 
 all: render
 
 render: venv
 	$(CLI) render --output $(BUILD)
 
+# render needs only the runtime dependencies; the test extras come with `make test`.
 venv: $(VENV)/.installed
+test-venv: $(VENV)/.test-installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.cfg
 	@$(PYTHON) -m venv $(VENV) || { echo "cannot create a virtualenv: install python3-venv (apt-get install python3-venv)" >&2; exit 2; }
 	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e .
+	@touch $@
+
+$(VENV)/.test-installed: $(VENV)/.installed
 	$(BIN)/pip install --quiet -e '.[test]'
 	@touch $@
 
@@ -30,7 +36,7 @@ deps:
 # 45 min on 2 cores; then MAAS's region from its source
 # (MAAS_SOURCE, default the upstream repository) with its template database. All cached under
 # ~/.cache/maas-kubevirt/. Without MAAS's source and nothing cached, the real-MAAS tier skips.
-test: deps venv
+test: deps test-venv
 	@kyverno=$$(tools/build-kyverno) || { echo "Kyverno CLI not built: its tests will skip (or fail under CI=true)" >&2; kyverno=""; }; \
 	controlplane=$$(tools/build-controlplane) || { echo "control plane not built: its tier will skip (or fail under CI=true)" >&2; controlplane=""; }; \
 	traefik=$$(tools/build-traefik) || { echo "Traefik not built: the traffic tier will skip (or fail under CI=true)" >&2; traefik=""; }; \
@@ -40,7 +46,7 @@ test: deps venv
 
 # The reconciler's cost to MAAS against the double, then a fleet at MAAS's own pace on MAAS's region
 # with its rack stand-in (BENCH_REAL_N VMs, BENCH_REAL_T s per power-on: about 20 minutes at 100 and 20).
-bench: venv
+bench: test-venv
 	$(BIN)/python tools/bench.py
 	REAL_MAAS=$$(MAAS_SOURCE="$(MAAS_SOURCE)" tools/build-maas) && $(BIN)/python tools/bench-real-maas
 
@@ -49,7 +55,7 @@ bench: venv
 mutate: $(VENV)/.mutate-installed
 	nice $(BIN)/python tools/mutate $(MODULES)
 
-$(VENV)/.mutate-installed: $(VENV)/.installed
+$(VENV)/.mutate-installed: $(VENV)/.test-installed
 	$(BIN)/pip install --quiet -e '.[test,mutate]'
 	@touch $@
 
