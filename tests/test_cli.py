@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -171,3 +172,98 @@ def test_each_command_has_its_own_module_with_main():
         assert callable(importlib.import_module(f"maas_kubevirt.{module}").main)
     reconcile_source = "".join(path.read_text() for path in (PACKAGE / "reconcile").glob("*.py"))
     assert "def main" not in reconcile_source and "argparse" not in reconcile_source
+
+
+# --- --values before or after the command ------------------------------------------------------
+
+from hypothesis import given, strategies as st  # noqa: E402
+
+# What each command needs besides --values to parse.
+MINIMAL = {"render": [], "reconcile": ["--once"], "status": [], "upload-script": [], "doctor": [],
+           "rotate": ["web1.vms"]}
+# A values path as an operator may spell it: anything argparse does not take for an option.
+value_paths = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"),
+                      min_size=1, max_size=40).filter(lambda p: not p.startswith("-"))
+
+
+@given(command=st.sampled_from(sorted(MINIMAL)), path=value_paths, where=st.sampled_from(["before", "after", "both"]),
+       joined=st.booleans())
+def test_values_is_taken_before_or_after_the_command(command, path, where, joined):
+    option = [f"--values={path}"] if joined else ["--values", path]
+    argv = {"before": option + [command] + MINIMAL[command],
+            "after": [command] + MINIMAL[command] + option,
+            "both": option + [command] + option + MINIMAL[command]}[where]
+    args = cli.parse(argv)
+    assert args.values == path and args.command == command
+    assert not hasattr(args, cli.VALUES_AFTER)
+
+
+@pytest.mark.parametrize("command", sorted(MINIMAL))
+def test_no_values_anywhere_is_the_defaults(command):
+    assert cli.parse([command] + MINIMAL[command]).values is None
+
+
+def test_two_different_values_files_are_a_usage_error_naming_both(capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--values", "site.yaml", "render", "--values", "other.yaml"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--values given twice, 'site.yaml' before the command and 'other.yaml' after it" in err
+
+
+def test_values_after_the_command_is_the_values_used(tmp_path, capsys):
+    values = tmp_path / "values.yaml"
+    values.write_text("redfish:\n  domain: after.example.org\n")
+    assert cli.main(["render", "--output", str(tmp_path / "build"), "--values", str(values)]) == 0
+    capsys.readouterr()
+    assert "after.example.org" in (tmp_path / "build" / "commissioning" / SCRIPT_NAME).read_text()
+
+
+def test_help_of_each_command_shows_values(capsys):
+    for command in MINIMAL:
+        with pytest.raises(SystemExit):
+            cli.main([command, "--help"])
+        assert "--values FILE" in capsys.readouterr().out, command
+
+
+# --- a closed pipe ------------------------------------------------------------------------------
+
+
+def _run_into_closed_pipe(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    """The command with stdout a pipe whose reader has gone (`... | head -1` once head exits)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run([sys.executable, "-m", "maas_kubevirt", *argv], stdout=write,
+                              stderr=subprocess.PIPE, text=True, cwd=cwd, timeout=120)
+    finally:
+        os.close(write)
+
+
+def test_a_closed_pipe_ends_status_quietly_with_exit_0(tmp_path):
+    with MaasDouble() as double:
+        double.add_vm("web1", "vms")
+        values = write_values(tmp_path, double)
+        result = _run_into_closed_pipe(["--values", str(values), "status"], tmp_path)
+    assert (result.returncode, result.stderr) == (0, "")
+
+
+def test_a_render_to_a_closed_pipe_ends_quietly_with_exit_0(tmp_path):
+    subprocess.run([sys.executable, "-m", "maas_kubevirt", "render", "--output", "build"], cwd=tmp_path,
+                   check=True, capture_output=True)
+    (tmp_path / "values.yaml").write_text(f"seed:\n  file: {tmp_path / 'build' / 'seed'}\n")
+    for argv in (["--values", "values.yaml", "render", "--output", "-"], ["--help"], ["status", "--help"]):
+        result = _run_into_closed_pipe(argv, tmp_path)
+        assert (result.returncode, result.stderr) == (0, ""), argv
+
+
+def test_head_of_a_render_reads_its_first_line_and_the_render_exits_0(tmp_path):
+    """`render -o - | head -1`: 80 kB of manifests, more than a pipe holds, so the write fails."""
+    subprocess.run([sys.executable, "-m", "maas_kubevirt", "render", "--output", "build"], cwd=tmp_path,
+                   check=True, capture_output=True)
+    (tmp_path / "values.yaml").write_text(f"seed:\n  file: {tmp_path / 'build' / 'seed'}\n")
+    result = subprocess.run(f"{sys.executable} -m maas_kubevirt --values values.yaml render -o - | head -1; "
+                            "echo \"exit ${PIPESTATUS[0]}\" >&2", shell=True, executable="/bin/bash",
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.stdout.startswith("# Rendered by maas-kubevirt") and result.stdout.count("\n") == 1
+    assert result.stderr == "exit 0\n"

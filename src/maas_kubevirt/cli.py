@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import select
 import sys
 from pathlib import Path
 from types import ModuleType
 
-from maas_kubevirt import EXIT_FAILED, EXIT_USAGE, PROG, __version__
+from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG, __version__
 from maas_kubevirt.console import error
 from maas_kubevirt.paths import SCRIPT_NAME
 from maas_kubevirt.values import DEFAULT_VALUES_PATH, ValuesError, load_values
@@ -27,6 +28,19 @@ def _positive_seconds(text: str) -> int:
     return seconds
 
 
+VALUES_HELP = f"values file merged over the built-in defaults ({DEFAULT_VALUES_PATH})"
+# --values after the command lands here (a dest of its own: argparse would otherwise let the
+# subcommand's default overwrite a --values given before it); main() merges the two.
+VALUES_AFTER = "values_after_command"
+
+
+def _values_option() -> argparse.ArgumentParser:
+    """--values as every subcommand takes it, after the command name (`render --values FILE`)."""
+    shared = argparse.ArgumentParser(add_help=False)
+    shared.add_argument("--values", metavar="FILE", dest=VALUES_AFTER, default=argparse.SUPPRESS, help=VALUES_HELP)
+    return shared
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -35,16 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit status: 0 success or nothing to do, 1 some actions failed, 2 usage or configuration error.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument(
-        "--values",
-        metavar="FILE",
-        help=f"values file merged over the built-in defaults ({DEFAULT_VALUES_PATH})",
-    )
+    parser.add_argument("--values", metavar="FILE", help=VALUES_HELP + "; before or after the command")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    shared = [_values_option()]
     commands.required = True
 
     render = commands.add_parser(
-        "render",
+        "render", parents=shared,
         help="render the bundle: Kubernetes manifests and the commissioning script",
         description="Render the Kyverno policies, RBAC, seed Secret and example namespace into "
         "DIR/kubernetes/, and the configured commissioning script into DIR/commissioning/. "
@@ -57,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     reconcile = commands.add_parser(
-        "reconcile",
+        "reconcile", parents=shared,
         help="set the BMC password, rename, pool and commission the MAAS machines of KubeVirt VMs",
         description="Poll MAAS and, only for machines whose Redfish power address is exactly the bare "
         "host <vm>.<namespace>.<domain> (and no other machine claims that VM), set their BMC password "
@@ -81,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     reconcile.add_argument("--dry-run", action="store_true", help="print the plan as a table; change nothing")
 
     status = commands.add_parser(
-        "status",
+        "status", parents=shared,
         help="one row per MAAS machine that is a KubeVirt VM",
         description="List the MAAS machines whose power address names a KubeVirt BMC: VM, namespace, "
         "MAAS hostname, system_id, status, pool, power state, whether the password is the derived "
@@ -92,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print the machines as JSON instead of a table")
 
     upload = commands.add_parser(
-        "upload-script",
+        "upload-script", parents=shared,
         help="create or update the commissioning script in MAAS",
         description="Upload the commissioning script that render wrote from the same values "
         "to MAAS through its API (POST scripts/, or PUT scripts/{name} with the tags and timeout, "
@@ -106,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the rendered script (default: %(default)s)",
     )
     rotate = commands.add_parser(
-        "rotate",
+        "rotate", parents=shared,
         help="give one VM new BMC credentials (a password that may have leaked)",
         description="Increment the credential generation of VM.NAMESPACE in the ConfigMap "
         "maas-kubevirt-rotations of the system namespace, through the cluster access of "
@@ -123,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a kubeconfig allowed to update that ConfigMap (default: reconciler.lease.kubeconfig)",
     )
     doctor = commands.add_parser(
-        "doctor",
+        "doctor", parents=shared,
         help="check a whole site: MAAS, the cluster and the network",
         description="Check MAAS (version, administrator key, the commissioning script, "
         "enlist_commissioning, the seed file, duplicate claims, power passwords), the reconciler's "
@@ -158,15 +169,63 @@ def _command(name: str) -> ModuleType:
     return importlib.import_module(f"maas_kubevirt.{module}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, with --values taken from before or after the command (once)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    after = getattr(args, VALUES_AFTER, None)
+    if hasattr(args, VALUES_AFTER):
+        delattr(args, VALUES_AFTER)
+    if after is not None:
+        if args.values is not None and args.values != after:
+            parser.error(f"--values given twice, {args.values!r} before the command and {after!r} after it: "
+                         "give one values file")
+        args.values = after
+    return args
+
+
+def _stdout_closed() -> bool:
+    """Whether the reader of stdout has gone (`status | head -1`): a pipe whose other end is
+    closed polls as an error. A broken pipe elsewhere (a socket) is a failure like any other."""
     try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that the flush at exit does not fail again on the closed pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        try:
+            args = parse(argv)
+        except SystemExit:   # --help, --version, a usage error: what argparse printed is flushed here
+            sys.stdout.flush()
+            raise
         values = load_values(args.values)
-        return _command(args.command).main(values, args)
+        code = _command(args.command).main(values, args)
+        sys.stdout.flush()   # here, not at exit: a closed pipe is still ours to handle
+        return code
     except ValuesError as failure:
         error(str(failure))
         return EXIT_USAGE
     except KeyboardInterrupt:
+        return EXIT_FAILED
+    except BrokenPipeError as failure:
+        if _stdout_closed():   # as `git log | head` does: the reader had what it wanted
+            _quiet_stdout()
+            return EXIT_OK
+        error(f"{failure.filename or ''}: {failure.strerror or failure}".lstrip(": "))
         return EXIT_FAILED
     except OSError as failure:
         error(f"{failure.filename or ''}: {failure.strerror or failure}".lstrip(": "))
