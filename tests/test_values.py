@@ -717,3 +717,62 @@ def test_the_route_isolation_keys_refuse_bad_values_in_one_line(tmp_path, values
     with pytest.raises(ValuesError) as failure:
         load_values(write(tmp_path, values))
     assert failure.value.problems == [problem]
+
+
+# --- duplicate keys ---------------------------------------------------------------------------
+
+
+def test_two_sections_of_one_name_are_refused_with_the_line_of_each(tmp_path):
+    path = write(tmp_path, "redfish:\n  domain: a.example.org\nmaas:\n  timeout: 5\nredfish:\n  check: strict\n")
+    with pytest.raises(ValuesError) as refused:
+        load_values(path)
+    assert refused.value.problems == [
+        f"{path}: key 'redfish' appears twice, at line 1 and line 5: keep one (YAML would take the last and "
+        "drop the first without a word)"]
+
+
+def test_a_repeated_key_inside_a_section_and_in_a_flow_mapping_are_each_named(tmp_path):
+    path = write(tmp_path, "maas:\n  timeout: 5\n  interval: 9\n  timeout: 6\nseed: {file: '', file: ''}\n")
+    with pytest.raises(ValuesError) as refused:
+        load_values(path)
+    text = str(refused.value)
+    assert "key 'timeout' appears twice, at line 2 and line 4" in text
+    assert "key 'file' appears twice, at line 5, columns 8 and 18" in text
+
+
+def test_keys_brought_by_a_merge_may_be_overridden(tmp_path):
+    path = write(tmp_path, "x-common: &common {domain: a.example.org, check: strict}\n"
+                           "redfish:\n  <<: *common\n  domain: b.example.org\n")
+    with pytest.raises(ValuesError) as refused:   # x-common is no section; the merge itself is fine
+        load_values(path)
+    assert refused.value.problems == ["x-common: unknown key; expected one of " + ", ".join([*SCALARS, *SCHEMA])]
+
+
+_KEYS = st.text("abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=8).map(lambda k: f"k_{k}")
+
+
+@given(st.lists(_KEYS, min_size=1, max_size=8, unique=True), st.data())
+def test_any_repeated_key_is_refused_with_both_lines(tmp_path_factory, keys, data):
+    """A mapping of unique keys loads as written; the same with one key repeated anywhere later is
+    refused, naming that key, its first line and the repeat's."""
+    from maas_kubevirt.values import _read
+
+    path = tmp_path_factory.mktemp("dup") / "values.yaml"
+    lines = [f"{key}: {index}" for index, key in enumerate(keys)]
+    path.write_text("\n".join(lines) + "\n")
+    assert _read(path) == {key: index for index, key in enumerate(keys)}
+    first = data.draw(st.integers(0, len(keys) - 1))
+    where = data.draw(st.integers(first + 1, len(keys)))
+    lines.insert(where, f"{keys[first]}: again")
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValuesError) as refused:
+        _read(path)
+    assert refused.value.problems == [
+        f"{path}: key {keys[first]!r} appears twice, at line {first + 1} and line {where + 1}: keep one "
+        "(YAML would take the last and drop the first without a word)"]
+
+
+def test_the_built_in_values_have_no_duplicate_key():
+    from maas_kubevirt.values import _read
+
+    assert _read(DEFAULT_VALUES_PATH) == DEFAULTS

@@ -385,18 +385,58 @@ RETIRED: dict[tuple[str, str], str] = {
 }
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that notes every key a mapping repeats (PyYAML keeps the last one
+    silently: two ``redfish:`` sections would leave the first without effect). Keys brought in
+    by a merge (``<<: *defaults``) may be overridden, as YAML means them to be."""
+
+    def __init__(self, stream: Any):
+        super().__init__(stream)
+        self.duplicates: list[str] = []
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark)
+            except TypeError:   # an unhashable key: PyYAML's own error follows
+                continue
+            if first is not key_node.start_mark:
+                name = repr(key) if isinstance(key, str) else _found(key)
+                self.duplicates.append(f"key {name} appears twice, at {_where(first, key_node.start_mark)}: keep "
+                                       "one (YAML would take the last and drop the first without a word)")
+        return super().construct_mapping(node, deep)
+
+
+def _where(first: yaml.Mark, second: yaml.Mark) -> str:
+    if first.line == second.line:   # a flow mapping: {a: 1, a: 2}
+        return f"line {first.line + 1}, columns {first.column + 1} and {second.column + 1}"
+    return f"line {first.line + 1} and line {second.line + 1}"
+
+
 def _read(path: Path) -> Any:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise ValuesError([f"{path}: cannot read the values file: {error.strerror or error}"]) from None
+    loader = None
     try:
-        return yaml.safe_load(text)
+        loader = _UniqueKeyLoader(text)
+        data = loader.get_single_data()
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(error, "problem", None) or "invalid YAML"
         raise ValuesError([f"{path}: not valid YAML{where}: {problem}"]) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+    if loader.duplicates:
+        raise ValuesError([f"{path}: {duplicate}" for duplicate in loader.duplicates])
+    return data
 
 
 def validate(values: Any, source: str = "values") -> dict:
