@@ -418,3 +418,47 @@ def test_an_ingress_without_a_certificate_is_warned_about_and_still_rendered(tmp
         for key, part in changes.items():
             values[key] = {**values[key], **part} if isinstance(part, dict) else part
         assert render.tls_warning(values) is None, changes
+
+
+# --- kubernetes.example_namespace ---------------------------------------------------------------
+
+
+def _namespaces(directory) -> set[str]:
+    from maas_kubevirt import policies
+
+    manifests = {path.name: path.read_text() for path in directory.glob("*.yaml")}
+    listed = yaml.safe_load(manifests["kustomization.yaml"])["resources"]
+    return {o["metadata"]["name"] for name in listed for o in policies.parse(manifests[name])
+            if o.get("kind") == "Namespace"}
+
+
+def test_the_example_namespace_is_rendered_by_default_and_left_out_with_false(tmp_path, capsys):
+    from maas_kubevirt import policies
+
+    assert DEFAULTS["kubernetes"]["example_namespace"] is True
+    assert cli.main(["render", "--output", str(tmp_path / "build")]) == 0
+    kubernetes = tmp_path / "build" / "kubernetes"
+    assert _namespaces(kubernetes) == {"maas-kubevirt", policies.EXAMPLE_NAMESPACE}
+    values = tmp_path / "values.yaml"
+    values.write_text("kubernetes:\n  example_namespace: false\n")
+    assert cli.main(["--values", str(values), "render", "--output", str(tmp_path / "build")]) == 0
+    # Left out of the kustomization, and the previous render's file gone (`kubectl apply -f DIR`).
+    assert _namespaces(kubernetes) == {"maas-kubevirt"}
+    assert not (kubernetes / policies.EXAMPLE_NAMESPACE_FILE).exists()
+    capsys.readouterr()
+    assert cli.main(["--values", str(values), "render", "--output", "-"]) == 2   # no seed.file: refused
+    values.write_text(f"kubernetes:\n  example_namespace: false\nseed:\n  file: {tmp_path / 'build' / 'seed'}\n")
+    capsys.readouterr()
+    assert cli.main(["--values", str(values), "render", "--output", "-"]) == 0
+    stream = [o for o in yaml.safe_load_all(capsys.readouterr().out) if o]
+    assert [o["metadata"]["name"] for o in stream if o["kind"] == "Namespace"] == ["maas-kubevirt"]
+    assert policies.EXAMPLE_NAMESPACE not in yaml.safe_dump(stream)
+
+
+@pytest.mark.parametrize("value", ["no-thanks", 0, "", None, "false"])
+def test_example_namespace_is_true_or_false(tmp_path, value):
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump({"kubernetes": {"example_namespace": value}}))
+    with pytest.raises(ValuesError) as refused:
+        load_values(path)
+    assert str(refused.value).startswith("kubernetes.example_namespace: expected true or false, found")

@@ -37,6 +37,8 @@ KYVERNO_MIN_VERSION = "1.13.0"
 KUBERNETES_MIN_VERSION = "1.28"
 CATEGORY = "MAAS, KubeVirt"
 EXAMPLE_NAMESPACE = "maas-vms"
+# Rendered only with kubernetes.example_namespace true (the default).
+EXAMPLE_NAMESPACE_FILE = "example-namespace.yaml"
 KUBEMACPOOL_LABEL = "mutatevirtualmachines.kubemacpool.io"
 # ingress-nginx's source allowlist; whitelist-source-range is its deprecated alias, which
 # ingress-nginx still honours, so neither may come from ingress.annotations.
@@ -117,8 +119,13 @@ FILES = [
     "policy-bmc-isolation.yaml",
     "policy-route-isolation.yaml",
     "policy-credential-rotations.yaml",
-    "example-namespace.yaml",
+    EXAMPLE_NAMESPACE_FILE,
 ]
+
+
+def kubernetes_example(values: dict) -> bool:
+    """Whether the render holds the example namespace (kubernetes.example_namespace)."""
+    return bool(values["kubernetes"]["example_namespace"])
 
 
 _VM = "request.object.metadata.name"
@@ -364,7 +371,8 @@ def _context(values: dict, seed: str | None) -> dict[str, Any]:
         annotations[CLUSTER_ISSUER_ANNOTATION] = ingress["cluster_issuer"]
         tls_secret_name = "{{ " + _VM + " }}-bmc-tls"
     annotations.update(ingress["annotations"])
-    files = [name for name in FILES if seed is not None or name != SEED_SECRET_FILE]
+    files = [name for name in FILES if (seed is not None or name != SEED_SECRET_FILE)
+             and (kubernetes_example(values) or name != EXAMPLE_NAMESPACE_FILE)]
     if INGRESS_ALLOWLIST_FILE in exposure_context(values)["exposure_files"]:
         files.insert(files.index("policy-vm-identity.yaml"), INGRESS_ALLOWLIST_FILE)
     domain = redfish["domain"]

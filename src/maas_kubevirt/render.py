@@ -128,6 +128,11 @@ def render(values: dict, output: str | Path) -> list[Path]:
     make_directory(output / "commissioning", PUBLIC_DIR)
     make_directory(output / "kubernetes", PUBLIC_DIR)
     written = []
+    stale = output / "kubernetes" / policies.EXAMPLE_NAMESPACE_FILE
+    if policies.EXAMPLE_NAMESPACE_FILE not in manifests and stale.is_file() and not stale.is_symlink():
+        # kubernetes.example_namespace false: a previous render's file would still be applied by
+        # `kubectl apply -f DIR/kubernetes/` (the kustomization no longer lists it).
+        stale.unlink()
     if new_seed_file is not None:
         write_atomic(new_seed_file, seed + "\n", mode=0o600)
     written.append(write_atomic(output / "commissioning" / SCRIPT_NAME, script, mode=0o755))

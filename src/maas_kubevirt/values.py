@@ -331,6 +331,7 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "opt_in_label": _label_key,
         "opt_in_value": _label_value,
         "kyverno_namespace": _namespace,
+        "example_namespace": _boolean,
     },
     "ingress": {
         "class_name": _k8s_name,
