@@ -47,6 +47,27 @@ def test_render_generates_the_seed_once_and_keeps_it(tmp_path, capsys):
     assert "kubectl apply -k" in out and "upload-script" in out
 
 
+def test_render_says_once_that_it_generated_the_seed_where_and_to_back_it_up(tmp_path, capsys):
+    assert cli.main(["render", "--output", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    announced = [line for line in out.splitlines() if line.startswith("Generated a new site seed")]
+    assert len(announced) == 1 and f"in {tmp_path / 'seed'} (mode 0600)" in announced[0]
+    assert "Back it up now" in out
+    assert cli.main(["render", "--output", str(tmp_path)]) == 0
+    assert "Generated a new site seed" not in capsys.readouterr().out
+
+
+def test_render_with_a_seed_file_announces_no_seed(tmp_path, capsys):
+    seed_file = tmp_path / "site-seed"
+    seed_file.write_text(secrets.token_hex(32) + "\n")
+    seed_file.chmod(0o600)
+    values = tmp_path / "values.yaml"
+    values.write_text(f"seed:\n  file: {seed_file}\n")
+    assert cli.main(["--values", str(values), "render", "--output", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "Generated a new site seed" not in out and not (tmp_path / "out" / "seed").exists()
+
+
 def test_secret_bearing_files_are_private_and_names_carry_no_secret(tmp_path):
     render.render(DEFAULTS, tmp_path)
     seed = (tmp_path / "seed").read_text().strip()
@@ -281,7 +302,9 @@ def test_next_steps_name_the_files_and_the_values_just_used(tmp_path, capsys, mo
     printed = capsys.readouterr().out.splitlines()
     written = [p for p in out.rglob("*") if p.is_file() and p.name != "seed"]  # generated, not rendered
     assert printed[0] == f"Rendered {len(written)} files into {out}/"
-    assert printed[1:] == [
+    assert printed[1] == f"Generated a new site seed in {out / 'seed'} (mode 0600): every BMC password derives from it."
+    assert printed[2].startswith("  Back it up now")
+    assert printed[3:] == [
         "Next steps:",
         f"  kubectl apply -k {out / 'kubernetes'}",
         f"  MAAS_API_KEY=... {command} --values '{values_file}' upload-script "

@@ -209,6 +209,55 @@ def test_load_needs_a_seed_file(monkeypatch):
         seed.load(values(""))
 
 
+@pytest.fixture
+def nowhere(tmp_path, monkeypatch):
+    """A working directory, and no installed seed: the usual seed files are what a test makes."""
+    monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
+    monkeypatch.setattr(seed, "INSTALLED_SEED", tmp_path / "etc" / "seed")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_an_empty_seed_file_names_the_seed_render_generated(nowhere):
+    (nowhere / "build").mkdir()
+    write(nowhere / "build" / "seed", GOOD + "\n")
+    with pytest.raises(ValuesError) as raised:
+        seed.load(values(""))
+    assert str(raised.value).endswith(f"set seed.file to {nowhere / 'build' / 'seed'} (it exists)")
+
+
+def test_an_empty_seed_file_names_both_seeds_when_both_exist(nowhere):
+    (nowhere / "build").mkdir()
+    (nowhere / "etc").mkdir()
+    write(nowhere / "build" / "seed", GOOD + "\n")
+    write(nowhere / "etc" / "seed", GOOD + "\n")
+    with pytest.raises(ValuesError) as raised:
+        seed.load(values(""))
+    assert f"set seed.file to {nowhere / 'etc' / 'seed'} or {nowhere / 'build' / 'seed'} (both exist" in str(raised.value)
+
+
+def test_an_empty_seed_file_without_any_seed_suggests_no_file_as_if_it_existed(nowhere):
+    with pytest.raises(ValuesError) as raised:
+        seed.load(values(""))
+    message = str(raised.value)
+    assert f"no seed file at {nowhere / 'etc' / 'seed'} or ./build/seed: install the seed render generated" in message
+    assert "set seed.file to " not in message.split("install the seed")[0]
+
+
+def test_status_and_reconcile_name_the_seed_that_exists(nowhere, capsys):
+    (nowhere / "build").mkdir()
+    write(nowhere / "build" / "seed", GOOD + "\n")
+    with MaasDouble() as double:
+        path = write_values(nowhere, double)
+        path.write_text(path.read_text().replace(str(nowhere / "seed"), "''"))
+        for command in (["status"], ["reconcile", "--once"], ["reconcile", "--dry-run"]):
+            assert cli.main(["--values", str(path), *command]) == 2, command
+            err = capsys.readouterr().err
+            assert f"set seed.file to {nowhere / 'build' / 'seed'} (it exists)" in err, command
+            assert "/etc/maas-kubevirt/seed" not in err, command
+        assert double.request_count == 0
+
+
 def test_load_reads_seed_file(tmp_path, monkeypatch):
     monkeypatch.delenv("CREDENTIALS_DIRECTORY", raising=False)
     assert seed.load(values(write(tmp_path / "s", GOOD + "\n"))) == GOOD
@@ -369,3 +418,14 @@ def test_base64_of_exactly_31_bytes_is_refused_and_32_accepted():
         seed.check(short, "seed.file")
     assert seed.check(enough, "seed.file") == enough
     assert seed.check(enough.rstrip("="), "seed.file") == enough.rstrip("=")
+
+
+def test_doctor_points_an_empty_seed_file_at_the_seed_that_exists(nowhere):
+    from maas_kubevirt.doctor.maas import seed_file_check
+    check, _ = seed_file_check("")
+    assert check.status == "fail"
+    assert check.fix.startswith(f"set seed.file in the values, e.g. {nowhere / 'etc' / 'seed'}, then `install -m 600")
+    (nowhere / "build").mkdir()
+    write(nowhere / "build" / "seed", GOOD + "\n")
+    check, _ = seed_file_check("")
+    assert check.fix == f"set seed.file to {nowhere / 'build' / 'seed'} (it exists)"

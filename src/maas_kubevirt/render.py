@@ -155,6 +155,9 @@ def tls_warning(values: dict) -> str | None:
 def main(values: dict, args: Any) -> int:
     """``render [--output DIR | -]``: render the bundle and print the next commands."""
     previous = {} if str(args.output) == "-" else policies.cluster_policies(Path(args.output) / "kubernetes")
+    # Whether render is about to generate the seed (seeds.for_render's rule), to announce it.
+    seed_file = Path(args.output) / seeds.SEED_FILE
+    generates = str(args.output) != "-" and not values["seed"]["file"] and not os.path.lexists(seed_file)
     written = render(values, args.output)
     if (problem := tls_warning(values)) is not None:
         warn(problem)
@@ -180,6 +183,11 @@ def main(values: dict, args: Any) -> int:
             print("ingress.allowlist is traefik: start Traefik with this flag on the entry point that serves the "
                   "BMC hosts (the source ranges are enforced by it, not by the annotation):")
             print(f"  --entryPoints.<name>.http.middlewares={exposure.traefik_entrypoint_middleware(values)}")
+        if generates:
+            print(f"Generated a new site seed in {seed_file} (mode 0600): every BMC password derives from it.")
+            print("  Back it up now, somewhere safe and private: it is in no repository, and a lost seed means "
+                  f"new passwords for every BMC. The MAAS region host needs the same file as its seed.file "
+                  f"(e.g. {seeds.INSTALLED_SEED}).")
         print("Next steps:")
         print(f"  kubectl apply -k {output / 'kubernetes'}")
         print(f"  MAAS_API_KEY=... {command} upload-script --script {script}")

@@ -30,6 +30,10 @@ from maas_kubevirt.paths import credential_path
 from maas_kubevirt.values import ValuesError
 
 SEED_FILE = "seed"            # <output>/seed when render generates it
+# Where a seed file usually is: the package's place for it, and what `make` (render's default
+# output, relative to where it runs) generates.
+INSTALLED_SEED = Path("/etc/maas-kubevirt/seed")
+RENDERED_SEED = Path("build") / SEED_FILE
 CREDENTIAL = "seed"           # the systemd credential's name
 MIN_BYTES = 32
 # What refuses a seed as not random (weakness()): bytes that repeat a pattern of up to half their
@@ -184,9 +188,26 @@ def load(values: Mapping[str, Any]) -> str:
     if not configured:
         raise ValuesError([
             "seed.file: expected the seed file the bundle was rendered with (every BMC password "
-            "derives from it), found an empty string; set seed.file, e.g. /etc/maas-kubevirt/seed"
+            f"derives from it), found an empty string; {where_to_point()}"
         ])
     return read(Path(configured), "seed.file")
+
+
+def existing_seed_files() -> list[Path]:
+    """The usual seed files that exist here, absolute: the installed one, then render's in ./build."""
+    return [path.absolute() for path in (INSTALLED_SEED, RENDERED_SEED) if path.is_file()]
+
+
+def where_to_point() -> str:
+    """How to set seed.file, naming the seed files that exist rather than one that may not."""
+    found = existing_seed_files()
+    if len(found) == 1:
+        return f"set seed.file to {found[0]} (it exists)"
+    if found:
+        return (f"set seed.file to {' or '.join(map(str, found))} (both exist: pick the one the "
+                "cluster was rendered with)")
+    return (f"no seed file at {INSTALLED_SEED} or ./{RENDERED_SEED}: install the seed render generated "
+            f"(DIR/seed, e.g. `install -m 600 build/seed {INSTALLED_SEED}`) and set seed.file to it")
 
 
 def for_render(values: Mapping[str, Any], output: Path | None) -> tuple[str, Path | None]:

@@ -120,12 +120,12 @@ def seed_file_check(path: str) -> tuple[Check, str | None]:
     Returns the check and, when it passes, the seed, for the checks that compare with it.
     """
     name = "maas.seed_file"
-    install = (f"`install -m 600 -o root SEEDFILE {shlex.quote(path or '/etc/maas-kubevirt/seed')}`, "
+    install = (f"`install -m 600 -o root SEEDFILE {shlex.quote(path or str(seeds.INSTALLED_SEED))}`, "
                "SEEDFILE holding the seed the cluster's seed Secret was rendered from "
                f"({seeds.ACCEPTED})")
     if not path:
         return Check(name, FAIL, "seed.file is empty: the MAAS host has no seed",
-                     f"set seed.file in the values, e.g. /etc/maas-kubevirt/seed, then {install}"), None
+                     _empty_seed_fix(install)), None
     try:
         seed = seeds.read(Path(path), "seed.file", follow_symlinks=False)
     except ValuesError as failure:
@@ -133,6 +133,14 @@ def seed_file_check(path: str) -> tuple[Check, str | None]:
     info = os.stat(path)
     return Check(name, OK, f"{path}: mode {stat.S_IMODE(info.st_mode):04o}, owned by {_user_name(info.st_uid)}, "
                  f"{seeds.random_bytes(seed)} random bytes"), seed
+
+
+def _empty_seed_fix(install: str) -> str:
+    """Point seed.file at a seed file that exists here, else say how to install one."""
+    found = seeds.existing_seed_files()
+    if found:
+        return seeds.where_to_point()
+    return f"set seed.file in the values, e.g. {seeds.INSTALLED_SEED}, then {install}"
 
 
 def _user_name(uid: int) -> str:
