@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from conftest import require, require_tool  # noqa: E402
 from maas_double import MaasDouble  # noqa: E402
+from tables import read_table, squeezed  # noqa: E402
 from redfish_responder import RedfishResponder  # noqa: E402
 
 from maas_kubevirt import cli, doctor, identity  # noqa: E402
@@ -370,6 +371,30 @@ def test_doctor_command_table_and_json(site, monkeypatch, capsys):
     assert {c["check"]: c["status"] for c in report["checks"]} == table_statuses(table)
     for secret in site.secrets():
         assert secret not in out + err
+
+
+@pytest.mark.parametrize("columns", [80, 132])
+def test_doctor_table_fits_the_terminal_and_json_does_not_change(site, monkeypatch, capsys, columns):
+    monkeypatch.setattr(doctor, "system_resolve", site.resolve)
+    monkeypatch.setattr(doctor, "HTTPS_PORT", site.redfish_port)
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert cli.main(["--values", str(site.values_file), "doctor"]) == 0
+    whole = capsys.readouterr().out
+    assert cli.main(["--values", str(site.values_file), "doctor", "--json"]) == 0
+    json_out = capsys.readouterr().out
+    assert max(len(line) for line in whole.splitlines()) > columns   # not a terminal: one line a row
+    monkeypatch.setenv("COLUMNS", str(columns))
+    assert cli.main(["--values", str(site.values_file), "doctor"]) == 0
+    fitted = capsys.readouterr().out
+    assert all(len(line) <= columns for line in fitted.splitlines()), fitted
+    assert len(fitted.splitlines()) > len(whole.splitlines())
+    assert fitted.splitlines()[-1] == whole.splitlines()[-1]          # the summary
+    table_part = "\n".join(fitted.splitlines()[:-1])
+    checks = json.loads(json_out)["checks"]
+    assert read_table(table_part)[1:] == squeezed((c["check"], c["status"], c["found"], c["fix"] or "-")
+                                                  for c in checks)
+    assert cli.main(["--values", str(site.values_file), "doctor", "--json"]) == 0
+    assert capsys.readouterr().out == json_out
 
 
 def test_wide_source_ranges_warn_and_doctor_still_exits_0(site, monkeypatch, capsys):

@@ -143,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(CRDs, Kyverno and its RBAC, the policies, the seed Secret, KubeMacPool labels, each VM's "
         "MACs, Secret, VirtualMachineBMC and Ingress allowlist), how many hosts ingress.source_ranges "
         "admits (a few: the rack controllers) and the network (DNS, Redfish). "
-        "One row per check: ok, warn, fail or skip, what was found and the exact fix. Read-only.",
+        "One row per check: ok, warn, fail or skip, what was found and the exact fix, the table fitted "
+        "to the terminal's width (or COLUMNS) with those two columns wrapped. Read-only.",
         epilog="Exit status: 0 nothing fails, 1 some check fails, 2 usage or configuration error.",
     )
     doctor.add_argument(

@@ -8,7 +8,10 @@ cannot write megabytes into the journal.
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import textwrap
 from typing import Any, Iterable, Sequence
 
 from maas_kubevirt import PROG
@@ -53,14 +56,69 @@ def _line(prefix: str, message: str) -> str:
     return cap(prefix + escape_controls(message), LINE_LIMIT)
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], width: int | None = None,
+          wrap: Sequence[int] = ()) -> str:
+    """Rows in aligned columns; with a width, the columns in wrap share what the others leave and
+    their cells wrap onto more lines, so that lines fit (unless even MIN_WRAP_WIDTH does not)."""
     cells = [[("" if v is None else escape_controls(v)) for v in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in cells:
         widths = [max(w, len(c)) for w, c in zip(widths, row)]
+    if width is not None and wrap:
+        widths = _fitted(widths, [len(h) for h in headers], width, wrap)
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    for row in cells:
+        parts = [_wrapped(c, w) if i in wrap else [c] for i, (c, w) in enumerate(zip(row, widths))]
+        for depth in range(max(len(p) for p in parts)):
+            line = [(p[depth] if depth < len(p) else "").ljust(w) for p, w in zip(parts, widths)]
+            lines.append("  ".join(line).rstrip())
     return "\n".join(lines)
+
+
+# A wrapped column is never narrower than this (nor than its header): below it a cell would be a
+# column of fragments, harder to read than a line the terminal wraps itself.
+MIN_WRAP_WIDTH = 16
+
+
+def _fitted(natural: list[int], headers: list[int], width: int, wrap: Sequence[int]) -> list[int]:
+    """Column widths within width: the wrapped columns share the room left, the narrower ones
+    keeping their natural width and the rest splitting what remains evenly."""
+    fixed = sum(w for i, w in enumerate(natural) if i not in wrap) + 2 * (len(natural) - 1)
+    room = width - fixed
+    if sum(natural[i] for i in wrap) <= room:
+        return natural
+    fitted = list(natural)
+    left = sorted(wrap, key=lambda i: natural[i])
+    while left:
+        share = room // len(left)
+        column = left.pop(0)
+        fitted[column] = max(min(natural[column], share), MIN_WRAP_WIDTH, headers[column])
+        room -= fitted[column]
+    return fitted
+
+
+def _wrapped(text: str, width: int) -> list[str]:
+    """text in lines of at most width characters, broken at spaces where it can be."""
+    if len(text) <= width:
+        return [text]
+    return textwrap.wrap(text, width, break_long_words=True, break_on_hyphens=False) or [""]
+
+
+def terminal_width() -> int | None:
+    """The width to fit a table to: COLUMNS, else stdout's terminal; None (no limit) when stdout is
+    not a terminal, as ps does, so that `doctor | grep` still finds a whole row on one line."""
+    try:
+        columns = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        columns = 0
+    if columns > 0:
+        return columns
+    try:
+        if not os.isatty(sys.stdout.fileno()):
+            return None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return shutil.get_terminal_size().columns
 
 
 def escape_controls(text: str) -> str:

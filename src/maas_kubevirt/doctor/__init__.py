@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG, policies
-from maas_kubevirt.console import error, table, warn
+from maas_kubevirt.console import error, table, terminal_width, warn
 from maas_kubevirt.paths import SCRIPT_NAME
 
 if TYPE_CHECKING:
@@ -208,10 +208,11 @@ def summary(checks: Sequence[Check]) -> dict[str, int]:
     return {status: sum(c.status == status for c in checks) for status in STATUSES}
 
 
-def render_table(checks: Sequence[Check]) -> str:
+def render_table(checks: Sequence[Check], width: int | None = None) -> str:
+    """The checks as a table; with a width, FOUND and FIX wrap so that its lines fit."""
     rows = [(c.name, c.status, c.found, c.fix or "-") for c in checks]
     counts = summary(checks)
-    return table(("CHECK", "STATUS", "FOUND", "FIX"), rows) + "\n" + \
+    return table(("CHECK", "STATUS", "FOUND", "FIX"), rows, width, wrap=(2, 3)) + "\n" + \
         ", ".join(f"{n} {status}" for status, n in counts.items())
 
 
@@ -246,7 +247,8 @@ def main(values: dict, args: Any) -> int:
         client.close()
         if cluster is not None:
             cluster.close()
-    print(render_json(checks) if getattr(args, "json", False) else render_table(checks), flush=True)
+    print(render_json(checks) if getattr(args, "json", False) else render_table(checks, terminal_width()),
+          flush=True)
     # A refused key is a configuration error, as for every other command: no check could run.
     if any(c.name == "maas.admin" and c.status == FAIL and c.found.startswith(KEY_REFUSED) for c in checks):
         return EXIT_USAGE
