@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 import urllib3.exceptions
+from hypothesis import given, strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -309,7 +310,7 @@ def test_hang_every_time_reports_timeout(double):
     with pytest.raises(MAASError) as caught:
         client.machines()
     assert caught.value.kind == "timeout"
-    assert str(caught.value) == "GET machines/: timeout: no answer in time"
+    assert str(caught.value) == f"GET machines/: timeout: no answer in time at {double.url}"
 
 
 def test_reset_connection_is_retried(double):
@@ -323,7 +324,9 @@ def test_connection_refused_is_one_line():
                         retry=RetryPolicy(attempts=2, backoff=0.01), timeout=1)
     with pytest.raises(MAASError) as caught:
         client.machines()
-    assert str(caught.value) == "GET machines/: connection: connection refused"
+    assert str(caught.value) == ("GET machines/: connection: connection refused at http://127.0.0.1:9/MAAS/: nothing "
+                                 "listens there: check maas.url's host and port (e.g. http://HOST:5240/MAAS/) and "
+                                 "that MAAS's region runs")
 
 
 def test_stop_during_backoff_interrupts(double):
@@ -810,7 +813,9 @@ CLOSED = "connection closed by the server"
     # urllib3 puts the cause second: ("Connection aborted.", RemoteDisconnected(...)).
     (urllib3.exceptions.ProtocolError("Connection aborted.", http.client.RemoteDisconnected("closed")), CLOSED),
     (ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number"), "TLS error"),
-    (urllib3.exceptions.SSLError("certificate verify failed"), "TLS error"),
+    (urllib3.exceptions.SSLError("certificate verify failed"), "TLS error, certificate not trusted"),
+    (ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] unable to get local issuer certificate"),
+     "TLS error, certificate not trusted"),
     (socket.gaierror(-2, "Name or service not known"), "cannot resolve the MAAS host name"),
     (urllib3.exceptions.NameResolutionError("maas.example.com", None, socket.gaierror(-3, "Temporary failure")),
      "cannot resolve the MAAS host name"),
@@ -867,7 +872,9 @@ def test_https_to_a_plain_http_port_is_a_tls_error(double):
                         retry=RetryPolicy(attempts=1), timeout=2)
     with pytest.raises(MAASError) as caught:
         client.machines()
-    assert str(caught.value) == "GET machines/: connection: TLS error"
+    assert str(caught.value) == (f"GET machines/: connection: TLS error at {double.url.replace('http://', 'https://')}: "
+                                 "is maas.url https:// on MAAS's plain-HTTP port? MAAS serves HTTPS on port 5443 "
+                                 "after `maas config-tls enable`; a private CA goes in REQUESTS_CA_BUNDLE")
 
 
 def test_a_server_that_hangs_up_without_answering():
@@ -883,13 +890,13 @@ def test_a_server_that_hangs_up_without_answering():
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    client = MAASClient(f"http://127.0.0.1:{server.getsockname()[1]}/MAAS/", Signer("a", "b", "c"),
-                        retry=RetryPolicy(attempts=2, backoff=0.01), timeout=2)
+    url = f"http://127.0.0.1:{server.getsockname()[1]}/MAAS/"
+    client = MAASClient(url, Signer("a", "b", "c"), retry=RetryPolicy(attempts=2, backoff=0.01), timeout=2)
     with pytest.raises(MAASError) as caught:
         client.machines()
     thread.join(5)
     server.close()
-    assert str(caught.value) == f"GET machines/: connection: {CLOSED}"
+    assert str(caught.value) == f"GET machines/: connection: {CLOSED} at {url}"
 
 
 # --- too large -------------------------------------------------------------------------------
@@ -1656,7 +1663,8 @@ def test_a_redirect_is_reported_not_followed():
     port = raw_server(b"HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:9/elsewhere\r\nContent-Length: 0\r\n\r\n")
     with pytest.raises(MAASError) as caught:
         once(port).machines()
-    assert str(caught.value) == "GET machines/: 302: (no message)"
+    assert str(caught.value) == (f"GET machines/: 302: (no message): no MAAS API at http://127.0.0.1:{port}/MAAS/: "
+                                 "maas.url must be the region's URL (e.g. http://HOST:5240/MAAS/)")
 
 
 def test_a_declared_length_over_the_cap_is_refused_before_reading():
@@ -1691,7 +1699,7 @@ def test_a_broken_chunked_body_is_a_connection_failure_named_by_its_type():
     port = raw_server(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n")
     with pytest.raises(MAASError) as caught:
         once(port).machines()
-    assert str(caught.value) == "GET machines/: connection: ChunkedEncodingError"
+    assert str(caught.value) == f"GET machines/: connection: ChunkedEncodingError at http://127.0.0.1:{port}/MAAS/"
 
 
 def test_proxies_from_the_environment_are_used(double, monkeypatch):
@@ -1719,7 +1727,8 @@ def test_tls_is_verified_against_the_system_or_the_given_authorities(tmp_path):
     client = MAASClient(url, Signer("a", "b", "c"), retry=RetryPolicy(attempts=1), timeout=3)
     with pytest.raises(MAASError) as caught:
         client.machines()
-    assert str(caught.value) == "GET machines/: connection: TLS error"
+    assert str(caught.value) == (f"GET machines/: connection: TLS error, certificate not trusted at {url}: "
+                                 "set REQUESTS_CA_BUNDLE to the file of the CA that signed MAAS's certificate")
     # A region with a private CA: the Transport is given its certificate.
     client = MAASClient(url, Signer("a", "b", "c"), retry=RetryPolicy(attempts=1), timeout=3,
                         transport=maas.Transport(verify=str(cert)))
@@ -2115,7 +2124,8 @@ def test_a_change_sent_again_is_bounded_like_a_read():
     with pytest.raises(MAASError) as caught:
         client.commission("abc")
     assert len(transport.sent) == 3 and not caught.value.in_flight
-    assert str(caught.value) == "POST machines/abc/?op=commission: connection: connection refused"
+    assert str(caught.value).startswith("POST machines/abc/?op=commission: connection: connection refused at "
+                                        "http://maas/MAAS/: nothing listens there")
 
 
 def test_a_change_whose_answer_is_too_large_may_have_been_made():
@@ -2462,3 +2472,46 @@ def test_require_administrator(double):
         client.require_administrator()
     assert str(caught.value) == ("GET users/?op=whoami: not-admin: the API key's user 'admin' is not a MAAS "
                                  "administrator: use an administrator's key (`maas apikey --username ADMIN`)")
+
+
+# --- where the request went and what to fix ----------------------------------------------------
+
+
+def test_a_url_without_maas_is_a_404_that_says_maas_url_must_end_in_maas(double):
+    url = double.url.replace("/MAAS/", "/")
+    client = MAASClient(url, Signer(*double.api_key), retry=RetryPolicy(attempts=1), timeout=2)
+    with pytest.raises(MAASError) as caught:
+        client.version()
+    assert caught.value.status == 404
+    assert str(caught.value) == (f"GET version/: 404: Not Found: no MAAS API at {url}: maas.url must end in /MAAS/ "
+                                 "(e.g. http://HOST:5240/MAAS/)")
+
+
+def test_a_404_on_one_machine_is_only_that_it_is_gone(double):
+    client = client_for(double)
+    with pytest.raises(MAASError) as caught:
+        client.call("GET", "machines/abc123/")
+    assert caught.value.status == 404 and "no MAAS API" not in str(caught.value)
+
+
+@pytest.mark.parametrize("url", ["http://admin:hunter2-secret@127.0.0.1:9/MAAS/?token=query-secret#frag-secret",
+                                 "http://:only-password-secret@127.0.0.1:9/MAAS/"])
+def test_no_credential_of_maas_url_is_in_a_message(url):
+    client = MAASClient(url, Signer("consumer-secret", "token-secret", "signature-secret"),
+                        retry=RetryPolicy(attempts=1), timeout=1)
+    with pytest.raises(MAASError) as caught:
+        client.machines()
+    message = str(caught.value) + repr(client)
+    assert "at http://127.0.0.1:9/MAAS/: nothing listens there" in message
+    assert "secret" not in message and "admin" not in message and "frag" not in message
+
+
+@given(st.sampled_from(["http", "https"]), st.text("abcdefgh:%@", max_size=12), st.text("abc:@%", max_size=12),
+       st.sampled_from(["127.0.0.1", "maas.example.com", "[fd00::1]"]), st.sampled_from(["", ":5240"]),
+       st.sampled_from(["/MAAS/", "/", ""]))
+def test_shown_url_never_keeps_what_comes_before_the_host(scheme, user, password, host, port, path):
+    from maas_kubevirt.unreachable import shown_url
+    url = f"{scheme}://{user}:{password}@{host}{port}{path}?q=1"
+    shown = shown_url(url)
+    assert "@" not in shown and "?" not in shown
+    assert shown in (f"{scheme}://{host}{port}{path}", "(an unreadable URL)")

@@ -108,3 +108,47 @@ def test_a_refusal_by_the_policy_carries_its_message():
 
     with pytest.raises(rotations.RotationsError, match="refused: admission webhook denied"):
         rotations.bump(Refusing({}), "web1", "tenant-a")
+
+
+def _kubeconfig(tmp_path, server: str):
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "x",
+        "clusters": [{"name": "c", "cluster": {"server": server}}],
+        "users": [{"name": "u", "user": {"token": "token-secret-value"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}]}))
+    return path
+
+
+def test_rotate_names_the_api_server_it_cannot_reach_not_an_exception(tmp_path, capsys):
+    """As doctor says it: `cannot reach the API server at URL (why)`, no credential of the URL."""
+    import socket
+
+    from maas_kubevirt import cli
+
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    kubeconfig = _kubeconfig(tmp_path, f"https://someone:password-secret@127.0.0.1:{port}")
+    values = tmp_path / "values.yaml"
+    values.write_text(f"reconciler:\n  lease:\n    kubeconfig: {kubeconfig}\n")
+    assert cli.main(["--values", str(values), "rotate", "web1.vms"]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"maas-kubevirt: error: rotate web1.vms: read ConfigMap maas-kubevirt/"
+                   f"{identity.ROTATIONS_CONFIGMAP}: cannot reach the API server at https://127.0.0.1:{port} "
+                   "(connection refused); check the kubeconfig's server\n")
+    assert "MaxRetryError" not in err and "secret" not in err
+
+
+def test_an_api_server_whose_certificate_is_not_trusted_names_the_fix():
+    import ssl
+
+    import urllib3
+
+    from maas_kubevirt import unreachable
+
+    error = urllib3.exceptions.MaxRetryError(None, "/api", reason=urllib3.exceptions.SSLError(
+        ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] self-signed certificate")))
+    assert unreachable.api_server("https://10.0.0.1:6443", error) == (
+        "cannot reach the API server at https://10.0.0.1:6443 (TLS error, certificate not trusted); the "
+        "kubeconfig's certificate-authority-data must hold the CA that signed it")

@@ -26,6 +26,8 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
+from maas_kubevirt import unreachable
+
 PAGE = 500
 # connect, read (seconds) for each request
 TIMEOUT = (5, 30)
@@ -102,8 +104,7 @@ class Cluster:
                 reply = self.session.get(self.host + path, params=query or {}, headers=headers,
                                          timeout=TIMEOUT, allow_redirects=False)
         except requests.RequestException as error:
-            raise KubeError(path, None, f"cannot reach the API server at {self.host} "
-                            f"({type(error).__name__})") from None
+            raise KubeError(path, None, unreachable.api_server(self.host, error)) from None
         if reply.status_code == 404 and missing_ok:
             return None
         if reply.status_code != 200:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from maas_kubevirt import identity
+from maas_kubevirt import identity, unreachable
 
 DEFAULT_NAMESPACE = "maas-kubevirt"   # values.yaml's kubernetes.system_namespace
 CONFLICT_ATTEMPTS = 5                 # tries of one bump when another writer wins the race (409)
@@ -48,12 +48,12 @@ def _where(namespace: str) -> str:
     return f"ConfigMap {namespace}/{identity.ROTATIONS_CONFIGMAP}"
 
 
-def _error(error: BaseException, action: str, namespace: str) -> RotationsError:
+def _error(error: BaseException, action: str, namespace: str, api: Any = None) -> RotationsError:
     """The one-line RotationsError for a failed request (status, reason and the fix; no body)."""
     status = getattr(error, "status", None)
     where = _where(namespace)
     if not isinstance(status, int) or status <= 0:
-        return RotationsError(f"{action} {where}: no answer from the API server ({type(error).__name__})")
+        return RotationsError(f"{action} {where}: {unreachable.api_server(_host(api), error)}")
     reason = " ".join(str(getattr(error, "reason", "") or "").split())[:80]
     if status == 404:
         return RotationsError(f"{action} {where}: 404 {reason}: it does not exist; {APPLY_FIX}", status)
@@ -73,6 +73,12 @@ def _error(error: BaseException, action: str, namespace: str) -> RotationsError:
     return RotationsError(f"{action} {where}: {status} {reason}", status)
 
 
+def _host(api: Any) -> str:
+    """The API server's URL a CoreV1Api sends to ("" when it cannot say: a test's stand-in)."""
+    host = getattr(getattr(getattr(api, "api_client", None), "configuration", None), "host", "")
+    return host if isinstance(host, str) else ""
+
+
 def _status_message(error: BaseException) -> str:
     """The Status message of an ApiException's body (an admission refusal), one line, short."""
     import json
@@ -89,7 +95,7 @@ def _get(api: Any, namespace: str, action: str) -> Any:
     try:
         return api.read_namespaced_config_map(identity.ROTATIONS_CONFIGMAP, namespace)
     except Exception as error:  # ApiException, urllib3 and socket errors: one line, no traceback
-        raise _error(error, action, namespace) from None
+        raise _error(error, action, namespace, api) from None
 
 
 def _data(configmap: Any) -> dict:
@@ -171,5 +177,5 @@ def bump(api: Any, vm: str, namespace: str, *, system_namespace: str = DEFAULT_N
             if getattr(error, "status", None) == 409:
                 raise RotationsError(f"bump {_where(system_namespace)}: 409 Conflict {attempts} times: "
                                      "another writer keeps changing it; try again", 409) from None
-            raise _error(error, "update", system_namespace) from None
+            raise _error(error, "update", system_namespace, api) from None
     raise AssertionError("unreachable")  # pragma: no cover

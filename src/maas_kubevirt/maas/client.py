@@ -14,9 +14,10 @@ from urllib.parse import urlencode
 
 from maas_kubevirt.maas.endpoints import Endpoints
 from maas_kubevirt.maas.errors import (MAASAuthError, MAASError, MAASForbidden, MAASTooLarge,
-                                       readable_message)
+                                       not_maas_message, readable_message, unreachable_message)
 from maas_kubevirt.maas.json_depth import MAX_JSON_DEPTH, json_nested_deeper
 from maas_kubevirt.maas.signing import Signer
+from maas_kubevirt.unreachable import shown_url
 from maas_kubevirt.maas.transport import (DEFAULT_MAX_RESPONSE, Response, Transport, TransportError,
                                           _too_large)
 
@@ -74,6 +75,7 @@ class MAASClient(Endpoints):
         max_body: int = DEFAULT_MAX_RESPONSE,
     ):
         base = url.rstrip("/") + "/"
+        self.shown = shown_url(base)        # maas.url as messages name it: no credentials
         self.base = base if base.endswith("/" + API_PATH) else base + API_PATH
         self.signer = signer
         self.timeout = float(timeout)
@@ -94,7 +96,7 @@ class MAASClient(Endpoints):
         self._counting = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"MAASClient({self.base!r})"
+        return f"MAASClient({self.shown!r})"
 
     @contextmanager
     def within(self, seconds: float | None):
@@ -199,7 +201,7 @@ class MAASClient(Endpoints):
                     raise MAASError(method, shown, None, f"{error} after the request was sent: MAAS "
                                     "may have carried it out; not sent again", error.kind,
                                     in_flight=True) from None
-                failure = MAASError(method, shown, None, str(error), error.kind)
+                failure = MAASError(method, shown, None, unreachable_message(str(error), self.shown), error.kind)
             else:
                 if reply.status in ok_statuses:
                     if not json_reply:
@@ -218,6 +220,8 @@ class MAASClient(Endpoints):
                 if reply.status == 403:
                     raise MAASForbidden(method, shown, 403, f"{message} (the API key's user lacks permission "
                                         "for this request: a MAAS administrator's key has it)")
+                if _everywhere(path) and (reply.status == 404 or 300 <= reply.status < 400):
+                    message = not_maas_message(message, self.shown)
                 failure = MAASError(method, shown, reply.status, message)
                 after = _retry_after(reply.headers.get("Retry-After"))
                 # MAAS adds Retry-After only when it did nothing and wants the request again.
@@ -256,6 +260,12 @@ class MAASClient(Endpoints):
 
     def close(self) -> None:
         self.transport.close()
+
+
+def _everywhere(path: str) -> bool:
+    """Whether every MAAS answers path: a collection (version/, machines/, scripts/), not one
+    object in it, whose 404 means only that the object is gone."""
+    return "/" not in path.strip("/")
 
 
 def _json(method: str, shown: str, reply: Response) -> Any:

@@ -8,6 +8,7 @@ import re
 from typing import Iterable
 from urllib.parse import quote, quote_plus
 
+from maas_kubevirt import unreachable
 from maas_kubevirt.console import escape_controls
 from maas_kubevirt.maas.json_depth import MAX_JSON_DEPTH, json_nested_deeper
 
@@ -109,3 +110,29 @@ def readable_message(body: bytes, content_type: str = "", hide: Iterable[str] = 
         title = re.search(r"<title>(.*?)</title>", text, re.IGNORECASE | re.DOTALL)
         text = title.group(1) if title else re.sub(r"<[^>]+>", " ", text)
     return line(text)
+
+
+EXAMPLE_URL = "http://HOST:5240/MAAS/"
+_FIXES = {
+    unreachable.REFUSED: (f"nothing listens there: check maas.url's host and port (e.g. {EXAMPLE_URL}) and "
+                         "that MAAS's region runs"),
+    unreachable.UNTRUSTED: "set REQUESTS_CA_BUNDLE to the file of the CA that signed MAAS's certificate",
+    unreachable.TLS: ("is maas.url https:// on MAAS's plain-HTTP port? MAAS serves HTTPS on port 5443 after "
+                      "`maas config-tls enable`; a private CA goes in REQUESTS_CA_BUNDLE"),
+    unreachable.UNRESOLVED.format("MAAS host"): "check the host name in maas.url and this host's DNS",
+    unreachable.FAILED: "check maas.url's host and port, and the network to it",
+    "no connection in time": "check maas.url's host and port, and the network to it",
+}
+
+
+def unreachable_message(reason: str, url: str) -> str:
+    """A connection failure's reason, the URL it was for (no credentials) and the fix, on one line."""
+    fix = _FIXES.get(reason)
+    return f"{reason} at {url}" + (f": {fix}" if fix else "")
+
+
+def not_maas_message(message: str, url: str) -> str:
+    """A 404 (or redirect) where every MAAS answers: maas.url is not the region's API URL."""
+    fix = ("maas.url must end in /MAAS/" if not url.rstrip("/").endswith("/MAAS")
+           else "maas.url must be the region's URL")
+    return f"{message}: no MAAS API at {url}: {fix} (e.g. {EXAMPLE_URL})"

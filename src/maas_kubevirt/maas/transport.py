@@ -10,6 +10,9 @@ from typing import Any, Callable, Iterable, Mapping
 import requests
 import requests.adapters
 
+from maas_kubevirt import unreachable
+from maas_kubevirt.unreachable import causes as _causes
+
 # A response body larger than this is refused. A real MAAS machine object is tens of KB, so
 # 10,000 machines make a list of several hundred MB: the default (maas.max_response_mib) is
 # 1 GiB.
@@ -148,31 +151,9 @@ def _too_large(limit: int, size: int | None = None) -> str:
             "raise maas.max_response_mib if this MAAS really has that much to say")
 
 
-def _causes(error: BaseException | None) -> Iterable[BaseException]:
-    """error and its causes, outermost first, each once: urllib3 and requests link them by
-    args, raise-from, implicit context or ``.reason``, differently from one version to the next."""
-    seen = set()
-    while isinstance(error, BaseException) and id(error) not in seen:
-        seen.add(id(error))
-        yield error
-        nested = error.args[0] if error.args and isinstance(error.args[0], BaseException) else None
-        error = nested or error.__cause__ or error.__context__ or getattr(error, "reason", None)
-
-
 def _connection_reason(error: BaseException) -> str:
     """A short reason without URLs or headers (the exception text can be long)."""
-    for cause in _causes(error):
-        name = type(cause).__name__
-        if name == "ConnectionRefusedError":
-            return "connection refused"
-        if name in ("ConnectionResetError", "RemoteDisconnected", "ConnectionAbortedError",
-                    "IncompleteRead", "ProtocolError", "BrokenPipeError"):
-            return "connection closed by the server"
-        if name == "SSLError":
-            return "TLS error"
-        if name in ("NameResolutionError", "gaierror"):
-            return "cannot resolve the MAAS host name"
-    return "connection failed"
+    return unreachable.reason(error, "MAAS host")
 
 
 # Failures that happen before a connection exists, so before any byte of the request left:
