@@ -43,6 +43,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: "control_plane" in getattr(item, "fixturenames", ()))
 
 
+@pytest.fixture(autouse=True)
+def no_ambient_kubeconfig(monkeypatch, tmp_path_factory):
+    """No test reads the kubeconfig of whoever runs the suite: $KUBECONFIG and ~/.kube/config
+    (which doctor and rotate read when given none) point at nothing unless a test sets them."""
+    from maas_kubevirt import kubeconfigs
+
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setattr(kubeconfigs, "HOME_CONFIG", str(tmp_path_factory.getbasetemp() / "no-home" / "config"))
+
+
 # Offered here, not imported by each test file: a fixture imported into two modules is two
 # fixtures, and each would start a control plane (or MAAS region) of its own. (Imported last:
 # controlplane and realmaas import `require` from this module.)

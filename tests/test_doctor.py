@@ -438,6 +438,47 @@ def test_doctor_usage_errors_exit_2(site, capsys, tmp_path):
     assert "consumer:token:secret" in err
 
 
+def _unreachable_kubeconfig(path: Path) -> Path:
+    import socket
+
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "x",
+        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}]}))
+    return path
+
+
+@pytest.mark.parametrize("where", ["KUBECONFIG", "~/.kube/config"])
+def test_doctor_reads_the_kubeconfig_kubectl_would(site, monkeypatch, capsys, tmp_path, where):
+    from maas_kubevirt import kubeconfigs
+
+    monkeypatch.setattr(doctor, "system_resolve", site.resolve)
+    monkeypatch.setattr(doctor, "HTTPS_PORT", site.redfish_port)
+    assert cli.main(["--values", str(site.values_file), "doctor", "--json"]) == 0
+    assert {c["check"]: c["status"] for c in json.loads(capsys.readouterr().out)["checks"]}["cluster"] == "skip"
+    config = _unreachable_kubeconfig(tmp_path / "kube-config")
+    if where == "KUBECONFIG":
+        monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'missing'}:{config}")
+    else:
+        monkeypatch.setattr(kubeconfigs, "HOME_CONFIG", str(config))
+    assert cli.main(["--values", str(site.values_file), "doctor", "--json"]) == 1
+    rows = {c["check"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert "cluster" not in rows
+    assert rows["cluster.api"]["status"] == "fail" and "cannot reach the API server at http://127.0.0.1:" in \
+        rows["cluster.api"]["found"]
+
+
+def test_doctor_names_the_kubeconfig_variable_it_could_not_read(site, monkeypatch, capsys, tmp_path):
+    (tmp_path / "bad").write_text("{not yaml")
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "bad"))
+    assert cli.main(["--values", str(site.values_file), "doctor"]) == 2
+    assert f"$KUBECONFIG: {str(tmp_path / 'bad')!r} is not a YAML kubeconfig" in capsys.readouterr().err
+
+
 def test_a_look_alike_power_address_is_named_as_a_suspect(site):
     """A port after the BMC host: MAAS would send the password there, so no password; doctor says so."""
     suspect = site.double.add_machine(power_type="redfish", power_pass="x", power_address=f"web1.vms.{DOMAIN}:31234")

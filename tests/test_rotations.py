@@ -152,3 +152,32 @@ def test_an_api_server_whose_certificate_is_not_trusted_names_the_fix():
     assert unreachable.api_server("https://10.0.0.1:6443", error) == (
         "cannot reach the API server at https://10.0.0.1:6443 (TLS error, certificate not trusted); the "
         "kubeconfig's certificate-authority-data must hold the CA that signed it")
+
+
+def test_rotate_reads_kubeconfig_as_kubectl_when_the_lease_kubeconfig_is_not_here(tmp_path, capsys, monkeypatch):
+    """On a workstation: reconciler.lease.kubeconfig names the region host's file; rotate then
+    reads $KUBECONFIG (every file of the list merged, a missing one skipped) and says so."""
+    import socket
+
+    from maas_kubevirt import cli
+
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    clusters = tmp_path / "clusters"
+    clusters.write_text(json.dumps({"apiVersion": "v1", "kind": "Config",
+                                    "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{port}"}}]}))
+    rest = tmp_path / "rest"
+    rest.write_text(json.dumps({"apiVersion": "v1", "kind": "Config", "current-context": "x",
+                                "users": [{"name": "u", "user": {"token": "t"}}],
+                                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}]}))
+    monkeypatch.setenv("KUBECONFIG", f"{clusters}:{tmp_path / 'missing'}:{rest}")
+    values = tmp_path / "values.yaml"
+    values.write_text("reconciler:\n  lease:\n    kubeconfig: /nonexistent/kubeconfig\n")
+    assert cli.main(["--values", str(values), "rotate", "web1.vms"]) == 1
+    err = capsys.readouterr().err
+    assert "reconciler.lease.kubeconfig /nonexistent/kubeconfig is not on this host: using $KUBECONFIG" in err
+    assert f"cannot reach the API server at http://127.0.0.1:{port} (connection refused)" in err
+    monkeypatch.delenv("KUBECONFIG")
+    assert cli.main(["--values", str(values), "rotate", "web1.vms"]) == 2
+    assert "reconciler.lease.kubeconfig: cannot read '/nonexistent/kubeconfig'" in capsys.readouterr().err

@@ -131,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     rotate.add_argument("serial", metavar="VM.NAMESPACE", help="the VM, as its SMBIOS serial names it")
     rotate.add_argument(
         "--kubeconfig", metavar="FILE",
-        help="a kubeconfig allowed to update that ConfigMap (default: reconciler.lease.kubeconfig)",
+        help="a kubeconfig allowed to update that ConfigMap (default: reconciler.lease.kubeconfig, or, "
+        "when that file is not on this host, $KUBECONFIG or ~/.kube/config as kubectl reads them)",
     )
     doctor = commands.add_parser(
         "doctor", parents=shared,
@@ -149,8 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.add_argument(
         "--kubeconfig", metavar="FILE",
-        help="kubeconfig of the cluster to check (read access is enough); without it the cluster "
-        "checks are skipped",
+        help="kubeconfig of the cluster to check (read access is enough; default: $KUBECONFIG, a "
+        "':'-separated list, else ~/.kube/config, as kubectl); without any the cluster checks are skipped",
     )
     doctor.add_argument("--context", metavar="NAME", help="kubeconfig context (default: its current one)")
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON instead of a table")

@@ -26,7 +26,7 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
-from maas_kubevirt import unreachable
+from maas_kubevirt import kubeconfigs, unreachable
 
 PAGE = 500
 # connect, read (seconds) for each request
@@ -50,21 +50,24 @@ class KubeError(Exception):
 class Cluster:
     """One cluster, from a kubeconfig file (and optionally one of its contexts)."""
 
-    def __init__(self, kubeconfig: str, context: str | None = None):
-        try:
-            with open(kubeconfig, encoding="utf-8") as handle:
-                yaml.safe_load(handle)
-        except OSError as error:
-            raise KubeConfigError(f"--kubeconfig: cannot read {kubeconfig!r}: {error.strerror or error}") from None
-        except (yaml.YAMLError, UnicodeDecodeError):
-            raise KubeConfigError(f"--kubeconfig: {kubeconfig!r} is not a YAML kubeconfig") from None
+    def __init__(self, kubeconfig: str, context: str | None = None, source: str = "--kubeconfig"):
+        """kubeconfig: one file, or several joined by ':' (merged as kubectl merges $KUBECONFIG);
+        source names where it came from in errors."""
+        for path in kubeconfigs.files(kubeconfig):
+            try:
+                with open(path, encoding="utf-8") as handle:
+                    yaml.safe_load(handle)
+            except OSError as error:
+                raise KubeConfigError(f"{source}: cannot read {path!r}: {error.strerror or error}") from None
+            except (yaml.YAMLError, UnicodeDecodeError):
+                raise KubeConfigError(f"{source}: {path!r} is not a YAML kubeconfig") from None
         try:
             configuration = k8s_client.Configuration()
             k8s_config.load_kube_config(config_file=kubeconfig, context=context,
                                         client_configuration=configuration, persist_config=False)
         except (k8s_config.ConfigException, ValueError, KeyError, TypeError, OSError) as error:
             reason = " ".join(str(error).split())[:200] or type(error).__name__
-            raise KubeConfigError(f"--kubeconfig: {kubeconfig!r} cannot be used: {reason}") from None
+            raise KubeConfigError(f"{source}: {kubeconfig!r} cannot be used: {reason}") from None
         self.host = configuration.host.rstrip("/")
         self._configuration = configuration
         self.session = requests.Session()

@@ -9,11 +9,12 @@ reconciler, which reads every generation each cycle, sets the new user and passw
 
 from __future__ import annotations
 
+import os
 from typing import Any, Mapping
 
-from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, identity, lease, rotations
+from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, identity, kubeconfigs, lease, rotations
 from maas_kubevirt.audit import Audit
-from maas_kubevirt.console import error, warn
+from maas_kubevirt.console import error, note, warn
 from maas_kubevirt.reconcile import ROTATE, ROTATION_SETTLE
 
 NEEDS_LEASE = ("reconciler.lease.kubeconfig is not set: the reconciler reads each VM's credential "
@@ -71,6 +72,22 @@ def read_generations(values: Mapping[str, Any]) -> tuple[dict | None, str]:
         return None, str(failure)
 
 
+def _kubeconfig(values: Mapping[str, Any], given: str | None) -> str | None:
+    """--kubeconfig, else reconciler.lease.kubeconfig where it exists here (the region host), else
+    what kubectl would read ($KUBECONFIG, ~/.kube/config: a workstation), said on stderr; None
+    leaves the lease's path, for its error to name."""
+    if given:
+        return given
+    configured = lease.kubeconfig_path(values)
+    if os.path.exists(configured):
+        return None
+    found = kubeconfigs.default()
+    if found is None:
+        return None
+    note(f"rotate: reconciler.lease.kubeconfig {configured} is not on this host: using {found[1]}")
+    return found[0]
+
+
 def main(values: dict, args: Any) -> int:
     """``rotate VM.NAMESPACE [--kubeconfig FILE]``: 0 rotated, 1 the cluster failed, 2 usage."""
     serial = args.serial
@@ -83,7 +100,7 @@ def main(values: dict, args: Any) -> int:
         error(f"rotate: {NEEDS_LEASE}")
         return EXIT_USAGE
     try:
-        rotator = rotator_from_values(values, getattr(args, "kubeconfig", None))
+        rotator = rotator_from_values(values, _kubeconfig(values, getattr(args, "kubeconfig", None)))
     except lease.LeaseConfigError as failure:
         error(f"rotate: {failure}")
         return EXIT_USAGE

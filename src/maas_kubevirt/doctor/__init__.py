@@ -19,7 +19,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
-from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG, policies
+from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG, kubeconfigs, policies
 from maas_kubevirt.console import error, table, terminal_width, warn
 from maas_kubevirt.paths import SCRIPT_NAME
 
@@ -154,7 +154,8 @@ def run(values: Mapping[str, Any], client: MAASClient, cluster: Any | None, opti
     checks.append(seed_check)
     checks.append(lease_checks(values, client))
     if cluster is None:
-        checks.append(Check("cluster", SKIP, "no --kubeconfig given: the cluster was not checked",
+        checks.append(Check("cluster", SKIP, "no --kubeconfig given, and no $KUBECONFIG or ~/.kube/config: "
+                            "the cluster was not checked",
                             f"`{options.command} doctor --kubeconfig FILE` (read access is enough)"))
     else:
         checks.extend(cluster_checks(values, cluster, seed, fixes, reach))
@@ -227,12 +228,17 @@ def main(values: dict, args: Any) -> int:
     command = PROG + (f" --values {shlex.quote(args.values)}" if getattr(args, "values", None) else "")
     options = Options(kubeconfig=getattr(args, "kubeconfig", None), context=getattr(args, "context", None),
                       command=command)
+    source = "--kubeconfig"
+    if not options.kubeconfig:
+        found = kubeconfigs.default()   # as kubectl: $KUBECONFIG, else ~/.kube/config
+        if found is not None:
+            options.kubeconfig, source = found
     cluster = None
     if options.kubeconfig:
         from maas_kubevirt.kube import Cluster, KubeConfigError
 
         try:
-            cluster = Cluster(options.kubeconfig, options.context)
+            cluster = Cluster(options.kubeconfig, options.context, source)
         except KubeConfigError as failure:
             error(str(failure))
             return EXIT_USAGE

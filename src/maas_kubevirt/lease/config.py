@@ -54,10 +54,13 @@ def coordination_api(kubeconfig: str) -> Any:
     from kubernetes import client as k8s_client
     from kubernetes import config as k8s_config
 
+    from maas_kubevirt.kubeconfigs import files
+
     where = "reconciler.lease.kubeconfig"
     try:
-        with open(kubeconfig, encoding="utf-8") as handle:
-            yaml.safe_load(handle)
+        for path in files(kubeconfig):   # one file, or $KUBECONFIG's list (rotate on a workstation)
+            with open(path, encoding="utf-8") as handle:
+                yaml.safe_load(handle)
         configuration = k8s_client.Configuration()
         k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration,
                                     persist_config=False)
