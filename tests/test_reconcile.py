@@ -300,6 +300,39 @@ def run(capsys, function, values, args):
     return code, out, err
 
 
+CYCLE_LINE = re.compile(r"maas-kubevirt: cycle (\d+): (ok|failed|error|interrupted) in \d+\.\d s; (\d+) machine\(s\): "
+                        r"(\d+) converged, (\d+) waiting, (\d+) refused; (\d+) change\(s\): (\d+) done, "
+                        r"(\d+) failed; (\d+) error\(s\)")
+
+
+def test_each_foreground_cycle_says_one_short_line(tmp_path, double, capsys, monkeypatch):
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    vms = [double.add_vm("web1", "vms"), double.add_vm("db1", "vms")]
+    values = values_for(tmp_path, double)
+    code, out, err = run(capsys, loop.main, values, Args(once=True))
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if " cycle " in line and "machine(s)" in line]
+    assert len(lines) == 1 and len(lines[0]) < 160, err
+    match = CYCLE_LINE.fullmatch(lines[0])
+    assert match, lines[0]
+    assert (match[2], match[3], match[9], match[10]) == ("ok", "2", "0", "0")
+    assert int(match[8]) == int(match[7]) > 0            # every change planned was done
+    assert_no_secrets(double, out, err, "")
+    code, out, err = run(capsys, loop.main, values, Args(once=True))
+    assert CYCLE_LINE.fullmatch(err.strip()).groups()[1:] == ("ok", "2", "2", "0", "0", "0", "0", "0", "0")
+    assert all(vm not in err for vm in vms)       # counts, no name
+    values["maas"]["url"] = "http://127.0.0.1:9/MAAS/"
+    code, out, err = run(capsys, loop.main, values, Args(once=True))
+    assert code == 1 and CYCLE_LINE.search(err)[2] == "error" and CYCLE_LINE.search(err)[10] == "1"
+
+
+def test_the_service_says_its_cycle_in_status_not_in_a_journal_line(tmp_path, double, capsys, monkeypatch):
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "no-such-socket"))
+    double.add_vm("web1", "vms")
+    code, out, err = run(capsys, loop.main, values_for(tmp_path, double), Args(once=True))
+    assert code == 0 and not CYCLE_LINE.search(err), err
+
+
 def test_once_converges_and_audits(tmp_path, double, capsys):
     noise = add_noise(double)
     vms = [double.add_vm("web1", "vms"), double.add_vm("db.primary", "vms"), double.add_vm("web1", "team-b")]

@@ -124,6 +124,16 @@ def status_line(number: int, outcome: str, seconds: float, result: Cycle, states
             f"{states.get('suspect', 0) + states.get('duplicate', 0)} refused; next in {interval:g} s")
 
 
+def cycle_line(number: int, outcome: str, seconds: float, result: Cycle, states: Mapping[str, int]) -> str:
+    """The foreground's line per cycle: counts, changes and errors in fixed words, no name."""
+    changes = sum(1 for a in result.actions if a.changes)
+    errors = result.outcome.failed + (1 if result.error else 0) + (1 if result.withheld else 0)
+    return (f"cycle {number}: {outcome} in {seconds:.1f} s; {states.get('ours', 0)} machine(s): "
+            f"{states.get('converged', 0)} converged, {states.get('waiting', 0)} waiting, "
+            f"{states.get('suspect', 0) + states.get('duplicate', 0)} refused; {changes} change(s): "
+            f"{result.outcome.ok} done, {result.outcome.failed} failed; {errors} error(s)")
+
+
 def _serve_metrics(values: dict, dry_run: bool) -> Any:
     """The metrics, served on maas.metrics_address when set (not for a dry run); None when off.
     Raises OSError when the address cannot be listened on."""
@@ -236,6 +246,10 @@ def main(values: dict, args: Any) -> int:
                 # READY=1 after the first complete cycle, and WATCHDOG=1 after each: fed only from
                 # this thread, so a cycle stuck in a MAAS request stops feeding it.
                 notifier.ready(status_line(number, outcome, seconds, result, states, interval))
+                if not dry_run and not notifier.address:
+                    # In the foreground, one line per cycle; the service's is its STATUS= above
+                    # (systemctl status), not a journal line every interval.
+                    note(cycle_line(number, outcome, seconds, result, states))
                 if dry_run:
                     if result.error:
                         return EXIT_FAILED
