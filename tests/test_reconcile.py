@@ -495,6 +495,38 @@ def test_dry_run_prints_a_table_and_changes_nothing(tmp_path, double, capsys):
     assert_no_secrets(double, out, err)
 
 
+def test_dry_run_json_is_the_plan_and_the_detailed_exit_code_says_changes_are_pending(tmp_path, double, capsys):
+    add_noise(double)
+    double.add_vm("web1", "vms")
+    path = write_values(tmp_path, double)
+    assert cli.main(["--values", str(path), "reconcile", "--dry-run", "--json"]) == 0
+    out, err = capsys.readouterr()
+    plan = json.loads(out)
+    assert plan["dry_run"] is True and plan["summary"] == {"changes": 5, "machines": 1}
+    assert {a["action"] for a in plan["actions"]} >= {"create-pool", "set-password", "rename", "move-pool", "commission"}
+    assert all(set(a) == {"action", "system_id", "hostname", "vm", "namespace", "before", "after", "note", "changes"}
+               for a in plan["actions"])
+    (password,) = [a for a in plan["actions"] if a["action"] == "set-password"]
+    assert (password["before"], password["after"], password["vm"]) == ("placeholder", "derived", "web1")
+    assert double.writes == [] and not CYCLE_LINE.search(err)
+    assert_no_secrets(double, out, err)
+    # As terraform plan -detailed-exitcode, but 3: 2 is a configuration error here.
+    assert cli.main(["--values", str(path), "reconcile", "--dry-run", "--detailed-exitcode"]) == loop.EXIT_PENDING == 3
+    assert "5 change(s) planned" in capsys.readouterr().out
+    assert cli.main(["--values", str(path), "reconcile", "--once"]) == 0
+    capsys.readouterr()
+    assert cli.main(["--values", str(path), "reconcile", "--dry-run", "--json", "--detailed-exitcode"]) == 0
+    assert json.loads(capsys.readouterr().out)["summary"] == {"changes": 0, "machines": 0}
+
+
+@pytest.mark.parametrize("option", ["--json", "--detailed-exitcode"])
+def test_the_plan_options_need_a_dry_run(option, capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["reconcile", option])
+    assert exited.value.code == 2
+    assert f"reconcile: {option} only with --dry-run" in capsys.readouterr().err
+
+
 def test_status_table(tmp_path, double, capsys):
     add_noise(double)
     sid = double.add_vm("web1", "vms", hostname="web1-vms", pool="vms", status="Deployed")

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG, __version__
+from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_PENDING, EXIT_USAGE, PROG, __version__
 from maas_kubevirt.console import error
 from maas_kubevirt.paths import SCRIPT_NAME
 from maas_kubevirt.values import DEFAULT_VALUES_PATH, ValuesError, load_values
@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Let Canonical MAAS manage KubeVirt virtual machines like bare-metal servers: "
         "render the Kyverno policies and the MAAS commissioning script, and reconcile MAAS machines.",
-        epilog="Exit status: 0 success or nothing to do, 1 some actions failed, 2 usage or configuration error.",
+        epilog="Exit status: 0 success or nothing to do, 1 some actions failed, 2 usage or configuration error "
+        f"({EXIT_PENDING}: changes pending, from `reconcile --dry-run --detailed-exitcode` only).",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--values", metavar="FILE", help=VALUES_HELP + "; before or after the command")
@@ -82,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
         "it reads MAAS and writes to it, the others wait as standbys and say so in their log; "
         "--once then waits at most a lease duration and three retry periods for it, and --dry-run "
         "takes no part.",
-        epilog="Exit status: 0 converged or nothing to do, 1 some actions failed, 2 usage or configuration error.",
+        epilog="Exit status: 0 converged or nothing to do, 1 some actions failed, 2 usage or configuration "
+        f"error; with --dry-run --detailed-exitcode, {EXIT_PENDING} changes pending (0 none).",
     )
     mode = reconcile.add_mutually_exclusive_group()
     mode.add_argument("--once", action="store_true", help="run one cycle and exit")
@@ -91,6 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between cycles (default: maas.interval from the values)",
     )
     reconcile.add_argument("--dry-run", action="store_true", help="print the plan as a table; change nothing")
+    reconcile.add_argument("--json", action="store_true", help="with --dry-run: print the plan as JSON")
+    reconcile.add_argument(
+        "--detailed-exitcode", action="store_true",
+        help=f"with --dry-run: exit {EXIT_PENDING} when changes are pending, 0 when there are none "
+        "(as terraform plan -detailed-exitcode; 2 is taken by usage errors)",
+    )
 
     status = commands.add_parser(
         "status", parents=shared,
@@ -184,6 +192,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--values given twice, {args.values!r} before the command and {after!r} after it: "
                          "give one values file")
         args.values = after
+    if args.command == "reconcile" and not args.dry_run:
+        given = [option for option, on in (("--json", args.json), ("--detailed-exitcode", args.detailed_exitcode)) if on]
+        if given:
+            parser.error(f"reconcile: {' and '.join(given)} only with --dry-run")
     return args
 
 

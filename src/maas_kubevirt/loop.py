@@ -6,17 +6,19 @@ before a standby may take over, starts each holding period with a full resync, a
 Lease when it stops. A dry run takes no part.
 
 Exit codes: 0 converged or nothing to do, 1 some actions (or the cycle) failed, 2 usage or
-configuration error (bad values, unreadable API key or kubeconfig, key refused, MAAS too old).
+configuration error (bad values, unreadable API key or kubeconfig, key refused, MAAS too old);
+``--dry-run --detailed-exitcode``: 3 (EXIT_PENDING) when changes are pending.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, lease, seed
+from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_PENDING, EXIT_USAGE, lease, seed
 from maas_kubevirt.audit import Audit
 from maas_kubevirt.console import error, note, table, warn
 from maas_kubevirt.maas import MAASAuthError, MAASVersionError, client_from_values
@@ -36,6 +38,33 @@ def plan_table(actions: Sequence[Action]) -> str:
         for a in actions
     ]
     return table(("ACTION", "SYSTEM_ID", "HOSTNAME", "VM", "NAMESPACE", "BEFORE", "AFTER", "NOTE"), rows)
+
+
+def plan_json(actions: Sequence[Action]) -> str:
+    """The plan as JSON: each action's fields as the table shows them (labels such as derived or
+    placeholder, never a password), and the counts of the summary line."""
+    changes = [a for a in actions if a.changes]
+    rows = [{"action": a.kind, "system_id": a.system_id, "hostname": a.hostname, "vm": a.vm,
+             "namespace": a.namespace, "before": a.before, "after": a.after, "note": a.note,
+             "changes": a.changes} for a in actions]
+    summary = {"changes": len(changes), "machines": len({a.system_id for a in changes if a.system_id})}
+    return json.dumps({"dry_run": True, "actions": rows, "summary": summary}, indent=2)
+
+
+def _print_plan(result: Cycle, args: Any) -> int:
+    """The dry run's plan as a table (or JSON); its exit status (EXIT_PENDING: see the epilog)."""
+    if result.error:
+        return EXIT_FAILED
+    changes = [a for a in result.actions if a.changes]
+    if getattr(args, "json", False):
+        print(plan_json(result.actions), flush=True)
+    else:
+        if result.actions:
+            print(plan_table(result.actions), flush=True)
+        print(f"{len(changes)} change(s) planned for "
+              f"{len({a.system_id for a in changes if a.system_id})} machine(s); "
+              "dry run: nothing changed", flush=True)
+    return EXIT_PENDING if changes and getattr(args, "detailed_exitcode", False) else EXIT_OK
 
 
 class _Signals:
@@ -251,15 +280,7 @@ def main(values: dict, args: Any) -> int:
                     # (systemctl status), not a journal line every interval.
                     note(cycle_line(number, outcome, seconds, result, states))
                 if dry_run:
-                    if result.error:
-                        return EXIT_FAILED
-                    changes = [a for a in result.actions if a.changes]
-                    if result.actions:
-                        print(plan_table(result.actions), flush=True)
-                    print(f"{len(changes)} change(s) planned for "
-                          f"{len({a.system_id for a in changes if a.system_id})} machine(s); "
-                          "dry run: nothing changed", flush=True)
-                    return EXIT_OK
+                    return _print_plan(result, args)
                 if once:
                     return EXIT_FAILED if result.failed else EXIT_OK
                 if candidate is not None and not candidate.held():
