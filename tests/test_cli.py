@@ -130,6 +130,8 @@ RANK = {
     "metrics": 1, "notify": 1,    # what the service tells Prometheus and systemd
     "upstream": 1,                # the releases proven, read from upstream.lock.yaml (doctor compares)
     "identity": 0, "paths": 0,
+    "unreachable": 0,             # why a server gave no answer, its URL without credentials: maas and kube
+    "kubeconfigs": 0,             # the kubeconfig kubectl would read: doctor, rotate, lease, kube
     "__init__": -1,               # PROG, the version and the exit codes: anyone may import them
 }
 COMMANDS = {"render": "render", "reconcile": "loop", "status": "status", "upload-script": "upload",
