@@ -104,6 +104,18 @@ def wait_for(check: Callable[[], object], timeout: float, what: str, interval: f
         time.sleep(interval)
 
 
+def stop_process_group(process: subprocess.Popen, grace: float = 15, kill_wait: float | None = 15) -> None:
+    """SIGTERM to the group of a process started with start_new_session, SIGKILL after ``grace`` s."""
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(kill_wait)
+
+
 def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
@@ -410,13 +422,7 @@ class ControlPlane:
     def stop(self) -> None:
         """Stop every process, last started first, each before the next (etcd last)."""
         for _, process in reversed(self.processes):
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=15)
+            stop_process_group(process)
 
 
 @dataclass

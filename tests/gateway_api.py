@@ -42,7 +42,6 @@ import json
 import os
 import re
 import secrets
-import signal
 import socket
 import ssl
 import subprocess
@@ -51,7 +50,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from controlplane import ControlPlane, free_port, wait_for
+from controlplane import ControlPlane, free_port, stop_process_group, wait_for
 
 TEST_NET = ipaddress.ip_network("198.51.100.0/24")
 BMC_PORT = 10080                      # kubevirtBMC's Redfish, plain HTTP (TLS is the proxy's)
@@ -222,13 +221,8 @@ class Traefik:
         return self
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(15)
+        if self.process is not None:
+            stop_process_group(self.process)
 
     def log_tail(self, lines: int = 40) -> str:
         if not self.log.exists():

@@ -88,6 +88,7 @@ import requests
 import yaml
 
 from conftest import IN_CI, require, require_tool
+from controlplane import stop_process_group
 from kubevirt_bmc import KubevirtBMC
 from loopback import LoopbackServer
 
@@ -291,13 +292,8 @@ class RealMaas:
     def stop(self) -> None:
         if self.bmc is not None:
             self.bmc.stop()
-        if self.region is not None and self.region.poll() is None:
-            os.killpg(self.region.pid, signal.SIGTERM)
-            try:
-                self.region.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.region.pid, signal.SIGKILL)
-                self.region.wait()
+        if self.region is not None:
+            stop_process_group(self.region, kill_wait=None)
         if self.postgres is not None and self.postgres.poll() is None:
             self.postgres.send_signal(signal.SIGINT)  # PostgreSQL's fast shutdown
             try:
