@@ -1,7 +1,7 @@
 """The Debian package: its files checked against the tree, and the installed-package tier.
 
 The fast tests read debian/ and need no tool. test_package_builds_installs_and_purges runs
-tools/test-deb (build, lintian, apt-get install, installed --version and render compared
+tools/test-deb (build, lintian, apt-get install, installed --version, shell completion and render compared
 with a render from this tree, systemd-analyze verify, remove, purge, leftovers); it needs
 root and Debian's packaging tools, and skips saying which is missing (fails under CI=true).
 """
@@ -123,13 +123,35 @@ def test_purge_removes_the_secrets_and_the_dynamic_users_logs():
     assert "seed" not in install and "api-key" not in install  # neither is shipped
 
 
+# Where each shell's completion loader looks for the completion of a command (bash-completion
+# loads completions/<command> on demand; Debian's zsh has vendor-completions on its fpath).
+COMPLETIONS = {
+    "completion/maas-kubevirt": "usr/share/bash-completion/completions/",
+    "completion/_maas-kubevirt": "usr/share/zsh/vendor-completions/",
+}
+
+
+def install_lines() -> dict[str, str]:
+    return dict(line.split() for line in (DEBIAN / "maas-kubevirt.install").read_text().splitlines())
+
+
 def test_install_sources_exist_and_the_script_is_executable():
-    for line in (DEBIAN / "maas-kubevirt.install").read_text().splitlines():
-        source, destination = line.split()
+    for source, destination in install_lines().items():
         assert (ROOT / source).exists(), f"debian/maas-kubevirt.install: {source} is not in the tree"
-        assert destination.startswith("usr/share/maas-kubevirt/")
+        assert destination.startswith("usr/share/maas-kubevirt/") or COMPLETIONS.get(source) == destination
     script = ROOT / "commissioning" / "31-kubevirt-bmc-config"
     assert script.stat().st_mode & 0o777 == 0o755, "the commissioning script ships with mode 0755"
+
+
+def test_the_shell_completions_are_installed_where_their_loaders_look():
+    lines = install_lines()
+    for source, destination in COMPLETIONS.items():
+        assert lines.get(source) == destination, f"debian/maas-kubevirt.install: {source} -> {destination} expected"
+    shipped = {f"completion/{path.name}" for path in (ROOT / "completion").iterdir()}
+    assert shipped == set(COMPLETIONS), "every file in completion/ is installed, and nothing else from there"
+    # lintian: a completion is sourced, not run (no #! line), and ships as a plain 0644 file
+    for source in COMPLETIONS:
+        assert not (ROOT / source).read_text().startswith("#!") and (ROOT / source).stat().st_mode & 0o111 == 0
 
 
 def test_build_time_tests_exist_and_need_no_tool():
