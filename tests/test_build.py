@@ -3,6 +3,7 @@ without a warning by Debian 12's setuptools (66) and by current ones alike."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import tomllib
@@ -39,3 +40,18 @@ def test_make_render_installs_no_test_extras(tmp_path):
     test_plan = subprocess.run(["make", "-n", f"VENV={tmp_path / 'venv'}", "test-venv"],
                                cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert "'.[test]'" in test_plan
+
+
+def test_make_in_a_fresh_checkout_warns_of_nothing_but_announces_the_seed(tmp_path):
+    """The whole of `make`, as a newcomer runs it: pip builds the package with the newest setuptools
+    (an isolated build), whose deprecation warnings `make` printed some 45 lines of; the render needs
+    no test extra; and the seed it generates is announced, with where it is and to back it up."""
+    venv, build = tmp_path / "venv", tmp_path / "build"
+    result = subprocess.run(["make", f"VENV={venv}", f"BUILD={build}"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=900)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert not re.search(r"(?i:deprecat)|\w+Warning\b", output), output
+    assert f"Generated a new site seed in {build / 'seed'} (mode 0600)" in output and "Back it up now" in output
+    probe = subprocess.run([str(venv / "bin" / "python"), "-c", "import pytest"], capture_output=True)
+    assert probe.returncode != 0, "make installed pytest: the render needs only the runtime dependencies"

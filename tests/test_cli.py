@@ -29,9 +29,11 @@ def test_version_from_console_script_and_module(command):
 @pytest.mark.parametrize(
     "sub, mentions",
     [
-        ([], ["--values FILE", "render", "reconcile", "status", "upload-script", "doctor", "Exit status"]),
+        ([], ["--values FILE", "render", "reconcile", "status", "upload-script", "doctor", "Exit status",
+              "3: changes pending"]),
         (["render"], ["--output DIR", "kubectl apply -f -", "seed"]),
-        (["reconcile"], ["--once", "--interval SECONDS", "--dry-run", "audit record", "Exit status"]),
+        (["reconcile"], ["--once", "--interval SECONDS", "--dry-run", "audit record", "Exit status", "--json",
+                         "--detailed-exitcode, 3 changes pending (0 none)"]),
         (["status"], ["power state", "--json"]),
         (["upload-script"], ["--script FILE", "POST scripts/", "read it back", "bmc-config and enlisting",
                              "not rendered from these values"]),
