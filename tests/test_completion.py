@@ -177,19 +177,31 @@ PS1='> '
         return {match.rstrip("/") for match in self.capture.read_text().splitlines()[:-1]}
 
 
-@pytest.fixture(scope="module", params=["bash", "zsh"])
-def shell(request, tmp_path_factory):
+@pytest.fixture(scope="module")
+def completing(tmp_path_factory) -> Path:
     cwd = tmp_path_factory.mktemp("completing")
     (cwd / A_FILE).touch()
     (cwd / A_DIRECTORY).mkdir()
-    if request.param == "bash":
-        yield Bash(cwd, tmp_path_factory.mktemp("bash-completion"))
-        return
-    zsh = Zsh(cwd, tmp_path_factory.mktemp("zsh-home"))
+    return cwd
+
+
+@pytest.fixture(scope="module")
+def bash(completing, tmp_path_factory) -> Bash:
+    return Bash(completing, tmp_path_factory.mktemp("bash-completion"))
+
+
+@pytest.fixture(scope="module")
+def zsh(completing, tmp_path_factory):
+    shell = Zsh(completing, tmp_path_factory.mktemp("zsh-home"))
     try:
-        yield zsh
+        yield shell
     finally:
-        zsh.close()
+        shell.close()
+
+
+@pytest.fixture(params=["bash", "zsh"])
+def shell(request) -> Bash | Zsh:
+    return request.getfixturevalue(request.param)
 
 
 # --- what each shell offers ------------------------------------------------------------------
@@ -226,22 +238,21 @@ def test_an_options_value_completes_as_its_metavar_says(shell, command, option, 
 
 @pytest.mark.parametrize("command", sorted(name for name, parser in COMMANDS.items() if positionals(parser)))
 def test_a_positional_completes_as_its_metavar_says(shell, command):
-    (action,) = positionals(COMMANDS[command])
-    assert shell.complete([command], "") == expected_values(action)
+    first = positionals(COMMANDS[command])[0]
+    assert shell.complete([command], "") == expected_values(first)
 
 
 EXCLUSIVE = [(name, group) for name, parser in COMMANDS.items() for group in parser._mutually_exclusive_groups]
 
 
 @pytest.mark.parametrize("command, group", EXCLUSIVE, ids=[name for name, _ in EXCLUSIVE])
-def test_zsh_leaves_out_what_an_option_given_excludes(shell, command, group):
-    """--once and --interval are mutually exclusive: after either, zsh offers neither."""
-    if isinstance(shell, Bash):
-        pytest.skip("the bash script offers every option of the command, as bash-completion's own do")
+def test_zsh_leaves_out_what_an_option_given_excludes(zsh, command, group):
+    """--once and --interval are mutually exclusive: after either, zsh offers neither (bash offers
+    every option of the command, as bash-completion's own completions do)."""
     excluded = {string for action in group._group_actions for string in action.option_strings}
     for given in group._group_actions:
         args = [command, given.option_strings[-1]] + (["1"] if given.nargs != 0 else [])
-        assert shell.complete(args, "-") == option_strings(COMMANDS[command]) - excluded
+        assert zsh.complete(args, "-") == option_strings(COMMANDS[command]) - excluded
 
 def test_zsh_describes_each_command_with_its_help():
     described = dict(re.findall(r"^\s+'([a-z-]+):(.+)'$", ZSH_SCRIPT.read_text(), re.M))
