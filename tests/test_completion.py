@@ -97,8 +97,8 @@ printf '%s\n' "${COMPREPLY[@]}"
 
     def __init__(self, cwd: Path, user_dir: Path):
         self.bash = require_tool("bash")
-        require(BASH_COMPLETION.is_file(),
-                f"bash-completion is not installed ({BASH_COMPLETION} is missing: apt-get install bash-completion; make deps)")
+        require(BASH_COMPLETION.is_file(), f"bash-completion is not installed ({BASH_COMPLETION} is missing: "
+                "apt-get install bash-completion; make deps)")
         (user_dir / "completions").mkdir(parents=True)
         (user_dir / "completions" / PROG).symlink_to(BASH_SCRIPT)
         self.cwd, self.user_dir = cwd, user_dir
