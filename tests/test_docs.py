@@ -1041,47 +1041,10 @@ def namespace_prefix(page: Page) -> list[str]:
     return ["nsenter", "-t", str(holder.pid), "-m", "--", "env", f"--chdir={page.repo}"]
 
 
-def test_operations(tmp_path, double, control_plane):
-    page = sandbox(tmp_path, "docs/operations.md")
-    page.double = double
-    with_cluster(page, control_plane)
-    prefix = namespace_prefix(page)
-    shims = docs_shims.install(tmp_path / "shims")
-    page.edits = tmp_path / "edits.json"
-    page.env.update(
-        DOCS_REAL_PATH=page.env["PATH"], PATH=f"{shims}:{page.env['PATH']}", DOCS_CALLS=str(tmp_path / "calls"),
-        DOCS_PKGROOT=str(tmp_path / "pkgroot"), DOCS_EDITS=str(page.edits), DOCS_JOURNAL=str(tmp_path / "journal" / "log"),
-        DOCS_PIDS=str(tmp_path / "pids"), DOCS_MAAS_KEY=double.api_key_text, DOCS_START_TIMEOUT="60",
-        DOCS_MAAS_SOURCE=str(maas_source()), DEB_BUILD_OPTIONS="nocheck")
-    (tmp_path / "journal").mkdir()
-    page.shell = Shell(page.repo, page.env, tmp_path / "state.sh", prefix=prefix)
-    try:
-        run_page(page)
-        assert not json.loads(page.edits.read_text()), "a queued edit was not made by the page's sudoedit"
-    finally:
-        # The service stops as systemd stops it (SIGTERM: it releases the Lease), then anything left.
-        page.shell.run("systemctl stop maas-kubevirt", codes=(0, 1))
-        kubectl(page, "-n", "maas-kubevirt", "delete", "lease", "maas-kubevirt-reconciler", "--ignore-not-found",
-                check=False)
-        pids = (tmp_path / "pids").read_text().split() if (tmp_path / "pids").exists() else []
-        for pid in pids:
-            try:
-                os.killpg(int(pid), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        holder = page.notes["holder"]
-        holder.terminate()
-        holder.wait(10)
-
-
-def test_tutorial(tmp_path, double, control_plane):
-    """docs/tutorial.md, from a clone to a deployed VM: the workstation's and the region host's
-    commands in one private mount namespace (the region host is this machine, its MAAS the double),
-    the cluster's on the control plane, which needs the Gateway API CRDs (TRAEFIK)."""
-    require(control_plane.traefik is not None, control_plane.traefik_missing)
-    page = sandbox(tmp_path, TUTORIAL)
-    page.double = double
-    with_cluster(page, control_plane)
+def on_region_host(page: Page, double: MaasDouble) -> None:
+    """The page's commands run as on a MAAS region host: in a private mount namespace, with the
+    shims of tests/docs_shims.py in front of PATH and the double as the region's MAAS."""
+    tmp_path = page.tmp
     prefix = namespace_prefix(page)
     shims = docs_shims.install(tmp_path / "shims")
     page.edits = tmp_path / "edits.json"
@@ -1094,18 +1057,53 @@ def test_tutorial(tmp_path, double, control_plane):
         DEB_BUILD_OPTIONS="nocheck")
     (tmp_path / "journal").mkdir()
     page.shell = Shell(page.repo, page.env, tmp_path / "state.sh", prefix=prefix)
+
+
+def leave_region_host(page: Page) -> None:
+    """The service stops as systemd stops it (SIGTERM: it releases a Lease), then anything left,
+    then the mount namespace."""
+    page.shell.run("systemctl stop maas-kubevirt", codes=(0, 1))
+    pids = page.tmp / "pids"
+    for pid in (pids.read_text().split() if pids.exists() else []):
+        try:
+            os.killpg(int(pid), signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    holder = page.notes["holder"]
+    holder.terminate()
+    holder.wait(10)
+
+
+def run_region_page(page: Page, double: MaasDouble, plane) -> None:
+    """A page whose commands run on the workstation, the cluster and the region host (on_region_host)."""
+    page.double = double
+    with_cluster(page, plane)
+    on_region_host(page, double)
     try:
         run_page(page)
         assert not json.loads(page.edits.read_text()), "a queued edit was not made by the page's sudoedit"
     finally:
-        page.shell.run("systemctl stop maas-kubevirt", codes=(0, 1))
-        for pid in ((tmp_path / "pids").read_text().split() if (tmp_path / "pids").exists() else []):
-            try:
-                os.killpg(int(pid), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        page.notes["holder"].terminate()
-        page.notes["holder"].wait(10)
+        leave_region_host(page)
+
+
+def test_operations(tmp_path, double, control_plane):
+    page = sandbox(tmp_path, "docs/operations.md")
+    try:
+        run_region_page(page, double, control_plane)
+    finally:
+        kubectl(page, "-n", "maas-kubevirt", "delete", "lease", "maas-kubevirt-reconciler", "--ignore-not-found",
+                check=False)
+
+
+def test_tutorial(tmp_path, double, control_plane):
+    """docs/tutorial.md, from a clone to a deployed VM: the workstation's and the region host's
+    commands in one private mount namespace (the region host is this machine, its MAAS the double),
+    the cluster's on the control plane, which needs the Gateway API CRDs (TRAEFIK)."""
+    require(control_plane.traefik is not None, control_plane.traefik_missing)
+    page = sandbox(tmp_path, TUTORIAL)
+    try:
+        run_region_page(page, double, control_plane)
+    finally:
         # Back to no policies and none of the tutorial's namespaces, for the next user of the control plane.
         for namespace in ("tenant-a", "bmc-gateway"):
             kubectl(page, "delete", "namespace", namespace, "--ignore-not-found", "--wait=false", check=False)
