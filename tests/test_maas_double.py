@@ -575,3 +575,11 @@ def test_deploy_with_no_rack_answers_503_and_stays_allocated(double):
     answer = api(double, "POST", f"machines/{sid}/", {"op": "deploy"})
     assert answer.status_code == 503 and "Retry-After" not in answer.headers
     assert double.machines[sid]["status_name"] == "Allocated"
+
+
+def test_deploy_of_an_allocated_machine_starts_without_acquiring_it_again(double):
+    sid = double.add_vm("web1", "vms", status="Allocated")
+    answer = api(double, "POST", f"machines/{sid}/", {"op": "deploy", "distro_series": "ubuntu/jammy"})
+    assert answer.status_code == 200 and answer.json()["status_name"] == "Deploying"
+    assert answer.json()["distro_series"] == "jammy"
+    assert "User acquiring node" not in [e[0] for e in events(double, sid)]
