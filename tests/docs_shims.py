@@ -30,6 +30,16 @@ write) and exits non-zero, saying why, when they do not match. Why each exists:
   and the test MAAS's), so a recipe that stores that output holds two keys and the CLI refuses
   it. With `--generate` (and `--name NAME`) it prints one new key, the test MAAS's. With MAAS's
   source at hand (the real-MAAS tier's cache) it checks that `apikey` takes each option used.
+  `maas login PROFILE URL KEY` checks the key as MAAS's CLI does (GET users/?op=whoami) and keeps
+  the profile in $DOCS_MAAS_PROFILES; the region host's own API, http://localhost:5240/MAAS/, is
+  the test MAAS at $DOCS_MAAS_URL. Then `maas PROFILE maas get-config name=NAME`, `maas PROFILE
+  machines read [FIELD=VALUE ...]` and `maas PROFILE machine deploy SYSTEM_ID` are sent to it
+  signed with the profile's key (OAuth PLAINTEXT, as maascli signs), their answer printed as MAAS's
+  CLI prints it when not on a terminal (the body, as it is) and exit 2 on an HTTP error; any other
+  command is refused.
+- scp: the region host is this machine. `scp FILE... HOST:` copies each file into
+  $DOCS_REGION_HOME (the region host's home directory) with its mode, as scp creates a new file;
+  options, a remote path, a missing source or a destination without `HOST:` are refused.
 """
 
 from __future__ import annotations
@@ -46,7 +56,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-NAMES = ("sudo", "sudoedit", "apt", "apt-get", "systemctl", "journalctl", "maas")
+NAMES = ("sudo", "sudoedit", "apt", "apt-get", "systemctl", "journalctl", "maas", "scp")
 UNIT = "maas-kubevirt"
 
 
@@ -162,8 +172,9 @@ def apt_get(args: list[str]) -> None:
 
 
 def apt(args: list[str]) -> None:
-    if len(args) != 2 or args[0] != "install" or not args[1].startswith("./"):
-        fail(f"only `apt install ./FILE.deb` is covered, not {args}")
+    # apt takes an argument as a package file only when it is a path: ./FILE or /FILE.
+    if len(args) != 2 or args[0] != "install" or not args[1].startswith(("./", "/")):
+        fail(f"only `apt install ./FILE.deb` (or /PATH/FILE.deb) is covered, not {args}")
     deb = Path(args[1])
     first = (ROOT / "debian" / "changelog").read_text().splitlines()[0]
     version = re.match(r"maas-kubevirt \(([^)]+)\)", first).group(1)
@@ -359,7 +370,80 @@ def journalctl(args: list[str]) -> None:
 
 # --- MAAS's CLI --------------------------------------------------------------------------------
 
+REGION_URL = "http://localhost:5240/MAAS/"
+# What each profile command is, as MAAS's API describes it: (method, path, op).
+PROFILE_COMMANDS = {("maas", "get-config"): ("GET", "maas/", "get_config"),
+                    ("machines", "read"): ("GET", "machines/", None),
+                    ("machine", "deploy"): ("POST", "machines/{}/", "deploy")}
+
+
+def maas_request(key: str, method: str, path: str, op: str | None, fields: list[tuple[str, str]]):
+    """One API request to the test MAAS, signed as maascli signs (OAuth 1.0 PLAINTEXT)."""
+    import requests
+    from oauthlib import oauth1
+
+    consumer, token, secret = key.split(":")
+    url = os.environ["DOCS_MAAS_URL"] + "api/2.0/" + path
+    params = ([("op", op)] if op else []) + (fields if method == "GET" else [])
+    signer = oauth1.Client(consumer, client_secret="", resource_owner_key=token, resource_owner_secret=secret,
+                           signature_method=oauth1.SIGNATURE_PLAINTEXT)
+    prepared = requests.Request(method, url, params=params, data=fields if method != "GET" else None).prepare()
+    _, headers, _ = signer.sign(prepared.url, method)
+    prepared.headers["Authorization"] = headers["Authorization"]
+    return requests.Session().send(prepared, timeout=30)
+
+
+def profiles() -> dict:
+    path = Path(os.environ.get("DOCS_MAAS_PROFILES", "/nonexistent"))
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def maas_login(args: list[str]) -> None:
+    if len(args) != 3 or any(arg.startswith("-") for arg in args):
+        fail(f"only `maas login PROFILE URL KEY` is covered, not {args}")
+    name, url, key = args
+    if url != REGION_URL:
+        fail(f"only the region host's own API {REGION_URL} is covered, not {url}")
+    if len(key.split(":")) != 3:
+        fail("the API key is not of the form consumer:token:secret")
+    if maas_request(key, "GET", "users/", "whoami", []).status_code != 200:
+        sys.exit("The MAAS server rejected your API key.")
+    saved = profiles()
+    saved[name] = {"url": url, "credentials": key}
+    env("DOCS_MAAS_PROFILES").write_text(json.dumps(saved))
+    print(f"\nYou are now logged in to the MAAS server at {url}api/2.0/ with the profile name '{name}'.\n")
+
+
+def maas_profile(args: list[str]) -> None:
+    profile = profiles().get(args[0])
+    if profile is None:
+        fail(f"no profile {args[0]!r} (run `maas login {args[0]} URL KEY` first); besides the profile "
+             "commands only `maas apikey --username NAME [--generate [--name NAME]]` is covered")
+    command = tuple(args[1:3])
+    if command not in PROFILE_COMMANDS:
+        fail(f"only {', '.join(' '.join(c) for c in PROFILE_COMMANDS)} are covered, not {args[1:]}")
+    method, path, op = PROFILE_COMMANDS[command]
+    rest = args[3:]
+    if "{}" in path:
+        if not rest or "=" in rest[0]:
+            fail(f"`maas {args[0]} {' '.join(command)}` needs a SYSTEM_ID")
+        path, rest = path.format(rest[0]), rest[1:]
+    if not all("=" in arg for arg in rest):
+        fail(f"expected FIELD=VALUE arguments, not {rest}")
+    answer = maas_request(profile["credentials"], method, path, op, [tuple(arg.split("=", 1)) for arg in rest])
+    sys.stdout.buffer.write(answer.content)
+    sys.stdout.flush()
+    if answer.status_code // 100 != 2:
+        sys.exit(2)
+
+
 def maas(args: list[str]) -> None:
+    if args[:1] == ["login"]:
+        maas_login(args[1:])
+        return
+    if args[:1] and args[0] != "apikey":
+        maas_profile(args)
+        return
     options, rest = [], list(args[1:])
     while rest:
         option = rest.pop(0)
@@ -383,12 +467,28 @@ def maas(args: list[str]) -> None:
     print(os.environ["DOCS_MAAS_KEY"])
 
 
+# --- scp ---------------------------------------------------------------------------------------
+
+def scp(args: list[str]) -> None:
+    if len(args) < 2 or any(arg.startswith("-") for arg in args):
+        fail(f"only `scp FILE... HOST:` is covered, not {args}")
+    *sources, destination = args
+    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*:", destination):
+        fail(f"the destination must be HOST: (the region host's home directory), not {destination!r}")
+    for source in sources:
+        if not Path(source).is_file():
+            fail(f"{source}: No such file or directory")
+    home = env("DOCS_REGION_HOME")
+    for source in sources:
+        shutil.copy(source, home / Path(source).name)   # a new file gets the source's mode, as scp makes it
+
+
 def main() -> None:
     name, args = sys.argv[1], sys.argv[2:]
     record(name, args)
     os.environ["PATH"] = os.environ.get("PATH", "")
     {"sudo": sudo, "sudoedit": sudoedit, "apt": apt, "apt-get": apt_get, "systemctl": systemctl,
-     "journalctl": journalctl, "maas": maas}[name](args)
+     "journalctl": journalctl, "maas": maas, "scp": scp}[name](args)
 
 
 if __name__ == "__main__":

@@ -141,10 +141,23 @@ EVENT_TYPES = {
     "FAILED_COMMISSIONING": ("Failed commissioning", "INFO"),
     "NODE_POWER_QUERY_FAILED": ("Failed to query node's BMC", "WARNING"),
     "SCRIPT_RESULT_CHANGED_STATUS": ("Script result", "DEBUG"),
+    "REQUEST_NODE_ACQUIRE": ("User acquiring node", "DEBUG"),
+    "REQUEST_NODE_START_DEPLOYMENT": ("User starting deployment", "DEBUG"),
+    "DEPLOYING": ("Deploying", "INFO"),
+    "DEPLOYED": ("Deployed", "INFO"),
+    "IMAGE_DEPLOYED": ("Image Deployed", "INFO"),
 }
 MAX_EVENT_LOG_COUNT = 1000
 DEFAULT_EVENT_LOG_LIMIT = 100
 COMMISSION_FROM = ("New", "Failed commissioning", "Ready", "Broken")
+# op=deploy (MachineHandler.deploy, src/maasserver/api/machines.py): a Ready machine is acquired
+# first (Node.acquire: Allocated), then only a status NODE_TRANSITIONS lets become Deploying
+# (src/maasserver/node_status.py: Allocated alone) is deployed; any other is NodeStateViolation,
+# 409 with this text (src/maasserver/exceptions.py).
+DEPLOY_FROM = ("Allocated",)
+CANNOT_DEPLOY = "Can't deploy a machine that is in the '{status}' state"
+# The release default_distro_series names when a deploy gives none (src/maasserver/models/config.py).
+DEFAULT_DISTRO_SERIES = "noble"
 # Each power type's settings as its driver declares them (make_setting_field in
 # src/provisioningserver/drivers/__init__.py; the drivers in src/provisioningserver/drivers/power/
 # redfish.py, ipmi.py and manual.py): name -> (label, required, scope, secret, default). A setting is
@@ -677,10 +690,18 @@ class MaasDouble(LoopbackServer):
     def advance(self) -> int:
         """Commissioning machines finish: Ready, recorded as the metadata signal does ("Ready"
         INFO, then the status change: src/metadataserver/api.py), then powered off; one still
-        enlisting goes back to New ("New" INFO). Returns how many moved."""
+        enlisting goes back to New ("New" INFO). Deploying machines finish too: Deployed, as
+        Node.end_deployment records it (src/maasserver/models/node.py: the status change, "Image
+        Deployed", "Deployed"), and stay on. Returns how many moved."""
         with self.lock:
             moved = 0
             for system_id, machine in self.machines.items():
+                if machine["status_name"] == "Deploying":
+                    self.set_status(system_id, "Deployed")
+                    self.record(system_id, "IMAGE_DEPLOYED",
+                                f"deployed {machine['osystem']}/{machine['distro_series']}/{machine['architecture']}")
+                    self.record(system_id, "DEPLOYED")
+                    moved += 1
                 if machine["status_name"] == "Commissioning":
                     target = "New" if system_id in self.enlisting else "Ready"
                     self.enlisting.discard(system_id)
@@ -1668,6 +1689,8 @@ class MaasDouble(LoopbackServer):
             self.writes.append(("PUT", system_id, {key: "(withheld)" if key.endswith("power_pass") else value
                                                    for key, value in request.fields.items()}))
             return 200, machine.encoded(), {}
+        if method == "POST" and op == "deploy":
+            return self._deploy(system_id, request.fields)
         if method == "POST" and op == "commission":
             if machine["status_name"] not in COMMISSION_FROM:
                 return 400, {"__all__": [NOT_AVAILABLE]}, {}
@@ -1712,6 +1735,39 @@ class MaasDouble(LoopbackServer):
                     pass
             return 200, machine.encoded(), {}
         return 400, f"Unrecognised signature: method={method} op={op}", {}
+
+    def _deploy(self, system_id: str, fields: dict[str, str]) -> tuple[int, Any, dict[str, str]]:
+        """POST machines/{id}/?op=deploy as MachineHandler.deploy (src/maasserver/api/machines.py):
+        Ready is acquired (Node.acquire: "User acquiring node", Allocated), then Allocated becomes
+        Deploying through Node.start ("User starting deployment", _start_deployment's status change
+        and "Deploying") and MAAS powers it on; any other status is 409 (DEPLOY_FROM). The deploy
+        ends when the installed OS signals (``advance``: Deployed)."""
+        machine = self.machines[system_id]
+        if machine["status_name"] == "Ready":
+            if machine.get("owner") not in (None, self.username):
+                return 409, "Can't allocate a machine belonging to another user.", {}
+            self.record(system_id, "REQUEST_NODE_ACQUIRE", "(admin)", username="admin")
+            self.set_status(system_id, "Allocated")
+            machine["owner"] = self.username
+        if machine["status_name"] not in DEPLOY_FROM:
+            return 409, CANNOT_DEPLOY.format(status=machine["status_name"]), {}
+        series = fields.get("distro_series") or DEFAULT_DISTRO_SERIES
+        machine["osystem"], machine["distro_series"] = "ubuntu", series.split("/")[-1]
+        self.record(system_id, "REQUEST_NODE_START_DEPLOYMENT", "(admin)", username="admin")
+        self.set_status(system_id, "Deploying")
+        self.record(system_id, "DEPLOYING")
+        self.writes.append(("POST", system_id, {"op": "deploy", **fields}))
+        if not self.rack:
+            # As a commission with no rack (see there): the power-on fails after the commit and
+            # _start_bmc_unavailable reverts the status; PowerProblem answers 503.
+            aborted = ABORTED.format(status="DEPLOYING", old="ALLOCATED")
+            self.record(system_id, "NODE_POWER_QUERY_FAILED", aborted)
+            self.set_status(system_id, "Allocated")
+            machine["power_state"] = "unknown"
+            return 503, NO_RACK.format(hostname=machine["hostname"]), {}
+        machine["power_state"] = "on"
+        self.record(system_id, "NODE_POWERED_ON")
+        return 200, machine.encoded(), {}
 
     def _power_update(self, system_id: str, fields: dict[str, str]) -> tuple[str, dict | None, dict[str, list[str]]]:
         """(the power type, the parameters AdminMachineForm hands to set_power_config or None when

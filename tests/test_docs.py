@@ -425,6 +425,169 @@ def only_the_route_left(page: Page, result) -> None:
     assert get(page, "httproute", "web1-bmc", "tenant-a")
 
 
+# --- docs/tutorial.md --------------------------------------------------------------------------
+
+TUTORIAL = "docs/tutorial.md"
+REGION_ETC = "/etc/maas-kubevirt"
+
+
+def page_yaml(page: str) -> dict:
+    """The page's one ```yaml block: what it tells the reader to put in site.yaml."""
+    (block,) = re.findall(r"^```yaml\n(.*?)^```$", (ROOT / page).read_text(), re.M | re.S)
+    return yaml.safe_load(block)
+
+
+def fresh_clone(page: Page) -> None:
+    """The tutorial starts from a clone: no build/ yet (the quick start's render is undone), and a
+    cluster with none of the bundle (another page's policies would refuse this render's)."""
+    shutil.rmtree(page.repo / "build")
+    for namespace in ("tenant-a", "bmc-gateway"):
+        kubectl(page, "delete", "namespace", namespace, "--ignore-not-found", "--wait=true", "--timeout=120s")
+    kubectl(page, "delete", "clusterpolicy", "-l", "app.kubernetes.io/part-of=maas-kubevirt", "--wait=true")
+
+
+def tutorial_site_edited(page: Page, result) -> None:
+    """`cp values.yaml site.yaml`, then the edit the page shows, as it shows it. Two values are the
+    test's: maas.url is the test MAAS (the page's http://localhost:5240/MAAS/, the region host's own
+    API, is this machine's real port), and maas.interval is 2 s, so a cycle does not wait a minute."""
+    assert (page.repo / "site.yaml").read_text() == (page.repo / "values.yaml").read_text()
+    edit = page_yaml(TUTORIAL)
+    assert edit["maas"]["url"] == docs_shims.REGION_URL, "the page's maas.url is not the region host's own API"
+    edit["maas"].update(url=page.double.url, interval=2)
+    page.write_values(page.repo / "site.yaml", edit)
+
+
+def tutorial_rendered(page: Page, result) -> None:
+    """The first render generated the seed (private) and rendered the site's values: a gateway site,
+    no example namespace."""
+    build = page.repo / "build"
+    assert (build / "seed").stat().st_mode & 0o777 == 0o600
+    rendered = "".join(path.read_text() for path in (build / "kubernetes").glob("*.yaml"))
+    domain = page_yaml(TUTORIAL)["redfish"]["domain"]
+    assert domain in rendered and "HTTPRoute" in rendered, "make VALUES=site.yaml did not render site.yaml"
+    assert "maas-vms" not in rendered, "kubernetes.example_namespace: false still rendered maas-vms"
+    page.notes["seed"] = (build / "seed").read_text()
+
+
+def seed_backed_up(page: Page, result) -> None:
+    backup = page.tmp / "home" / "maas-kubevirt-backup" / "seed"
+    assert backup.read_text() == page.notes["seed"] and backup.stat().st_mode & 0o777 == 0o600
+
+
+def gateway_stored(page: Page, result) -> None:
+    found = get(page, "gateway", "bmc", "bmc-gateway")
+    assert found and found["spec"]["listeners"][0]["tls"]["certificateRefs"][0]["name"] == "tenant-a-bmc-tls"
+    assert get(page, "secret", "tenant-a-bmc-tls", "bmc-gateway")["type"] == "kubernetes.io/tls"
+
+
+def copied_to_the_region(page: Page, result) -> None:
+    home = page.tmp / "home"
+    assert (home / "seed").read_text() == page.notes["seed"] and (home / "seed").stat().st_mode & 0o777 == 0o600
+    assert list(home.glob("maas-kubevirt_*_all.deb")) and (home / "31-kubevirt-bmc-config").is_file()
+
+
+def region_etc(page: Page, name: str) -> Path:
+    """A file the region host's commands wrote under /etc/maas-kubevirt (the overlay's upper layer)."""
+    return page.tmp / "overlay" / "etc" / "upper" / "maas-kubevirt" / name
+
+
+def region_seed_file(page: Page) -> None:
+    page.queue_edit(f"{REGION_ETC}/values.yaml", {"seed": {"file": f"{REGION_ETC}/seed"}})
+
+
+def seed_moved(page: Page, result) -> None:
+    assert not (page.tmp / "home" / "seed").exists(), "the seed's copy stayed in the region host's home"
+    seed = region_etc(page, "seed")
+    assert seed.read_text() == page.notes["seed"] and seed.stat().st_mode & 0o777 == 0o600
+
+
+def tutorial_script_uploaded(page: Page, result) -> None:
+    stored = page.double.scripts["31-kubevirt-bmc-config"]
+    assert stored["script"] == (page.repo / "build" / "commissioning" / "31-kubevirt-bmc-config").read_bytes()
+
+
+def enlist_commissioning_on(page: Page, result) -> None:
+    assert result.stdout.strip() == "true", result.stdout
+
+
+def service_started(page: Page, result) -> None:
+    """systemctl returned on READY=1 (the first cycle against MAAS done), and the service runs on."""
+    pid = json.loads((page.tmp / "journal" / "systemd-state.json").read_text())["pid"]
+    os.kill(pid, 0)
+
+
+def web1_gets_its_gateway_bmc(page: Page, result) -> None:
+    """examples/pxe-vm.yaml, admitted in tenant-a: its serial, and its BMC published on the Gateway."""
+    eventually(lambda: (get(page, "virtualmachine", "web1", "tenant-a") or {}).get("spec", {}).get("template", {})
+               .get("spec", {}).get("domain", {}).get("firmware", {}).get("serial") == "web1.tenant-a",
+               "web1 has the serial web1.tenant-a")
+    for kind, name in (("secret", "web1-bmc"), ("virtualmachinebmc", "web1"), ("httproute", "web1-bmc"),
+                       ("middlewares.traefik.io", "web1-bmc-allowlist"), ("networkpolicy", "maas-kubevirt-bmc")):
+        eventually(lambda: get(page, kind, name, "tenant-a"), f"{kind} {name} in tenant-a")
+    route = get(page, "httproute", "web1-bmc", "tenant-a")
+    domain = page_yaml(TUTORIAL)["redfish"]["domain"]
+    assert route["spec"]["hostnames"] == [f"web1.tenant-a.{domain}"]
+    assert route["spec"]["parentRefs"][0]["name"] == "bmc"
+
+
+def serial_printed(page: Page, result) -> None:
+    assert result.stdout == "web1.tenant-a", result.stdout
+
+
+def web1_enlists(page: Page, result) -> None:
+    """Started with kubevirtBMC's power-on run strategy, the VM PXE-boots and MAAS enlists it: the
+    script MAAS holds runs with the SMBIOS the VM has on the control plane (its serial and KubeVirt's
+    manufacturer), and what it writes to BMC_CONFIG_PATH is what the machine enlists with."""
+    from test_commissioning import Machine
+
+    vm = get(page, "virtualmachine", "web1", "tenant-a")
+    assert vm["spec"]["runStrategy"] == "RerunOnFailure"
+    serial = vm["spec"]["template"]["spec"]["domain"]["firmware"]["serial"]
+    script = page.tmp / "enlist" / "31-kubevirt-bmc-config"
+    script.parent.mkdir()
+    script.write_bytes(page.double.scripts["31-kubevirt-bmc-config"]["script"])
+    script.chmod(0o755)
+    machine = Machine(page.tmp / "enlist").smbios(manufacturer="KubeVirt", serial=serial)
+    assert machine.run(script).status == 0
+    written = machine.written()
+    assert written["power_type"] == "redfish" and written["node_id"] == "1"
+    page.notes["web1"] = page.double.enlist("web1", "tenant-a", address=written["power_address"],
+                                            power_user=written["power_user"])
+
+
+def web1_commissioned(page: Page) -> None:
+    """The service renames, pools and commissions web1 (Commissioning with its derived password);
+    commissioning then ends as MAAS ends it (Ready)."""
+    from maas_kubevirt import identity
+
+    machines, sid = page.double.machines, page.notes["web1"]
+    seed = page.notes["seed"].strip()
+    eventually(lambda: machines[sid]["status_name"] == "Commissioning" and machines[sid]["hostname"] == "web1-tenant-a"
+               and machines[sid]["pool"]["name"] == "tenant-a"
+               and page.double.power[sid]["power_pass"] == identity.bmc_password(seed, "web1.tenant-a"),
+               "the service commissioned web1-tenant-a with its password", timeout=60)
+    assert page.double.advance() == 1
+
+
+def status_row(result, vm: str) -> list[str]:
+    (row,) = [line.split() for line in result.stdout.splitlines() if line.split()[:2] == [vm, "tenant-a"]]
+    return row
+
+
+def web1_ready(page: Page, result) -> None:
+    assert "Ready" in status_row(result, "web1"), result.stdout
+
+
+def web1_deploying(page: Page, result) -> None:
+    answer = json.loads(result.stdout)
+    assert answer["system_id"] == page.notes["web1"] and answer["status_name"] == "Deploying"
+    assert page.double.advance() == 1   # the installed OS signals: Deployed
+
+
+def web1_deployed(page: Page, result) -> None:
+    assert "Deployed" in status_row(result, "web1"), result.stdout
+
+
 # --- the runners -------------------------------------------------------------------------------
 
 RUNNERS: dict[str, list[Step]] = {
@@ -518,6 +681,54 @@ RUNNERS: dict[str, list[Step]] = {
         Step("python3 -c 'import secrets; print(secrets.token_hex(32))' >build/seed.new", RUN),
         Step("mv build/seed.new build/seed", RUN),
         Step(".venv/bin/maas-kubevirt --values site.yaml render --output build", RUN, after=new_seed_rendered),
+    ],
+    "docs/tutorial.md": [
+        Step("cp values.yaml site.yaml", RUN, before=fresh_clone, after=tutorial_site_edited),
+        Step("make VALUES=site.yaml", RUN, after=tutorial_rendered),
+        Step("install -D -m 0600 build/seed ~/maas-kubevirt-backup/seed", RUN, after=seed_backed_up),
+        # Retried while a fresh Kyverno refuses the policies until it sees the RBAC applied with them.
+        Step("kubectl apply -k build/kubernetes/", CLUSTER, retry="requires permissions"),
+        Step("kubectl wait --for=condition=Ready clusterpolicy -l app.kubernetes.io/part-of=maas-kubevirt "
+             "--timeout=120s", CLUSTER),
+        Step("kubectl create namespace tenant-a", CLUSTER),
+        Step("kubectl label namespace tenant-a maas.io/kubevirt-bmc=enabled mutatevirtualmachines.kubemacpool.io=allocate",
+             CLUSTER),
+        Step("kubectl create namespace bmc-gateway", CLUSTER),
+        Step('openssl req -x509 -newkey rsa:2048 -nodes -days 825 -subj "/CN=*.tenant-a.bmc.example.com" '
+             '-addext "subjectAltName=DNS:*.tenant-a.bmc.example.com" -keyout build/tenant-a-bmc.key '
+             '-out build/tenant-a-bmc.crt', RUN),
+        Step("kubectl -n bmc-gateway create secret tls tenant-a-bmc-tls --cert build/tenant-a-bmc.crt "
+             "--key build/tenant-a-bmc.key", CLUSTER),
+        Step("kubectl apply -f examples/bmc-gateway.yaml", CLUSTER, after=gateway_stored),
+        Step("sudo apt-get build-dep ./", SHIM),
+        Step("make deb", RUN, after=built),   # DEB_BUILD_OPTIONS=nocheck: test_deb runs the package's tests
+        Step("scp build/seed build/commissioning/31-kubevirt-bmc-config build/deb/maas-kubevirt_*_all.deb site.yaml "
+             "maas-region:", SHIM, after=copied_to_the_region),
+        Step("sudo apt install ~/maas-kubevirt_*_all.deb", SHIM, after=installed),
+        Step("sudo install -m 0644 ~/site.yaml /etc/maas-kubevirt/values.yaml", SHIM),
+        Step("sudoedit /etc/maas-kubevirt/values.yaml", SHIM, before=region_seed_file),
+        Step("sudo install -m 0600 ~/seed /etc/maas-kubevirt/seed", SHIM),
+        Step("rm ~/seed", RUN, after=seed_moved),
+        Step("sudo install -m 0600 /dev/null /etc/maas-kubevirt/api-key", SHIM),
+        Step("sudo maas apikey --username ADMIN --generate --name maas-kubevirt | sudo tee /etc/maas-kubevirt/api-key"
+             " >/dev/null", SHIM),
+        Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml upload-script --script "
+             "~/31-kubevirt-bmc-config", SHIM, after=tutorial_script_uploaded),
+        Step('maas login admin http://localhost:5240/MAAS/ "$(sudo maas apikey --username ADMIN --generate --name cli)"',
+             SHIM),
+        Step("maas admin maas get-config name=enlist_commissioning", SHIM, after=enlist_commissioning_on),
+        Step("sudo systemctl restart maas-kubevirt && journalctl -u maas-kubevirt", SHIM, after=service_started),
+        Step("kubectl -n tenant-a apply -f examples/pxe-vm.yaml", CLUSTER, after=web1_gets_its_gateway_bmc),
+        Step("kubectl -n tenant-a get virtualmachine web1 -o jsonpath='{.spec.template.spec.domain.firmware.serial}'",
+             CLUSTER, after=serial_printed),
+        Step("kubectl -n tenant-a patch virtualmachine web1 --type merge -p "
+             "'{\"spec\":{\"runStrategy\":\"RerunOnFailure\"}}'", CLUSTER, after=web1_enlists),
+        Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml status", SHIM, before=web1_commissioned,
+             after=web1_ready),
+        Step("SYSTEM_ID=$(maas admin machines read hostname=web1-tenant-a | python3 -c 'import json, sys; "
+             "print(json.load(sys.stdin)[0][\"system_id\"])')", SHIM),
+        Step("maas admin machine deploy $SYSTEM_ID", SHIM, after=web1_deploying),
+        Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml status", SHIM, after=web1_deployed),
     ],
     "docs/troubleshooting.md": [
         Step(".venv/bin/maas-kubevirt --values site.yaml doctor", MAAS, before=doctor_site, codes=(0, 1),
@@ -830,10 +1041,10 @@ def namespace_prefix(page: Page) -> list[str]:
     return ["nsenter", "-t", str(holder.pid), "-m", "--", "env", f"--chdir={page.repo}"]
 
 
-def test_operations(tmp_path, double, control_plane):
-    page = sandbox(tmp_path, "docs/operations.md")
-    page.double = double
-    with_cluster(page, control_plane)
+def on_region_host(page: Page, double: MaasDouble) -> None:
+    """The page's commands run as on a MAAS region host: in a private mount namespace, with the
+    shims of tests/docs_shims.py in front of PATH and the double as the region's MAAS."""
+    tmp_path = page.tmp
     prefix = namespace_prefix(page)
     shims = docs_shims.install(tmp_path / "shims")
     page.edits = tmp_path / "edits.json"
@@ -841,26 +1052,82 @@ def test_operations(tmp_path, double, control_plane):
         DOCS_REAL_PATH=page.env["PATH"], PATH=f"{shims}:{page.env['PATH']}", DOCS_CALLS=str(tmp_path / "calls"),
         DOCS_PKGROOT=str(tmp_path / "pkgroot"), DOCS_EDITS=str(page.edits), DOCS_JOURNAL=str(tmp_path / "journal" / "log"),
         DOCS_PIDS=str(tmp_path / "pids"), DOCS_MAAS_KEY=double.api_key_text, DOCS_START_TIMEOUT="60",
-        DOCS_MAAS_SOURCE=str(maas_source()), DEB_BUILD_OPTIONS="nocheck")
+        DOCS_MAAS_SOURCE=str(maas_source()), DOCS_MAAS_URL=double.url,
+        DOCS_MAAS_PROFILES=str(tmp_path / "maas-profiles.json"), DOCS_REGION_HOME=str(tmp_path / "home"),
+        DEB_BUILD_OPTIONS="nocheck")
     (tmp_path / "journal").mkdir()
     page.shell = Shell(page.repo, page.env, tmp_path / "state.sh", prefix=prefix)
+
+
+def leave_region_host(page: Page) -> None:
+    """The service stops as systemd stops it (SIGTERM: it releases a Lease), then anything left,
+    then the mount namespace."""
+    page.shell.run("systemctl stop maas-kubevirt", codes=(0, 1))
+    pids = page.tmp / "pids"
+    for pid in (pids.read_text().split() if pids.exists() else []):
+        try:
+            os.killpg(int(pid), signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    holder = page.notes["holder"]
+    holder.terminate()
+    holder.wait(10)
+
+
+def run_region_page(page: Page, double: MaasDouble, plane) -> None:
+    """A page whose commands run on the workstation, the cluster and the region host (on_region_host)."""
+    page.double = double
+    with_cluster(page, plane)
+    on_region_host(page, double)
     try:
         run_page(page)
         assert not json.loads(page.edits.read_text()), "a queued edit was not made by the page's sudoedit"
     finally:
-        # The service stops as systemd stops it (SIGTERM: it releases the Lease), then anything left.
-        page.shell.run("systemctl stop maas-kubevirt", codes=(0, 1))
+        leave_region_host(page)
+
+
+def test_operations(tmp_path, double, control_plane):
+    page = sandbox(tmp_path, "docs/operations.md")
+    try:
+        run_region_page(page, double, control_plane)
+    finally:
         kubectl(page, "-n", "maas-kubevirt", "delete", "lease", "maas-kubevirt-reconciler", "--ignore-not-found",
                 check=False)
-        pids = (tmp_path / "pids").read_text().split() if (tmp_path / "pids").exists() else []
-        for pid in pids:
-            try:
-                os.killpg(int(pid), signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        holder = page.notes["holder"]
-        holder.terminate()
-        holder.wait(10)
+
+
+def test_tutorial(tmp_path, double, control_plane):
+    """docs/tutorial.md, from a clone to a deployed VM: the workstation's and the region host's
+    commands in one private mount namespace (the region host is this machine, its MAAS the double),
+    the cluster's on the control plane, which needs the Gateway API CRDs (TRAEFIK)."""
+    require(control_plane.traefik is not None, control_plane.traefik_missing)
+    page = sandbox(tmp_path, TUTORIAL)
+    try:
+        run_region_page(page, double, control_plane)
+    finally:
+        # Back to no policies and none of the tutorial's namespaces, for the next user of the control plane.
+        for namespace in ("tenant-a", "bmc-gateway"):
+            kubectl(page, "delete", "namespace", namespace, "--ignore-not-found", "--wait=false", check=False)
+        kubectl(page, "delete", "clusterpolicy", "-l", "app.kubernetes.io/part-of=maas-kubevirt", "--wait=true",
+                check=False)
+
+
+# The tutorial's table names each component as upstream.lock.yaml does.
+TUTORIAL_LOCK_NAMES = {"KubeVirt": "kubevirt", "kubevirtBMC": "kubevirtbmc", "KubeMacPool": "kubemacpool",
+                       "Kyverno": "kyverno", "Traefik": "traefik", "MAAS": "maas"}
+
+
+def test_tutorial_states_the_releases_of_the_lock_file():
+    """docs/tutorial.md's table of what a site needs gives, for each component, exactly the releases
+    upstream.lock.yaml proves (every MAAS release of maas-proven:, in its order), and no other row."""
+    from maas_kubevirt import upstream
+
+    lock = upstream.proven(ROOT / upstream.LOCK_NAME)
+    text = (ROOT / TUTORIAL).read_text()
+    rows = dict(re.findall(r"^\| (\w+) \| ([^|]+?) \| <https://[^>]+> \|$", text, re.M))
+    assert set(rows) == set(TUTORIAL_LOCK_NAMES), f"the table's components: {sorted(rows)}"
+    for component, name in TUTORIAL_LOCK_NAMES.items():
+        assert rows[component].split(", ") == list(upstream.proven_releases(name, lock)), \
+            f"{TUTORIAL}: {component} {rows[component]}, upstream.lock.yaml: {upstream.proven_releases(name, lock)}"
 
 
 def maas_source() -> Path | str:
@@ -876,7 +1143,8 @@ def test_the_shims_refuse_what_does_not_exist(tmp_path):
     env = {**os.environ, "DOCS_CALLS": str(tmp_path / "calls"), "DOCS_PKGROOT": str(tmp_path / "pkgroot"),
            "DOCS_EDITS": str(tmp_path / "edits.json"), "DOCS_JOURNAL": str(tmp_path / "journal"),
            "DOCS_PIDS": str(tmp_path / "pids"), "DOCS_MAAS_KEY": "a:b:c", "DOCS_REAL_PATH": os.environ["PATH"],
-           "DOCS_MAAS_SOURCE": ""}
+           "DOCS_MAAS_SOURCE": "", "DOCS_MAAS_PROFILES": str(tmp_path / "profiles.json")}
+    (tmp_path / "profiles.json").write_text(json.dumps({"region": {"url": docs_shims.REGION_URL, "credentials": "a:b:c"}}))
     (tmp_path / "deb").mkdir()
     (tmp_path / "deb" / "maas-kubevirt_0.0.0_all.deb").write_text("")
     refused = {
@@ -889,8 +1157,15 @@ def test_the_shims_refuse_what_does_not_exist(tmp_path):
         "systemctl restart maas-kubevirt": "is not installed",
         "systemctl enable --now maas-kubevirt": "only daemon-reload and restart/stop",
         "journalctl -f": "only `journalctl -u maas-kubevirt`",
-        "maas login admin http://localhost:5240/MAAS/": "only `maas apikey --username NAME [--generate",
+        "maas login admin http://localhost:5240/MAAS/": "only `maas login PROFILE URL KEY`",
+        "maas login admin http://maas.example.com:5240/MAAS/ a:b:c": "only the region host's own API",
+        "maas admin machines read": "no profile 'admin'",
+        "maas region machine release abc123": "only maas get-config, machines read, machine deploy are covered",
+        "maas region machine deploy": "needs a SYSTEM_ID",
         "maas apikey --username admin --name x": "only `maas apikey --username NAME [--generate",
+        "scp -r deb region:": "only `scp FILE... HOST:`",
+        "scp deb region:/tmp/": "the destination must be HOST:",
+        "scp no-such-file region:": "No such file or directory",
     }
     for command, reason in refused.items():
         name, *args = command.split()

@@ -528,3 +528,58 @@ def test_enlist_by_mac_twice_is_one_machine(double):
     assert events(double, first) == ENLISTED
     url = double.enlist("web3", "vms", mac="52:54:00:12:34:57", scheme="https")
     assert double.machines[url]["power_type"] == ""
+
+
+# --- deploy: Ready -> Allocated -> Deploying -> Deployed ----------------------------------------
+# src/maasserver/api/machines.py MachineHandler.deploy: Ready is acquired (Node.acquire), then only a
+# status from which src/maasserver/node_status.py NODE_TRANSITIONS allows Deploying (Allocated) is
+# deployed (Node.start, _start_deployment); any other is NodeStateViolation, 409 as text.
+
+
+def test_deploy_acquires_a_ready_machine_then_deploys_it_as_maas_records_it(double):
+    sid = double.add_vm("web1", "vms", status="Ready")
+    answer = api(double, "POST", f"machines/{sid}/", {"op": "deploy"})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["status_name"] == "Deploying" and answer.json()["power_state"] == "on"
+    assert answer.json()["owner"] == double.username and answer.json()["distro_series"] == "noble"
+    assert [e[0] for e in events(double, sid)][-6:] == [
+        "User acquiring node", "Node changed status", "User starting deployment", "Node changed status",
+        "Deploying", "Node powered on"]
+    assert double.advance() == 1
+    assert double.machines[sid]["status_name"] == "Deployed"
+    assert [e[0] for e in events(double, sid)][-3:] == ["Node changed status", "Image Deployed", "Deployed"]
+
+
+@pytest.mark.parametrize("status", ["New", "Commissioning", "Failed commissioning", "Deploying", "Deployed",
+                                    "Broken", "Testing"])
+def test_deploy_is_refused_with_409_in_any_other_state(double, status):
+    sid = double.add_vm("web1", "vms", status=status)
+    before = len(double.events)
+    answer = api(double, "POST", f"machines/{sid}/", {"op": "deploy"})
+    assert answer.status_code == 409
+    assert answer.text == f"Can't deploy a machine that is in the '{status}' state"
+    assert double.machines[sid]["status_name"] == status and len(double.events) == before
+
+
+def test_deploy_of_a_machine_another_user_holds_is_refused(double):
+    sid = double.add_vm("web1", "vms", status="Ready")
+    double.machines[sid]["owner"] = "someone-else"
+    answer = api(double, "POST", f"machines/{sid}/", {"op": "deploy"})
+    assert answer.status_code == 409 and "belonging to another user" in answer.text
+    assert double.machines[sid]["status_name"] == "Ready"
+
+
+def test_deploy_with_no_rack_answers_503_and_stays_allocated(double):
+    double.rack = False
+    sid = double.add_vm("web1", "vms", status="Ready")
+    answer = api(double, "POST", f"machines/{sid}/", {"op": "deploy"})
+    assert answer.status_code == 503 and "Retry-After" not in answer.headers
+    assert double.machines[sid]["status_name"] == "Allocated"
+
+
+def test_deploy_of_an_allocated_machine_starts_without_acquiring_it_again(double):
+    sid = double.add_vm("web1", "vms", status="Allocated")
+    answer = api(double, "POST", f"machines/{sid}/", {"op": "deploy", "distro_series": "ubuntu/jammy"})
+    assert answer.status_code == 200 and answer.json()["status_name"] == "Deploying"
+    assert answer.json()["distro_series"] == "jammy"
+    assert "User acquiring node" not in [e[0] for e in events(double, sid)]
