@@ -1,6 +1,7 @@
 """The reference pages (docs/reference/) against the code they describe: every values key with its
 type and default, every command with its options and exit codes, every doctor row with the
-statuses it can take, every metric with its type and labels. Fast: no tier, no network."""
+statuses it can take, every metric with its type and labels, and which commands read each key
+(runs against the MAAS double on loopback). Fast: no tier."""
 
 from __future__ import annotations
 
@@ -108,6 +109,91 @@ def test_values_page_names_real_commands_and_the_retired_keys():
     text = page("values.md")
     for section, key in values.RETIRED:
         assert f"`{section}.{key}`" in text, f"{section}.{key} is refused, and the page does not say so"
+
+
+class Recording(dict):
+    """A values mapping that notes every key read from it, as a dotted path, in ``read``."""
+
+    def __init__(self, data: dict, read: set[str], path: tuple[str, ...] = ()):
+        super().__init__({k: Recording(v, read, (*path, k)) if isinstance(v, dict) else v for k, v in data.items()})
+        self.read, self.path = read, path
+
+    def __getitem__(self, key):
+        self.read.add(".".join((*self.path, key)))
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self.read.add(".".join((*self.path, key)))
+        return super().get(key, default)
+
+
+def keys_read(command: str, settings: dict, args: Recording | object) -> set[str]:
+    """The values keys one run of a command reads (its module's main, as cli calls it)."""
+    read: set[str] = set()
+    cli._command(command).main(Recording(settings, read), args)
+    return read & set(schema_checks())
+
+
+def documented_readers() -> dict[str, set[str]]:
+    """Command -> the keys values.md says it reads."""
+    readers: dict[str, set[str]] = {}
+    for key, row in values_rows().items():
+        for command in row["read_by"].split(","):
+            readers.setdefault(command.strip(), set()).add(key)
+    return readers
+
+
+def render_variants() -> list[dict]:
+    """The defaults, and the values that switch on what the defaults leave out of a render."""
+    gateway = values.load_values(None)
+    gateway["exposure"] = "gateway"
+    gateway["gateway"].update(namespace="bmc-gateway", name="bmc")
+    traefik = values.load_values(None)
+    traefik["ingress"]["allowlist"] = "traefik"
+    return [values.load_values(None), gateway, traefik]
+
+
+def test_values_page_names_every_key_render_reads(tmp_path, capsys):
+    """`render` reads exactly the keys values.md says it reads, over the exposures and allowlists."""
+    read = set()
+    for number, settings in enumerate(render_variants()):
+        read |= keys_read("render", settings, argparse.Namespace(output=str(tmp_path / str(number)), values=None))
+    capsys.readouterr()
+    documented = documented_readers().get("render", set())
+    assert read == documented, (f"render reads, and the page does not say so: {sorted(read - documented)}; "
+                                f"the page says render reads: {sorted(documented - read)}")
+
+
+def test_values_page_names_every_key_the_maas_commands_read(tmp_path, monkeypatch, capsys):
+    """Against the MAAS double, each command reads no key values.md does not say it reads."""
+    from maas_double import MaasDouble
+    from reconcile_helpers import values_for
+
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))   # doctor: no cluster rows
+    for name in ("MAAS_API_KEY", "CREDENTIALS_DIRECTORY"):
+        monkeypatch.delenv(name, raising=False)
+    documented = documented_readers()
+    unsaid = []
+    with MaasDouble() as double:
+        settings = values_for(tmp_path, double)
+        script = tmp_path / "build" / "commissioning" / "31-kubevirt-bmc-config"
+        keys_read("render", settings, argparse.Namespace(output=str(tmp_path / "build"), values=None))
+        runs = [
+            ("upload-script", argparse.Namespace(script=str(script), values=None)),
+            ("reconcile", argparse.Namespace(once=True, interval=None, dry_run=False, json=False,
+                                             detailed_exitcode=False, values=None)),
+            ("reconcile", argparse.Namespace(once=False, interval=None, dry_run=True, json=True,
+                                             detailed_exitcode=True, values=None)),
+            ("status", argparse.Namespace(json=True, values=None)),
+            ("doctor", argparse.Namespace(kubeconfig=None, context=None, json=True, values=None)),
+            ("rotate", argparse.Namespace(serial="web1.vms", kubeconfig=None, values=None)),
+        ]
+        for command, args in runs:
+            read = keys_read(command, settings, args)
+            assert read, f"{command} read no key: the run went wrong"
+            unsaid += [f"{command} reads {key}" for key in sorted(read - documented.get(command, set()))]
+    capsys.readouterr()
+    assert not unsaid, "values.md does not say:\n" + "\n".join(unsaid)
 
 
 # --- commands.md -------------------------------------------------------------------------------
