@@ -1,7 +1,7 @@
 """A MAAS region API double: a real HTTP server on 127.0.0.1 (ephemeral port, in a thread).
 
-It follows docs/design.md ("MAAS contracts") and, where it names a MAAS file, that file (canonical/maas at
-3.6.5, the release in upstream.lock.yaml). Where the real-MAAS tier (tests/test_real_maas.py)
+It follows docs/explanation/design.md ("MAAS contracts") and, where it names a MAAS file, that file
+(canonical/maas at 3.6.5, the release in upstream.lock.yaml). Where the real-MAAS tier (tests/test_real_maas.py)
 checked a behaviour against MAAS 3.6.5's own region, the double does what that region did, and
 tests/test_maas_double.py holds a fast regression test for each such point. It serves the REST
 API 2.0 paths under /MAAS/api/2.0/, OAuth 1.0 PLAINTEXT checked on every request but version/

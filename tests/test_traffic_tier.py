@@ -547,7 +547,7 @@ def test_the_detours_around_the_route_are_refused_and_reach_no_bmc(phase):
 
 
 def test_doctor_reads_the_live_exposure(phase):
-    """doctor's exposure rows (docs/troubleshooting.md) against the Gateway, routes and Middlewares
+    """doctor's exposure rows (docs/reference/doctor.md) against the Gateway, routes and Middlewares
     Traefik is serving: every one ok. Other tiers share the cluster, so doctor sees this phase's
     namespaces only."""
     from maas_kubevirt import doctor, kube

@@ -1,4 +1,4 @@
-"""The one place for every name maas-kubevirt derives from a VM (docs/design.md, "Identity").
+"""The one place for every name maas-kubevirt derives from a VM (docs/explanation/design.md, "Identity").
 
 The commissioning script carries a copy of the serial and host rules and of the placeholder
 password; a test proves the copies equal. The Kyverno templates compute the UUID and password
@@ -113,7 +113,7 @@ def parse_redfish_address(address: object, domain: str) -> tuple[str, str] | Non
 
     ASCII only, compared case-insensitively, with no scheme, userinfo, port, path, query,
     fragment, trailing dot or space: the one form MAAS stores for Redfish (its driver adds
-    ``https://``), and so the only address trusted with a password (docs/security.md).
+    ``https://``), and so the only address trusted with a password (docs/explanation/security.md).
     """
     if not isinstance(address, str) or not address.isascii() or len(address) > HOST_MAX:
         return None

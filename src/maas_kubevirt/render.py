@@ -21,7 +21,8 @@ from maas_kubevirt.policies import KUSTOMIZATION_FILE, SEED_SECRET_FILE, render_
 PRIVATE_DIR, PUBLIC_DIR = 0o700, 0o755
 _SETTINGS_LINE = re.compile(r"^SETTINGS = .*# replaced by maas-kubevirt render$", re.MULTILINE)
 # Scripts run at enlistment: tagged enlisting (enlist_commissioning on) or bmc-config (off)
-# (src/maasserver/models/scriptset.py); docs/design.md, "MAAS contracts". upload-script and doctor check them.
+# (src/maasserver/models/scriptset.py); docs/explanation/design.md, "MAAS contracts". upload-script
+# and doctor check them.
 REQUIRED_TAGS = ("bmc-config", "enlisting")
 
 

@@ -1,4 +1,5 @@
-"""A small client for the MAAS REST API 2.0 (docs/design.md, "MAAS contracts"), one module per stage:
+"""A small client for the MAAS REST API 2.0 (docs/explanation/design.md, "MAAS contracts"), one module
+per stage:
 
 - ``signing``: the API key ``consumer:token:secret`` (from $MAAS_API_KEY, the systemd
   credential or maas.api_key_file) and the ``Signer`` that signs each attempt with OAuth 1.0
