@@ -1049,14 +1049,9 @@ def test_development(tmp_path):
     run_page(sandbox(tmp_path, "docs/development.md"))
 
 
-def test_run_reconciler(tmp_path, double):
-    page = sandbox(tmp_path, "docs/how-to/run-reconciler.md")
-    page.double = double
-    run_page(page)
-
-
-def test_upgrade_maas(tmp_path, double):
-    page = sandbox(tmp_path, "docs/how-to/upgrade-maas.md")
+@pytest.mark.parametrize("name", ["run-reconciler", "upgrade-maas"])
+def test_maas_page(tmp_path, double, name):
+    page = sandbox(tmp_path, f"docs/how-to/{name}.md")
     page.double = double
     run_page(page)
 
@@ -1065,28 +1060,14 @@ def without_tenant_a(page: Page) -> None:
     kubectl(page, "delete", "namespace", "tenant-a", "--ignore-not-found", "--wait=false", check=False)
 
 
-def test_namespaces(tmp_path, control_plane):
-    page = sandbox(tmp_path, "docs/how-to/namespaces.md")
+@pytest.mark.parametrize("name", ["namespaces", "change-values", "seed-backup"])
+def test_cluster_page(tmp_path, control_plane, name):
+    page = sandbox(tmp_path, f"docs/how-to/{name}.md")
     with_cluster(page, control_plane)
     try:
         run_page(page)
     finally:
         without_tenant_a(page)
-
-
-def test_change_values(tmp_path, control_plane):
-    page = sandbox(tmp_path, "docs/how-to/change-values.md")
-    with_cluster(page, control_plane)
-    try:
-        run_page(page)
-    finally:
-        without_tenant_a(page)
-
-
-def test_seed_backup(tmp_path, control_plane):
-    page = sandbox(tmp_path, "docs/how-to/seed-backup.md")
-    with_cluster(page, control_plane)
-    run_page(page)
 
 
 def test_troubleshoot(tmp_path, double, control_plane):
