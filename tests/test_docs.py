@@ -158,7 +158,8 @@ def site_script_uploaded(page: Page, result) -> None:
     """MAAS holds exactly the script rendered from site.yaml (the site's domain in it)."""
     rendered = (page.repo / "build" / "commissioning" / "31-kubevirt-bmc-config").read_text()
     assert SITE_DOMAIN in rendered
-    assert page.double.scripts["31-kubevirt-bmc-config"]["script"] == rendered
+    held = page.double.scripts["31-kubevirt-bmc-config"]["script"]
+    assert (held.decode() if isinstance(held, bytes) else held) == rendered
 
 
 def package_values(page: Page) -> None:
