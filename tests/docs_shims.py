@@ -14,7 +14,8 @@ write) and exits non-zero, saying why, when they do not match. Why each exists:
 - apt, apt-get: installing a package on the test machine is not allowed. `apt-get build-dep ./`
   runs dpkg-checkbuilddeps on ./debian/control; `apt install ./X.deb` checks the file is this
   tree's package (name, version from debian/changelog), unpacks it into $DOCS_PKGROOT and copies
-  its /etc and /var/log into the overlays, as dpkg would; `apt purge maas-kubevirt` stops the
+  its /etc and /var/log into the overlays, as dpkg would (keeping a file already there, as an
+  upgrade keeps an edited conffile); `apt purge maas-kubevirt` stops the
   service, removes those files and runs debian/maas-kubevirt.postrm with `purge`.
 - systemctl: there is no systemd as PID 1. `daemon-reload` reads the unit and its drop-ins;
   `restart maas-kubevirt` fails unless the unit is installed, its ConditionPathExists= paths and
@@ -177,7 +178,10 @@ def apt(args: list[str]) -> None:
     subprocess.run(["dpkg-deb", "-x", str(deb), str(pkgroot)], check=True)
     for part in ("etc", "var/log"):
         if (pkgroot / part).is_dir():
-            shutil.copytree(pkgroot / part, "/" + part, dirs_exist_ok=True)
+            # An upgrade keeps a conffile the administrator edited (dpkg asks; the docs say keep it).
+            shutil.copytree(pkgroot / part, "/" + part, dirs_exist_ok=True,
+                            copy_function=lambda source, target: None if os.path.exists(target)
+                            else shutil.copy2(source, target))
     if not (pkgroot / "lib" / "systemd" / "system" / f"{UNIT}.service").is_file():
         fail("the package has no maas-kubevirt.service")
 
