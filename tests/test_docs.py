@@ -925,7 +925,7 @@ def test_no_file_cites_a_page_the_repository_does_not_hold():
 
 
 def test_the_example_vm_can_pxe_boot_into_maas():
-    """examples/pxe-vm.yaml (admitted on the control plane by docs/kubernetes.md's run): a bridge on
+    """examples/pxe-vm.yaml (admitted on the control plane by docs/how-to/namespaces.md's run): a bridge on
     the PXE segment first in the boot order, MAAS's to power (Halted), a disk to deploy onto, and
     a name that can name a kubevirtBMC Service."""
     from maas_kubevirt import identity
