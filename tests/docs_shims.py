@@ -14,7 +14,9 @@ write) and exits non-zero, saying why, when they do not match. Why each exists:
 - apt, apt-get: installing a package on the test machine is not allowed. `apt-get build-dep ./`
   runs dpkg-checkbuilddeps on ./debian/control; `apt install ./X.deb` checks the file is this
   tree's package (name, version from debian/changelog), unpacks it into $DOCS_PKGROOT and copies
-  its /etc and /var/log into the overlays, as dpkg would.
+  its /etc and /var/log into the overlays, as dpkg would (keeping a file already there, as an
+  upgrade keeps an edited conffile); `apt purge maas-kubevirt` stops the
+  service, removes those files and runs debian/maas-kubevirt.postrm with `purge`.
 - systemctl: there is no systemd as PID 1. `daemon-reload` reads the unit and its drop-ins;
   `restart maas-kubevirt` fails unless the unit is installed, its ConditionPathExists= paths and
   every LoadCredential= file exist and drop-ins changed since were reloaded, then runs the
@@ -172,9 +174,12 @@ def apt_get(args: list[str]) -> None:
 
 
 def apt(args: list[str]) -> None:
+    if args[:1] == ["purge"]:
+        purge(args[1:])
+        return
     # apt takes an argument as a package file only when it is a path: ./FILE or /FILE.
     if len(args) != 2 or args[0] != "install" or not args[1].startswith(("./", "/")):
-        fail(f"only `apt install ./FILE.deb` (or /PATH/FILE.deb) is covered, not {args}")
+        fail(f"only `apt install ./FILE.deb` (or /PATH/FILE.deb) and `apt purge {UNIT}` are covered, not {args}")
     deb = Path(args[1])
     first = (ROOT / "debian" / "changelog").read_text().splitlines()[0]
     version = re.match(r"maas-kubevirt \(([^)]+)\)", first).group(1)
@@ -184,9 +189,34 @@ def apt(args: list[str]) -> None:
     subprocess.run(["dpkg-deb", "-x", str(deb), str(pkgroot)], check=True)
     for part in ("etc", "var/log"):
         if (pkgroot / part).is_dir():
-            shutil.copytree(pkgroot / part, "/" + part, dirs_exist_ok=True)
+            # An upgrade keeps a conffile the administrator edited (dpkg asks; the docs say keep it).
+            shutil.copytree(pkgroot / part, "/" + part, dirs_exist_ok=True,
+                            copy_function=lambda source, target: None if os.path.exists(target)
+                            else shutil.copy2(source, target))
     if not (pkgroot / "lib" / "systemd" / "system" / f"{UNIT}.service").is_file():
         fail("the package has no maas-kubevirt.service")
+
+
+def purge(args: list[str]) -> None:
+    """As dpkg purges: the unit stopped (the package's prerm), its files and conffiles removed,
+    then its postrm run with `purge`."""
+    if args != [UNIT]:
+        fail(f"only `apt purge {UNIT}` is covered, not {args}")
+    pkgroot = env("DOCS_PKGROOT")
+    if not (pkgroot / "usr" / "bin" / UNIT).is_file():
+        fail(f"{UNIT} is not installed")
+    data = state()
+    stop_service(data)
+    save(data)
+    for part in ("etc", "var/log"):
+        for shipped in sorted((pkgroot / part).rglob("*"), reverse=True) if (pkgroot / part).is_dir() else []:
+            target = Path("/", shipped.relative_to(pkgroot))
+            if target.is_file() or target.is_symlink():
+                target.unlink()
+            elif target.is_dir() and not any(target.iterdir()):
+                target.rmdir()
+    subprocess.run(["sh", "-e", str(ROOT / "debian" / f"{UNIT}.postrm"), "purge"], check=True)
+    shutil.rmtree(pkgroot)
 
 
 # --- systemd -----------------------------------------------------------------------------------

@@ -120,7 +120,7 @@ def bundle_rendered(page: Page, result) -> None:
     assert (page.repo / "build" / "seed").stat().st_mode & 0o777 == 0o600
 
 
-# --- docs/kubernetes.md ------------------------------------------------------------------------
+# --- docs/how-to/install.md --------------------------------------------------------------------
 
 def kubectl(page: Page, *args, check=True, input=None):
     return page.plane.kubectl(*args, check=check, input=input)
@@ -130,6 +130,77 @@ def policies_ready(page: Page, result) -> None:
     kubectl(page, "wait", "--for=condition=Ready", "clusterpolicy", "-l", "app.kubernetes.io/part-of=maas-kubevirt",
             "--timeout=120s")
 
+
+def apply_until_admitted(page: Page) -> None:
+    deadline = time.monotonic() + SETTLE
+    while True:
+        result = kubectl(page, "apply", "-k", str(page.repo / "build" / "kubernetes"), check=False)
+        if result.returncode == 0:
+            return
+        if "requires permissions" not in result.stderr or time.monotonic() > deadline:
+            raise AssertionError(result.stderr)
+        time.sleep(2)
+
+
+ETC = "/etc/maas-kubevirt/values.yaml"
+
+
+def install_site_edited(page: Page, result) -> None:
+    """`cp values.yaml site.yaml  # set ...`: the site's domain and its MAAS."""
+    assert (page.repo / "site.yaml").read_text() == (page.repo / "values.yaml").read_text()
+    page.write_values(page.repo / "site.yaml", maas_values(page, redfish={"domain": SITE_DOMAIN}))
+
+
+def api_key_file(page: Page) -> None:
+    (page.repo / "api-key").write_text(page.double.api_key_text + "\n")
+
+
+def site_script_uploaded(page: Page, result) -> None:
+    """MAAS holds exactly the script rendered from site.yaml (the site's domain in it)."""
+    rendered = (page.repo / "build" / "commissioning" / "31-kubevirt-bmc-config").read_text()
+    assert SITE_DOMAIN in rendered
+    held = page.double.scripts["31-kubevirt-bmc-config"]["script"]
+    assert (held.decode() if isinstance(held, bytes) else held) == rendered
+
+
+def package_values(page: Page) -> None:
+    """The conffile edit the comment asks for: site.yaml's keys, the seed and the audit log where
+    the package has them; web1 enlisted meanwhile at the site's domain."""
+    page.queue_edit(ETC, maas_values(page, redfish={"domain": SITE_DOMAIN}, seed={"file": "/etc/maas-kubevirt/seed"},
+                                     maas={"audit_log": "/var/log/maas-kubevirt/audit.log"}))
+    page.notes["web1"] = page.double.add_vm("web1", "vms", SITE_DOMAIN)
+
+
+def built(page: Page, result) -> None:
+    assert list((page.repo / "build" / "deb").glob("maas-kubevirt_*_all.deb"))
+
+
+def installed(page: Page, result) -> None:
+    assert (page.tmp / "pkgroot" / "usr" / "bin" / "maas-kubevirt").is_file()
+
+
+def one_key_stored(page: Page, result) -> None:
+    stored = page.shell.run("sudo cat /etc/maas-kubevirt/api-key").stdout
+    assert stored.splitlines() == [page.double.api_key_text], "the key file does not hold exactly one key"
+
+
+def dry_run_changed_nothing(page: Page, result) -> None:
+    assert "web1" in result.stdout
+    assert page.double.machines[page.notes["web1"]]["hostname"] != "web1-vms", "--dry-run changed MAAS"
+
+
+def service_reconciled(page: Page, result) -> None:
+    eventually(lambda: page.double.machines[page.notes["web1"]]["hostname"] == "web1-vms",
+               "the service renamed web1", timeout=30)
+    assert "web1" in result.stdout, "journalctl shows nothing of the service's work"
+
+
+def installed_site(page: Page) -> None:
+    """The state every region-host page starts from: docs/how-to/install.md run in this sandbox."""
+    run_steps(page, "docs/how-to/install.md")
+
+
+# --- docs/how-to/namespaces.md -----------------------------------------------------------------
 
 def no_tenant_a(page: Page) -> None:
     kubectl(page, "delete", "namespace", "tenant-a", "--ignore-not-found", "--wait=true", "--timeout=120s")
@@ -146,8 +217,9 @@ def eventually(check, what: str, timeout: float = SETTLE):
         time.sleep(1)
 
 
-def get(page: Page, kind: str, name: str, namespace: str):
-    result = kubectl(page, "get", kind, name, "-n", namespace, "-o", "json", check=False)
+def get(page: Page, kind: str, name: str, namespace: str | None):
+    where = ["-n", namespace] if namespace else []
+    result = kubectl(page, "get", kind, name, *where, "-o", "json", check=False)
     return json.loads(result.stdout) if result.returncode == 0 else None
 
 
@@ -159,6 +231,27 @@ def web1_gets_its_bmc(page: Page, result) -> None:
     for kind, name in (("secret", "web1-bmc"), ("virtualmachinebmc", "web1"), ("ingress", "web1-bmc"),
                        ("networkpolicy", "maas-kubevirt-bmc")):
         eventually(lambda: get(page, kind, name, "tenant-a"), f"{kind} {name} in tenant-a")
+
+
+def bundle_applied(page: Page) -> None:
+    apply_until_admitted(page)
+    policies_ready(page, None)
+
+
+def bundle_for_namespaces(page: Page) -> None:
+    """docs/how-to/install.md has applied the bundle; no tenant-a yet."""
+    no_tenant_a(page)
+    bundle_applied(page)
+
+
+def tenant_a_with_web1(page: Page) -> None:
+    """An opted-in namespace whose VM web1 has its BMC objects, under the bundle in build/."""
+    bundle_for_namespaces(page)
+    kubectl(page, "create", "namespace", "tenant-a")
+    kubectl(page, "label", "namespace", "tenant-a", "maas.io/kubevirt-bmc=enabled",
+            "mutatevirtualmachines.kubemacpool.io=allocate")
+    kubectl(page, "-n", "tenant-a", "apply", "-f", str(page.repo / "examples" / "pxe-vm.yaml"))
+    web1_gets_its_bmc(page, None)
 
 
 def bmc_objects_gone(page: Page, result) -> None:
@@ -174,7 +267,7 @@ def serial_removed(page: Page, result) -> None:
     assert "serial" not in firmware
 
 
-# --- docs/maas.md ------------------------------------------------------------------------------
+# --- docs/how-to/run-reconciler.md -------------------------------------------------------------
 
 def maas_site(page: Page) -> None:
     """The site's values (README: cp values.yaml site.yaml, edited) and the operator's api-key file."""
@@ -182,10 +275,6 @@ def maas_site(page: Page) -> None:
     page.write_values(page.repo / "site.yaml", maas_values(page, seed={"file": "build/seed"}))
     (page.repo / "api-key").write_text(page.double.api_key_text + "\n")
     page.notes["web1"] = page.double.add_vm("web1", "vms")
-
-
-def script_uploaded(page: Page, result) -> None:
-    assert "31-kubevirt-bmc-config" in page.double.scripts
 
 
 def planned_not_done(page: Page, result) -> None:
@@ -213,6 +302,277 @@ def status_lists_them(page: Page, result) -> None:
 # timeout(1) sends it and --preserve-status keeps the loop's status.
 def for_a_while(command: str) -> str:
     return f"timeout --preserve-status -s TERM 8 {command}"
+
+
+# --- docs/how-to/change-values.md --------------------------------------------------------------
+
+NARROWED = "192.0.2.10/32"
+
+
+def site_running_then_edited(page: Page) -> None:
+    """A running site (site.yaml rendered and applied, web1 served), then the edit the page starts from."""
+    shutil.copy(page.repo / "values.yaml", page.repo / "site.yaml")
+    page.write_values(page.repo / "site.yaml", {"redfish": {"domain": SITE_DOMAIN}})
+    page.shell.run("make VALUES=site.yaml")
+    tenant_a_with_web1(page)
+    page.write_values(page.repo / "site.yaml", {"ingress": {"source_ranges": [NARROWED]}})
+
+
+def rendered_narrowed(page: Page, result) -> None:
+    rendered = "".join(p.read_text() for p in (page.repo / "build" / "kubernetes").glob("*.yaml"))
+    assert NARROWED in rendered and SITE_DOMAIN in rendered, "the render does not hold site.yaml's edit"
+
+
+def ingress_updated_in_place(page: Page, result) -> None:
+    """Kyverno updates web1's generated Ingress to the new ranges, without a restart or a delete."""
+    uid = get(page, "ingress", "web1-bmc", "tenant-a")["metadata"]["uid"]
+    ingress = eventually(lambda: (lambda found: found if found and NARROWED in json.dumps(
+        found["metadata"].get("annotations", {})) else None)(get(page, "ingress", "web1-bmc", "tenant-a")),
+        f"web1's Ingress admits only {NARROWED}")
+    assert ingress["metadata"]["uid"] == uid
+
+
+# --- docs/how-to/upgrade.md --------------------------------------------------------------------
+
+def script_still_the_render(page: Page, result) -> None:
+    site_script_uploaded(page, result)
+
+
+def service_running(page: Page, result) -> None:
+    state = json.loads((page.tmp / "journal" / "systemd-state.json").read_text())
+    os.kill(state["pid"], 0)
+
+
+def upgraded_status(page: Page, result) -> None:
+    assert "web1-vms" in result.stdout, "the upgraded reconciler does not see web1"
+
+
+# --- docs/how-to/upgrade-maas.md ---------------------------------------------------------------
+
+def on_a_release_that_refuses_dns(page: Page) -> None:
+    maas_site(page)
+    page.double.version = "3.6.3"
+
+
+def doctor_row(result, name: str) -> str:
+    rows = [line for line in result.stdout.splitlines() if line.split()[:1] == [name]]
+    assert rows, f"doctor printed no {name} row"
+    return rows[0]
+
+
+def version_refused(page: Page, result) -> None:
+    row = doctor_row(result, "maas.version")
+    assert "fail" in row.lower() and "3.6.5" in result.stdout, row
+
+
+def maas_upgraded(page: Page) -> None:
+    page.double.version = "3.6.5"
+
+
+def version_ok(page: Page, result) -> None:
+    row = doctor_row(result, "maas.version")
+    assert re.search(r"\bok\b", row.lower()) and "fail" not in row.lower(), row
+
+
+# --- docs/how-to/uninstall.md ------------------------------------------------------------------
+
+def in_namespace(page: Page, command: str) -> bool:
+    return page.shell.run(command, codes=(0, 1)).returncode == 0
+
+
+def service_stopped(page: Page, result) -> None:
+    state = json.loads((page.tmp / "journal" / "systemd-state.json").read_text())
+    assert "pid" not in state, "the service still runs"
+
+
+def purged(page: Page, result) -> None:
+    """What postrm purges is gone (in the page's mount namespace), and the package with it."""
+    for path in ("/etc/maas-kubevirt", "/etc/systemd/system/maas-kubevirt.service.d", "/var/log/maas-kubevirt"):
+        assert in_namespace(page, f"test ! -e {path}"), f"{path} is left after the purge"
+    assert not (page.tmp / "pkgroot").exists()
+
+
+def uninstall_cluster(page: Page) -> None:
+    """The site has an opted-in namespace with a VM MAAS powers: what the page says stays."""
+    tenant_a_with_web1(page)
+
+
+def labelled_for_delete(page: Page, result) -> None:
+    found = get(page, "configmap", "maas-kubevirt-rotations", "maas-kubevirt")
+    assert found["metadata"]["labels"].get("maas-kubevirt/allow-delete") == "true"
+
+
+def bundle_deleted_bmc_kept(page: Page, result) -> None:
+    eventually(lambda: get(page, "namespace", "maas-kubevirt", None) is None, "the system namespace is deleted")
+    listed = json.loads(kubectl(page, "get", "clusterpolicy", "-l", "app.kubernetes.io/part-of=maas-kubevirt",
+                                "-o", "json").stdout)
+    assert listed["items"] == [], "a policy is left"
+    for kind, name in (("secret", "web1-bmc"), ("virtualmachinebmc", "web1"), ("ingress", "web1-bmc"),
+                       ("networkpolicy", "maas-kubevirt-bmc")):
+        assert get(page, kind, name, "tenant-a"), f"{kind} {name} went with the bundle"
+
+
+def all_bmc_objects_gone(page: Page, result) -> None:
+    bmc_objects_gone(page, result)
+    assert get(page, "virtualmachine", "web1", "tenant-a"), "the VM went too"
+
+
+def unlabelled(page: Page, result) -> None:
+    labels = get(page, "namespace", "tenant-a", None)["metadata"].get("labels", {})
+    assert "maas.io/kubevirt-bmc" not in labels
+
+
+# --- docs/how-to/seed-backup.md ----------------------------------------------------------------
+
+def seed_lost(page: Page) -> None:
+    """A site rendered from site.yaml and applied, then its build/seed lost."""
+    shutil.copy(page.repo / "values.yaml", page.repo / "site.yaml")
+    page.write_values(page.repo / "site.yaml", {"redfish": {"domain": SITE_DOMAIN}})
+    page.shell.run("make VALUES=site.yaml")
+    apply_until_admitted(page)
+    page.notes["seed"] = (page.repo / "build" / "seed").read_text().strip()
+    (page.repo / "build" / "seed").unlink()
+
+
+def seed_recovered(page: Page, result) -> None:
+    seed = page.repo / "build" / "seed"
+    assert seed.read_text().strip() == page.notes["seed"], "the recovered seed is not the cluster's"
+    assert seed.stat().st_mode & 0o777 == 0o600
+
+
+def rendered_with_the_seed(page: Page, result) -> None:
+    assert page.notes["seed"] in (page.repo / "build" / "kubernetes" / "seed-secret.yaml").read_text()
+    rendered_with_site_yaml(page, result)
+
+
+def no_difference(page: Page, result) -> None:
+    assert result.stdout == "", result.stdout
+
+
+# --- docs/how-to/monitor.md --------------------------------------------------------------------
+
+def installed_site_then_metrics(page: Page) -> None:
+    installed_site(page)
+    page.queue_edit(ETC, {"maas": {"metrics_address": "127.0.0.1:9639"}})
+
+
+def metrics_scraped(page: Page, result) -> None:
+    """The service (restarted by the shim once it said READY=1) serves its cycles."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = [s for family in text_string_to_metric_families(result.stdout) for s in family.samples]
+    assert samples and {s.name for s in samples} == {"maas_kubevirt_cycles_total"}, result.stdout
+    assert {s.labels["outcome"] for s in samples} <= {"ok", "failed", "error", "interrupted"}, result.stdout
+    assert sum(s.value for s in samples) >= 1, result.stdout
+
+
+def unit_is_notify(page: Page, result) -> None:
+    assert result.stdout.split() == ["Type=notify", "NotifyAccess=main", "WatchdogUSec=11min"], result.stdout
+
+
+# --- docs/how-to/ha.md -------------------------------------------------------------------------
+
+def can_i_yes(page: Page, result) -> None:
+    assert result.stdout.strip() == "yes"
+
+
+def lease_values(page: Page) -> None:
+    page.queue_edit(ETC, {"reconciler": {"lease": {"kubeconfig": "/etc/maas-kubevirt/kubeconfig"}}})
+
+
+def lease_held(page: Page, result) -> None:
+    """The line the page shows (`lease ...: held by ...`). A standby makes a missing Lease only
+    after reconciler.lease.duration, and the shim's restart does not wait for that: the command is
+    asked again until then, as an operator would."""
+    deadline = time.monotonic() + 60
+    while not re.match(r"lease \S+: held by \S+", result.stdout.strip()):
+        assert time.monotonic() < deadline, f"the lease is still not held: {result.stdout}"
+        time.sleep(2)
+        result = page.shell.run(result.command)
+
+
+def installed_site_with_lease(page: Page) -> None:
+    run_steps(page, "docs/how-to/ha.md")   # which starts from docs/how-to/install.md
+
+
+# --- docs/how-to/rotate.md ---------------------------------------------------------------------
+
+def web1_power(page: Page, seed: str, generation: int) -> bool:
+    from maas_kubevirt import identity
+
+    power = page.double.power[page.notes["web1"]]
+    return (power["power_pass"] == identity.bmc_password(seed, "web1.vms", generation)
+            and power["power_user"] == identity.bmc_user(seed, "web1.vms", generation))
+
+
+def rotated_by_hand(page: Page, result) -> None:
+    """The generation in the cluster's ConfigMap, and the running service following it in MAAS
+    (after its settle) with exactly what Kyverno derives for generation 1."""
+    from maas_kubevirt import identity
+
+    found = json.loads(kubectl(page, "-n", "maas-kubevirt", "get", "configmap", identity.ROTATIONS_CONFIGMAP,
+                               "-o", "json").stdout)
+    assert (found.get("data") or {}).get("web1.vms") == "1", found
+    assert "credential generation 0 -> 1" in result.stdout
+    seed = (page.repo / "build" / "seed").read_text().strip()
+    eventually(lambda: web1_power(page, seed, 1), "the service set web1's generation-1 password", timeout=90)
+
+
+def old_seed(page: Page) -> None:
+    page.notes["seed"] = (page.repo / "build" / "seed").read_text().strip()
+
+
+def new_seed_rendered(page: Page, result) -> None:
+    """The new seed rendered with the site's values (not the defaults), the old one kept, private."""
+    build = page.repo / "build"
+    seed = (build / "seed").read_text().strip()
+    assert seed != page.notes["seed"] and (build / "seed").stat().st_mode & 0o777 == 0o600
+    assert seed in (build / "kubernetes" / "seed-secret.yaml").read_text()
+    assert (build / "seed.old").read_text().strip() == page.notes["seed"]
+    assert (build / "seed.old").stat().st_mode & 0o777 == 0o600
+    rendered = "".join(path.read_text() for path in (build / "kubernetes").glob("*.yaml"))
+    assert SITE_DOMAIN in rendered and "bmc.example.com" not in rendered, "the seed was rendered without site.yaml"
+
+
+def cluster_has_the_new_seed(page: Page, result) -> None:
+    import base64
+
+    secret = get(page, "secret", "maas-kubevirt-seed", "maas-kubevirt")
+    stored = base64.b64decode(secret["data"]["seed"]).decode().strip()
+    assert stored == (page.repo / "build" / "seed").read_text().strip(), "the cluster still holds the old seed"
+
+
+def maas_has_the_new_passwords(page: Page, result) -> None:
+    seed = (page.repo / "build" / "seed").read_text().strip()
+    eventually(lambda: web1_power(page, seed, 1), "the service set web1's password from the new seed", timeout=90)
+
+
+# --- docs/how-to/troubleshoot.md ---------------------------------------------------------------
+
+def a_vm_stuck_in_new(page: Page) -> None:
+    """web1 enlisted with the script's placeholder, and no reconciler has run since."""
+    maas_site(page)
+    page.env["MAAS_API_KEY"] = page.double.api_key_text
+
+
+def placeholder_shown(page: Page, result) -> None:
+    rows = [line for line in result.stdout.splitlines() if "web1" in line]
+    assert rows and "placeholder" in rows[0], result.stdout
+
+
+def power_password_not_ok(page: Page, result) -> None:
+    row = doctor_row(result, "maas.power_password")
+    assert not re.search(r"\bok\b", row.lower()), row
+
+
+def every_policy_ready(page: Page, result) -> None:
+    """One row per ClusterPolicy of the bundle (the reference render in kyverno/), each Ready."""
+    bundle = sorted(d["metadata"]["name"] for path in (ROOT / "kyverno").glob("policy-*.yaml")
+                    for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == "ClusterPolicy")
+    rows = [line.split() for line in result.stdout.splitlines()[1:] if line.strip()]
+    assert sorted(line[0] for line in rows) == bundle, result.stdout
+    header = result.stdout.splitlines()[0].split()
+    assert "READY" in header and all(line[header.index("READY")] == "True" for line in rows), result.stdout
 
 
 # --- docs/reference/doctor.md -----------------------------------------------------------------
@@ -255,123 +615,7 @@ def doctor_json_rows_are_documented(page: Page, result) -> None:
     assert any(n.startswith("cluster.") for n in names), "--kubeconfig gave no cluster check"
 
 
-# --- docs/operations.md ------------------------------------------------------------------------
-
-ETC = "/etc/maas-kubevirt/values.yaml"
-
-
-def package_values(page: Page) -> None:
-    page.queue_edit(ETC, maas_values(page, seed={"file": "/etc/maas-kubevirt/seed"},
-                                     maas={"audit_log": "/var/log/maas-kubevirt/audit.log"}))
-    page.notes["web1"] = page.double.add_vm("web1", "vms")
-
-
-def built(page: Page, result) -> None:
-    assert list((page.repo / "build" / "deb").glob("maas-kubevirt_*_all.deb"))
-
-
-def installed(page: Page, result) -> None:
-    assert (page.tmp / "pkgroot" / "usr" / "bin" / "maas-kubevirt").is_file()
-
-
-def service_reconciled(page: Page, result) -> None:
-    eventually(lambda: page.double.machines[page.notes["web1"]]["hostname"] == "web1-vms",
-               "the service renamed web1", timeout=30)
-    assert "web1" in result.stdout, "journalctl shows nothing of the service's work"
-
-
-def metrics_values(page: Page) -> None:
-    page.queue_edit(ETC, {"maas": {"metrics_address": "127.0.0.1:9639"}})
-
-
-def metrics_scraped(page: Page, result) -> None:
-    """The service (restarted by the shim once it said READY=1) serves its cycles."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    samples = [s for family in text_string_to_metric_families(result.stdout) for s in family.samples]
-    assert samples and {s.name for s in samples} == {"maas_kubevirt_cycles_total"}, result.stdout
-    assert {s.labels["outcome"] for s in samples} <= {"ok", "failed", "error", "interrupted"}, result.stdout
-    assert sum(s.value for s in samples) >= 1, result.stdout
-
-
-def unit_is_notify(page: Page, result) -> None:
-    assert result.stdout.split() == ["Type=notify", "NotifyAccess=main", "WatchdogUSec=11min"], result.stdout
-
-
-def bundle_applied(page: Page) -> None:
-    apply_until_admitted(page)
-
-
-def apply_until_admitted(page: Page) -> None:
-    deadline = time.monotonic() + SETTLE
-    while True:
-        result = kubectl(page, "apply", "-k", str(page.repo / "build" / "kubernetes"), check=False)
-        if result.returncode == 0:
-            return
-        if "requires permissions" not in result.stderr or time.monotonic() > deadline:
-            raise AssertionError(result.stderr)
-        time.sleep(2)
-
-
-def can_i_yes(page: Page, result) -> None:
-    assert result.stdout.strip() == "yes"
-
-
-def lease_values(page: Page) -> None:
-    page.queue_edit(ETC, {"reconciler": {"lease": {"kubeconfig": "/etc/maas-kubevirt/kubeconfig"}}})
-
-
-def lease_held(page: Page, result) -> None:
-    """The line the page shows (`lease ...: held by ...`). A standby makes a missing Lease only
-    after reconciler.lease.duration (15 s), and systemd's restart of a Type=exec unit does not
-    wait for that: the command is asked again until then, as an operator would."""
-    deadline = time.monotonic() + 60
-    while not re.match(r"lease \S+: held by \S+", result.stdout.strip()):
-        assert time.monotonic() < deadline, f"the lease is still not held: {result.stdout}"
-        time.sleep(2)
-        result = page.shell.run(result.command)
-
-
-def rotated_by_hand(page: Page, result) -> None:
-    """The generation in the cluster's ConfigMap, and the running service following it in MAAS
-    (after its settle) with exactly what Kyverno derives for generation 1."""
-    from maas_kubevirt import identity
-
-    found = json.loads(kubectl(page, "-n", "maas-kubevirt", "get", "configmap", identity.ROTATIONS_CONFIGMAP,
-                               "-o", "json").stdout)
-    assert (found.get("data") or {}).get("web1.vms") == "1", found
-    assert "credential generation 0 -> 1" in result.stdout
-    seed = (page.repo / "build" / "seed").read_text().strip()
-    power = page.double.power[page.notes["web1"]]
-    eventually(lambda: power["power_pass"] == identity.bmc_password(seed, "web1.vms", 1)
-               and power["power_user"] == identity.bmc_user(seed, "web1.vms", 1),
-               "the service set web1's generation-1 password", timeout=90)
-
-
-def stop_service(page: Page) -> None:
-    page.shell.run("systemctl stop maas-kubevirt")
-
-
-def new_seed_rendered(page: Page, result) -> None:
-    """The new seed rendered with the site's values (not the defaults), the old one kept, private."""
-    build = page.repo / "build"
-    seed = (build / "seed").read_text().strip()
-    assert seed != page.notes["seed"] and (build / "seed").stat().st_mode & 0o777 == 0o600
-    assert seed in (build / "kubernetes" / "seed-secret.yaml").read_text()
-    assert (build / "seed.old").read_text().strip() == page.notes["seed"]
-    assert (build / "seed.old").stat().st_mode & 0o777 == 0o600
-    rendered = "".join(path.read_text() for path in (build / "kubernetes").glob("*.yaml"))
-    assert SITE_DOMAIN in rendered and "bmc.example.com" not in rendered, "the seed was rendered without site.yaml"
-
-
-def old_seed(page: Page) -> None:
-    """The site as the README configures it: site.yaml (its own domain), the seed at build/seed."""
-    page.notes["seed"] = (page.repo / "build" / "seed").read_text().strip()
-    shutil.copy(page.repo / "values.yaml", page.repo / "site.yaml")
-    page.write_values(page.repo / "site.yaml", {"redfish": {"domain": SITE_DOMAIN}})
-
-
-# --- docs/gateway.md ---------------------------------------------------------------------------
+# --- docs/how-to/gateway.md --------------------------------------------------------------------
 
 GATEWAY_SITE = {"exposure": "gateway", "gateway": {"namespace": "bmc-gateway", "name": "bmc"},
                 "ingress": {"controller_namespace": "traefik"}}
@@ -384,16 +628,8 @@ def gateway_values_edited(page: Page, result) -> None:
 
 def ingress_site_running(page: Page) -> None:
     """The page starts from a running ingress site: the default render applied, web1 served by its Ingress."""
-    no_tenant_a(page)
     kubectl(page, "delete", "clusterpolicy", "-l", "app.kubernetes.io/part-of=maas-kubevirt", "--wait=true")
-    eventually(lambda: kubectl(page, "apply", "-k", str(page.repo / "build" / "kubernetes"), check=False).returncode == 0,
-               "the default render applies")
-    policies_ready(page, None)
-    kubectl(page, "create", "namespace", "tenant-a")
-    kubectl(page, "label", "namespace", "tenant-a", "maas.io/kubevirt-bmc=enabled",
-            "mutatevirtualmachines.kubemacpool.io=allocate")
-    kubectl(page, "-n", "tenant-a", "apply", "-f", str(page.repo / "examples" / "pxe-vm.yaml"))
-    web1_gets_its_bmc(page, None)
+    tenant_a_with_web1(page)
 
 
 def switch_printed(page: Page, result) -> None:
@@ -602,7 +838,11 @@ RUNNERS: dict[str, list[Step]] = {
              check='make -n mutate MODULES="identity values" | grep -F "tools/mutate identity values" >/dev/null'
                    ' && for m in identity values; do grep -q "\\"$m\\"" tools/mutate || exit 1; done'),
     ],
-    "docs/gateway.md": [
+    "docs/how-to/change-values.md": [
+        Step("make VALUES=site.yaml", RUN, before=site_running_then_edited, after=rendered_narrowed),
+        Step("kubectl apply -k build/kubernetes/", CLUSTER, after=ingress_updated_in_place, retry="requires permissions"),
+    ],
+    "docs/how-to/gateway.md": [
         Step("cp values.yaml site.yaml", RUN, after=gateway_values_edited),
         Step("make VALUES=site.yaml", RUN, before=ingress_site_running, after=switch_printed),
         Step("kubectl delete clusterpolicy maas-kubevirt-vm-bmc", CLUSTER, after=ingress_kept),
@@ -612,50 +852,8 @@ RUNNERS: dict[str, list[Step]] = {
         Step("kubectl delete ingress --all-namespaces -l app.kubernetes.io/part-of=maas-kubevirt", CLUSTER,
              after=only_the_route_left),
     ],
-    "docs/kubernetes.md": [
-        # A fresh cluster's Kyverno may refuse the policies for a few seconds, until the
-        # aggregation controller merges the RBAC applied with them ("requires permissions"):
-        # retried then, as the control-plane tier does.
-        Step("kubectl apply -k build/kubernetes/", CLUSTER, before=no_tenant_a, after=policies_ready,
-             retry="requires permissions"),
-        Step("kubectl create namespace tenant-a", CLUSTER),
-        Step("kubectl label namespace tenant-a maas.io/kubevirt-bmc=enabled mutatevirtualmachines.kubemacpool.io=allocate",
-             CLUSTER),
-        Step("kubectl -n tenant-a apply -f examples/pxe-vm.yaml", CLUSTER, after=web1_gets_its_bmc),
-        Step("kubectl label namespace tenant-a maas.io/kubevirt-bmc-", CLUSTER),
-        Step("kubectl -n tenant-a delete secret,virtualmachinebmc,ingress,networkpolicy -l app.kubernetes.io/part-of=maas-kubevirt",
-             CLUSTER, after=bmc_objects_gone),
-        Step("kubectl -n tenant-a patch virtualmachine web1 --type json -p "
-             "'[{\"op\": \"remove\", \"path\": \"/spec/template/spec/domain/firmware/serial\"}]'", CLUSTER,
-             after=serial_removed),
-    ],
-    "docs/maas.md": [
-        Step("export MAAS_API_KEY=$(cat api-key)", MAAS, before=maas_site),
-        Step(".venv/bin/maas-kubevirt --values site.yaml upload-script", MAAS, after=script_uploaded),
-        Step(".venv/bin/maas-kubevirt --values site.yaml reconcile --dry-run", MAAS, after=planned_not_done),
-        Step(".venv/bin/maas-kubevirt --values site.yaml reconcile --once", MAAS, after=reconciled),
-        # Stopped by SIGTERM after 8 s (for_a_while): exit 0, or 143 if the signal came before the
-        # loop took it over; systemd counts both as a clean stop.
-        Step(".venv/bin/maas-kubevirt --values site.yaml reconcile", MAAS, before=a_vm_enlists_meanwhile,
-             after=loop_reconciled, codes=(0, 143)),
-        Step(".venv/bin/maas-kubevirt --values site.yaml status", MAAS, after=status_lists_them),
-    ],
-    "docs/operations.md": [
-        Step("sudo apt-get build-dep ./", SHIM),
-        Step("make deb", RUN, after=built),   # for real, with DEB_BUILD_OPTIONS=nocheck (test_deb runs those tests)
-        Step("sudo apt install ./build/deb/maas-kubevirt_*_all.deb", SHIM, after=installed),
-        Step("sudoedit /etc/maas-kubevirt/values.yaml", SHIM, before=package_values),
-        Step("sudo install -m 0600 /dev/null /etc/maas-kubevirt/api-key", SHIM),
-        Step("sudo maas apikey --username ADMIN --generate --name maas-kubevirt | sudo tee /etc/maas-kubevirt/api-key"
-             " >/dev/null", SHIM),
-        Step("sudo install -m 0600 build/seed /etc/maas-kubevirt/seed", SHIM),
-        Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml reconcile --once --dry-run", SHIM),
-        Step("sudo systemctl restart maas-kubevirt && journalctl -u maas-kubevirt", SHIM, after=service_reconciled),
-        Step("sudoedit /etc/maas-kubevirt/values.yaml", SHIM, before=metrics_values),
-        Step("sudo systemctl restart maas-kubevirt", SHIM),
-        Step("curl -s http://127.0.0.1:9639/metrics | grep '^maas_kubevirt_cycles_total'", RUN, after=metrics_scraped),
-        Step("systemctl show -p Type,NotifyAccess,WatchdogUSec maas-kubevirt", SHIM, after=unit_is_notify),
-        Step("NS=maas-kubevirt SA=maas-kubevirt-reconciler KC=reconciler.kubeconfig", CLUSTER, before=bundle_applied),
+    "docs/how-to/ha.md": [
+        Step("NS=maas-kubevirt SA=maas-kubevirt-reconciler KC=reconciler.kubeconfig", CLUSTER, before=installed_site),
         Step("SERVER=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')", CLUSTER),
         Step("kubectl config view --minify --raw -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' "
              "| base64 -d >ca.crt", CLUSTER),
@@ -674,12 +872,106 @@ RUNNERS: dict[str, list[Step]] = {
         Step("sudoedit /etc/maas-kubevirt/values.yaml", SHIM, before=lease_values),
         Step("sudo systemctl daemon-reload && sudo systemctl restart maas-kubevirt", SHIM),
         Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml status | tail -n 1", SHIM, after=lease_held),
-        Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml rotate web1.vms", SHIM, after=rotated_by_hand),
+    ],
+    "docs/how-to/install.md": [
+        Step("cp values.yaml site.yaml", RUN, after=install_site_edited),
+        Step("make VALUES=site.yaml", RUN, after=rendered_with_site_yaml),
+        # A fresh cluster's Kyverno may refuse the policies for a few seconds, until the
+        # aggregation controller merges the RBAC applied with them ("requires permissions"):
+        # retried then, as the control-plane tier does.
+        Step("kubectl apply -k build/kubernetes/", CLUSTER, after=policies_ready, retry="requires permissions"),
+        Step("export MAAS_API_KEY=$(cat api-key)", MAAS, before=api_key_file),
+        Step(".venv/bin/maas-kubevirt --values site.yaml upload-script", MAAS, after=site_script_uploaded),
+        Step("sudo apt-get build-dep ./", SHIM),
+        Step("make deb", RUN, after=built),   # for real, with DEB_BUILD_OPTIONS=nocheck (test_deb runs those tests)
+        Step("sudo apt install ./build/deb/maas-kubevirt_*_all.deb", SHIM, after=installed),
+        Step("sudoedit /etc/maas-kubevirt/values.yaml", SHIM, before=package_values),
+        Step("sudo install -m 0600 /dev/null /etc/maas-kubevirt/api-key", SHIM),
+        Step("sudo maas apikey --username ADMIN --generate --name maas-kubevirt | sudo tee /etc/maas-kubevirt/api-key"
+             " >/dev/null", SHIM, after=one_key_stored),
+        Step("sudo install -m 0600 build/seed /etc/maas-kubevirt/seed", SHIM),
+        Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml reconcile --once --dry-run", SHIM,
+             after=dry_run_changed_nothing),
+        Step("sudo systemctl restart maas-kubevirt && journalctl -u maas-kubevirt", SHIM, after=service_reconciled),
+    ],
+    "docs/how-to/monitor.md": [
+        Step("sudoedit /etc/maas-kubevirt/values.yaml", SHIM, before=installed_site_then_metrics),
+        Step("sudo systemctl restart maas-kubevirt", SHIM),
+        Step("curl -s http://127.0.0.1:9639/metrics | grep '^maas_kubevirt_cycles_total'", RUN, after=metrics_scraped),
+        Step("systemctl show -p Type,NotifyAccess,WatchdogUSec maas-kubevirt", SHIM, after=unit_is_notify),
+    ],
+    "docs/how-to/namespaces.md": [
+        Step("kubectl create namespace tenant-a", CLUSTER, before=bundle_for_namespaces),
+        Step("kubectl label namespace tenant-a maas.io/kubevirt-bmc=enabled mutatevirtualmachines.kubemacpool.io=allocate",
+             CLUSTER),
+        Step("kubectl -n tenant-a apply -f examples/pxe-vm.yaml", CLUSTER, after=web1_gets_its_bmc),
+        Step("kubectl label namespace tenant-a maas.io/kubevirt-bmc-", CLUSTER),
+        Step("kubectl -n tenant-a delete secret,virtualmachinebmc,ingress,networkpolicy -l app.kubernetes.io/part-of=maas-kubevirt",
+             CLUSTER, after=bmc_objects_gone),
+        Step("kubectl -n tenant-a patch virtualmachine web1 --type json -p "
+             "'[{\"op\": \"remove\", \"path\": \"/spec/template/spec/domain/firmware/serial\"}]'", CLUSTER,
+             after=serial_removed),
+    ],
+    "docs/how-to/rotate.md": [
+        Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml rotate web1.vms", SHIM,
+             before=installed_site_with_lease, after=rotated_by_hand),
         Step("install -m 0600 build/seed build/seed.old", RUN, before=old_seed),
         Step("install -m 0600 /dev/null build/seed.new", RUN),
         Step("python3 -c 'import secrets; print(secrets.token_hex(32))' >build/seed.new", RUN),
         Step("mv build/seed.new build/seed", RUN),
         Step(".venv/bin/maas-kubevirt --values site.yaml render --output build", RUN, after=new_seed_rendered),
+        Step("kubectl apply -k build/kubernetes/", CLUSTER, after=cluster_has_the_new_seed, retry="requires permissions"),
+        Step("sudo install -m 0600 build/seed /etc/maas-kubevirt/seed", SHIM),
+        Step("sudo systemctl restart maas-kubevirt", SHIM, after=maas_has_the_new_passwords),
+    ],
+    "docs/how-to/run-reconciler.md": [
+        Step("export MAAS_API_KEY=$(cat api-key)", MAAS, before=maas_site),
+        Step(".venv/bin/maas-kubevirt --values site.yaml reconcile --dry-run", MAAS, after=planned_not_done),
+        Step(".venv/bin/maas-kubevirt --values site.yaml reconcile --once", MAAS, after=reconciled),
+        # Stopped by SIGTERM after 8 s (for_a_while): exit 0, or 143 if the signal came before the
+        # loop took it over; systemd counts both as a clean stop.
+        Step(".venv/bin/maas-kubevirt --values site.yaml reconcile", MAAS, before=a_vm_enlists_meanwhile,
+             after=loop_reconciled, codes=(0, 143)),
+        Step(".venv/bin/maas-kubevirt --values site.yaml status", MAAS, after=status_lists_them),
+    ],
+    "docs/how-to/seed-backup.md": [
+        Step("install -m 0600 /dev/null build/seed", RUN, before=seed_lost),
+        Step("kubectl -n maas-kubevirt get secret maas-kubevirt-seed -o jsonpath='{.data.seed}' | base64 -d >build/seed",
+             CLUSTER, after=seed_recovered),
+        Step("make VALUES=site.yaml", RUN, after=rendered_with_the_seed),
+        Step("kubectl diff -f build/kubernetes/seed-secret.yaml", CLUSTER, after=no_difference),
+    ],
+    "docs/how-to/troubleshoot.md": [
+        Step(".venv/bin/maas-kubevirt --values site.yaml status", MAAS, before=a_vm_stuck_in_new,
+             after=placeholder_shown),
+        Step(".venv/bin/maas-kubevirt --values site.yaml doctor", MAAS, codes=(1,), after=power_password_not_ok),
+        Step("kubectl get clusterpolicy -l app.kubernetes.io/part-of=maas-kubevirt", CLUSTER, before=bundle_applied,
+             after=every_policy_ready),
+    ],
+    "docs/how-to/uninstall.md": [
+        Step("sudo systemctl stop maas-kubevirt", SHIM, before=installed_site, after=service_stopped),
+        Step("sudo apt purge maas-kubevirt", SHIM, after=purged),
+        Step("kubectl -n maas-kubevirt label configmap maas-kubevirt-rotations maas-kubevirt/allow-delete=true", CLUSTER,
+             before=uninstall_cluster, after=labelled_for_delete),
+        Step("kubectl delete -k build/kubernetes/", CLUSTER, after=bundle_deleted_bmc_kept),
+        Step("kubectl delete secret,virtualmachinebmc,ingress,networkpolicy --all-namespaces "
+             "-l app.kubernetes.io/part-of=maas-kubevirt", CLUSTER, after=all_bmc_objects_gone),
+        Step("kubectl label namespace --all maas.io/kubevirt-bmc-", CLUSTER, after=unlabelled),
+    ],
+    "docs/how-to/upgrade-maas.md": [
+        Step("export MAAS_API_KEY=$(cat api-key)", MAAS, before=on_a_release_that_refuses_dns),
+        Step(".venv/bin/maas-kubevirt --values site.yaml doctor", MAAS, codes=(1,), after=version_refused),
+        Step(".venv/bin/maas-kubevirt --values site.yaml doctor", MAAS, before=maas_upgraded, codes=(0, 1),
+             after=version_ok),
+    ],
+    "docs/how-to/upgrade.md": [
+        Step("make VALUES=site.yaml", RUN, before=installed_site, after=rendered_with_site_yaml),
+        Step("kubectl apply -k build/kubernetes/", CLUSTER, after=policies_ready, retry="requires permissions"),
+        Step(".venv/bin/maas-kubevirt --values site.yaml upload-script", MAAS, after=script_still_the_render),
+        Step("make deb", RUN, after=built),
+        Step("sudo apt install ./build/deb/maas-kubevirt_*_all.deb", SHIM, after=installed),
+        Step("sudo systemctl restart maas-kubevirt", SHIM, after=service_running),
+        Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml status", SHIM, after=upgraded_status),
     ],
     "docs/tutorial.md": [
         Step("cp values.yaml site.yaml", RUN, before=fresh_clone, after=tutorial_site_edited),
@@ -851,7 +1143,7 @@ def test_no_file_cites_a_page_the_repository_does_not_hold():
 
 
 def test_the_example_vm_can_pxe_boot_into_maas():
-    """examples/pxe-vm.yaml (admitted on the control plane by docs/kubernetes.md's run): a bridge on
+    """examples/pxe-vm.yaml (admitted on the control plane by docs/how-to/namespaces.md's run): a bridge on
     the PXE segment first in the boot order, MAAS's to power (Halted), a disk to deploy onto, and
     a name that can name a kubevirtBMC Service."""
     from maas_kubevirt import identity
@@ -918,11 +1210,17 @@ def sandbox(tmp_path: Path, name: str) -> Page:
 
 
 def run_page(page: Page) -> None:
-    steps = RUNNERS[page.name]
-    found = commands(page.name)
-    assert [c.text for c in found] == [s.command for s in steps], "see test_every_command_has_a_runner"
     # Every page assumes the README's quick start: `make` has rendered build/ with its seed.
     page.shell.run(Command("README.md", commands("README.md")[0].line, "make"))
+    run_steps(page, page.name)
+
+
+def run_steps(page: Page, name: str) -> None:
+    """The commands of page `name`, in order, each as its Step says, in this page's sandbox (a
+    page run before another's, as the state that page starts from)."""
+    steps = RUNNERS[name]
+    found = commands(name)
+    assert [c.text for c in found] == [s.command for s in steps], "see test_every_command_has_a_runner"
     for command, step in zip(found, steps):
         if step.before:
             step.before(page)
@@ -961,29 +1259,42 @@ def test_development(tmp_path):
     run_page(sandbox(tmp_path, "docs/development.md"))
 
 
-def test_maas(tmp_path, double):
-    page = sandbox(tmp_path, "docs/maas.md")
+@pytest.mark.parametrize("name", ["run-reconciler", "upgrade-maas"])
+def test_maas_page(tmp_path, double, name):
+    page = sandbox(tmp_path, f"docs/how-to/{name}.md")
     page.double = double
     run_page(page)
 
 
-def test_kubernetes(tmp_path, control_plane):
-    page = sandbox(tmp_path, "docs/kubernetes.md")
+def without_tenant_a(page: Page) -> None:
+    kubectl(page, "delete", "namespace", "tenant-a", "--ignore-not-found", "--wait=false", check=False)
+
+
+@pytest.mark.parametrize("name", ["namespaces", "change-values", "seed-backup"])
+def test_cluster_page(tmp_path, control_plane, name):
+    page = sandbox(tmp_path, f"docs/how-to/{name}.md")
     with_cluster(page, control_plane)
     try:
         run_page(page)
     finally:
-        kubectl(page, "delete", "namespace", "tenant-a", "--ignore-not-found", "--wait=false", check=False)
+        without_tenant_a(page)
+
+
+def test_troubleshoot(tmp_path, double, control_plane):
+    page = sandbox(tmp_path, "docs/how-to/troubleshoot.md")
+    page.double = double
+    with_cluster(page, control_plane)
+    run_page(page)
 
 
 def test_gateway(tmp_path, control_plane):
-    page = sandbox(tmp_path, "docs/gateway.md")
+    page = sandbox(tmp_path, "docs/how-to/gateway.md")
     with_cluster(page, control_plane)
     try:
         run_page(page)
     finally:
         # Back to no policies: the next user of the control plane applies its own render afresh.
-        kubectl(page, "delete", "namespace", "tenant-a", "--ignore-not-found", "--wait=false", check=False)
+        without_tenant_a(page)
         kubectl(page, "delete", "clusterpolicy", "-l", "app.kubernetes.io/part-of=maas-kubevirt", "--wait=true",
                 check=False)
 
@@ -1036,10 +1347,12 @@ def namespace_prefix(page: Page) -> list[str]:
     return ["nsenter", "-t", str(holder.pid), "-m", "--", "env", f"--chdir={page.repo}"]
 
 
-def on_region_host(page: Page, double: MaasDouble) -> None:
-    """The page's commands run as on a MAAS region host: in a private mount namespace, with the
-    shims of tests/docs_shims.py in front of PATH and the double as the region's MAAS."""
-    tmp_path = page.tmp
+def region_host(tmp_path: Path, name: str, double, control_plane) -> Page:
+    """A page whose commands run on a region host: in its own mount namespace, with the shims of
+    tests/docs_shims.py in front of PATH and the double as the region's MAAS."""
+    page = sandbox(tmp_path, name)
+    page.double = double
+    with_cluster(page, control_plane)
     prefix = namespace_prefix(page)
     shims = docs_shims.install(tmp_path / "shims")
     page.edits = tmp_path / "edits.json"
@@ -1052,42 +1365,28 @@ def on_region_host(page: Page, double: MaasDouble) -> None:
         DEB_BUILD_OPTIONS="nocheck")
     (tmp_path / "journal").mkdir()
     page.shell = Shell(page.repo, page.env, tmp_path / "state.sh", prefix=prefix)
+    return page
 
 
-def leave_region_host(page: Page) -> None:
-    """The service stops as systemd stops it (SIGTERM: it releases a Lease), then anything left,
-    then the mount namespace."""
-    page.shell.run("systemctl stop maas-kubevirt", codes=(0, 1))
-    pids = page.tmp / "pids"
-    for pid in (pids.read_text().split() if pids.exists() else []):
-        try:
-            os.killpg(int(pid), signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    holder = page.notes["holder"]
-    holder.terminate()
-    holder.wait(10)
-
-
-def run_region_page(page: Page, double: MaasDouble, plane) -> None:
-    """A page whose commands run on the workstation, the cluster and the region host (on_region_host)."""
-    page.double = double
-    with_cluster(page, plane)
-    on_region_host(page, double)
+def run_on_region_host(page: Page) -> None:
     try:
         run_page(page)
         assert not json.loads(page.edits.read_text()), "a queued edit was not made by the page's sudoedit"
     finally:
-        leave_region_host(page)
-
-
-def test_operations(tmp_path, double, control_plane):
-    page = sandbox(tmp_path, "docs/operations.md")
-    try:
-        run_region_page(page, double, control_plane)
-    finally:
+        # The service stops as systemd stops it (SIGTERM: it releases the Lease), then anything left.
+        page.shell.run("systemctl stop maas-kubevirt", codes=(0, 1))
         kubectl(page, "-n", "maas-kubevirt", "delete", "lease", "maas-kubevirt-reconciler", "--ignore-not-found",
                 check=False)
+        without_tenant_a(page)
+        pids = (page.tmp / "pids").read_text().split() if (page.tmp / "pids").exists() else []
+        for pid in pids:
+            try:
+                os.killpg(int(pid), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        holder = page.notes["holder"]
+        holder.terminate()
+        holder.wait(10)
 
 
 def test_tutorial(tmp_path, double, control_plane):
@@ -1095,9 +1394,9 @@ def test_tutorial(tmp_path, double, control_plane):
     commands in one private mount namespace (the region host is this machine, its MAAS the double),
     the cluster's on the control plane, which needs the Gateway API CRDs (TRAEFIK)."""
     require(control_plane.traefik is not None, control_plane.traefik_missing)
-    page = sandbox(tmp_path, TUTORIAL)
+    page = region_host(tmp_path, TUTORIAL, double, control_plane)
     try:
-        run_region_page(page, double, control_plane)
+        run_on_region_host(page)
     finally:
         # Back to no policies and none of the tutorial's namespaces, for the next user of the control plane.
         for namespace in ("tenant-a", "bmc-gateway"):
@@ -1125,6 +1424,11 @@ def test_tutorial_states_the_releases_of_the_lock_file():
             f"{TUTORIAL}: {component} {rows[component]}, upstream.lock.yaml: {upstream.proven_releases(name, lock)}"
 
 
+@pytest.mark.parametrize("name", ["install", "monitor", "ha", "rotate", "upgrade", "uninstall"])
+def test_region_host_page(tmp_path, double, control_plane, name):
+    run_on_region_host(region_host(tmp_path, f"docs/how-to/{name}.md", double, control_plane))
+
+
 def maas_source() -> Path | str:
     for found in sorted(Path.home().glob(".cache/maas-kubevirt/maas-*/maas")):
         return found
@@ -1148,6 +1452,8 @@ def test_the_shims_refuse_what_does_not_exist(tmp_path):
         "sudo maas-kubevirt --help": "not installed",
         "sudoedit /etc/hostname": "no edit of /etc/hostname is queued",
         "apt install ./deb/maas-kubevirt_0.0.0_all.deb": "is not this tree's package",
+        "apt purge maas-kubevirt": "maas-kubevirt is not installed",
+        "apt remove maas-kubevirt": "and `apt purge maas-kubevirt` are covered",
         "apt-get install maas-kubevirt": "only `apt-get build-dep ./`",
         "systemctl restart maas-kubevirt": "is not installed",
         "systemctl enable --now maas-kubevirt": "only daemon-reload and restart/stop",

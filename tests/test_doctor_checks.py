@@ -658,11 +658,11 @@ def test_the_fix_names_the_edit_and_where_maas_lists_its_rack_controllers():
         "1 address(es) allowed per rack controller")
 
 
-def test_the_readme_and_maas_page_state_the_proven_releases():
+def test_the_readme_and_the_upgrade_page_state_the_proven_releases():
     from maas_kubevirt import upstream
 
     root = Path(__file__).resolve().parents[1]
     matrix = upstream.proven_releases("maas", upstream.proven(root / upstream.LOCK_NAME))
     stated = ", ".join(matrix[:-1]) + " and " + matrix[-1]
-    for page in ("README.md", "docs/maas.md"):
+    for page in ("README.md", "docs/how-to/upgrade-maas.md"):
         assert stated in " ".join((root / page).read_text(encoding="utf-8").split()), page

@@ -552,7 +552,7 @@ def lease_site(lease_plane, real_maas, tmp_path_factory):
     lease_plane.kubectl("apply", "-f", str(output / "kubernetes" / "system-namespace.yaml"),
                         "-f", str(output / "kubernetes" / "credential-rotations.yaml"),
                         "-f", str(output / "kubernetes" / "reconciler-rbac.yaml"))
-    # README, "One reconciler per site: the lease": a bounded token, then a kubeconfig of its own.
+    # docs/how-to/ha.md: a bounded token, then a kubeconfig of its own.
     account = "maas-kubevirt-reconciler"
     token = lease_plane.kubectl("-n", NAMESPACE, "create", "token", account, "--duration", "2h").stdout.strip()
     for args in (("set-cluster", "site", "--server", lease_plane.server, "--certificate-authority",

@@ -319,7 +319,7 @@ def test_without_the_configmap_no_secret_changes(control_plane, bundle, make_nam
     timed_rederivation(cp, bundle, name, namespace, 1, began)
     saved = cp.get("configmap", identity.ROTATIONS_CONFIGMAP, system).get("data") or {}
     rotated = fingerprint(secret(cp, name, namespace))
-    # The break-glass procedure of docs/operations.md: the label, then the delete. Foreground: the
+    # The break-glass procedure of docs/how-to/uninstall.md: the label, then the delete. Foreground: the
     # garbage collector's update that removes foregroundDeletion is admitted too.
     cp.kubectl("label", "configmap", identity.ROTATIONS_CONFIGMAP, "-n", system, f"{ALLOW_DELETE_LABEL}=true")
     cp.kubectl("delete", "configmap", identity.ROTATIONS_CONFIGMAP, "-n", system, "--cascade=foreground",

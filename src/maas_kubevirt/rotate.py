@@ -19,7 +19,7 @@ from maas_kubevirt.reconcile import ROTATE, ROTATION_SETTLE
 
 NEEDS_LEASE = ("reconciler.lease.kubeconfig is not set: the reconciler reads each VM's credential "
                "generation through that cluster access, and without it would set the old password back; "
-               "configure the lease (docs/operations.md, \"One reconciler per site: the lease\"), then rotate")
+               "configure the lease (docs/how-to/ha.md), then rotate")
 
 
 class Rotator:

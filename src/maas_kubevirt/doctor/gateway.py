@@ -102,7 +102,7 @@ def programmed_check(gateway: Mapping[str, Any] | None, crd_installed: bool, whe
             return Check(name, FAIL, f"the Gateway API CRDs are not installed (no {GATEWAY_CRD}): "
                          "no HTTPRoute can serve a BMC",
                          "install Gateway API's standard-channel CRDs (sigs.k8s.io/gateway-api) and an implementation "
-                         f"(docs/kubernetes.md), then create Gateway {where}")
+                         f"(docs/how-to/gateway.md), then create Gateway {where}")
         return Check(name, FAIL, f"Gateway {where} does not exist: no HTTPRoute can serve a BMC",
                      f"create Gateway {where} with an HTTPS listener for *.{domain} (or one for *.<ns>.{domain} per "
                      "opted-in namespace), or set gateway.namespace and gateway.name to the site's Gateway and "

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from maas_kubevirt.maas import MAASClient
 
 NAME = "reconciler.lease"
-README = "docs/operations.md: \"One reconciler per site: the lease\""
+HA_PAGE = "docs/how-to/ha.md"
 # A token that ends within this is worth renewing now.
 TOKEN_WARNING = timedelta(days=7)
 
@@ -41,15 +41,15 @@ def lease_check(values: Mapping[str, Any], regions: Sequence[Any] | None, region
         if regions is not None and len(names) > 1:
             return Check(NAME, WARN, f"not configured, and {listed}: the reconciler of every region host "
                          "acts, so each VM is written, commissioned and powered on once per host",
-                         f"set reconciler.lease.kubeconfig on every region host ({README}), or run the "
+                         f"set reconciler.lease.kubeconfig on every region host ({HA_PAGE}), or run the "
                          "service on one of them only (`systemctl disable --now maas-kubevirt` on the others)",
                          tuple(names))
         return Check(NAME, OK if regions is not None else WARN, f"not configured: {listed}",
-                     "" if regions is not None else f"with more than one region host, set reconciler.lease ({README})")
+                     "" if regions is not None else f"with more than one region host, set reconciler.lease ({HA_PAGE})")
     if problem:
-        fix = {401: f"the kubeconfig's token was refused: make a new one ({README})",
+        fix = {401: f"the kubeconfig's token was refused: make a new one ({HA_PAGE})",
                403: "apply the bundle's reconciler Role and RoleBinding: `kubectl apply -k build/kubernetes`"
-               }.get(status or 0, f"check reconciler.lease.kubeconfig and that the API server answers ({README})")
+               }.get(status or 0, f"check reconciler.lease.kubeconfig and that the API server answers ({HA_PAGE})")
         return Check(NAME, FAIL, f"the Lease {where} cannot be read: {_clean(problem)}", fix)
     token = ""
     if token_expires is not None:
@@ -57,13 +57,13 @@ def lease_check(values: Mapping[str, Any], regions: Sequence[Any] | None, region
         token = f"; the kubeconfig's token expires {token_expires.strftime('%Y-%m-%dT%H:%M:%SZ')}"
         if left <= timedelta(0):
             return Check(NAME, FAIL, f"the kubeconfig's token expired {token_expires.strftime('%Y-%m-%dT%H:%M:%SZ')}: "
-                         "no reconciler can renew the Lease", f"make a new token ({README})")
+                         "no reconciler can renew the Lease", f"make a new token ({HA_PAGE})")
     found = f"the Lease {where} {lease.describe(record, settings['duration'], now)}{token}; {listed}"
     if lease.expired(record, settings["duration"], now):
         return Check(NAME, WARN, found, "start the service on the region hosts and read its log: "
                      "`systemctl restart maas-kubevirt && journalctl -u maas-kubevirt`")
     if token_expires is not None and token_expires - now < TOKEN_WARNING:
-        return Check(NAME, WARN, found, f"renew the token before it expires ({README})")
+        return Check(NAME, WARN, found, f"renew the token before it expires ({HA_PAGE})")
     return Check(NAME, OK, found)
 
 

@@ -108,7 +108,7 @@ def dns_check(hosts: Mapping[str, str], resolve: Resolver, domain: str) -> Check
         else:
             answered.append(f"{host} -> {', '.join(addresses[:2])}")
     if failed:
-        # docs/kubernetes.md "DNS": one wildcard record per opted-in namespace, or a delegation.
+        # docs/how-to/dns-tls.md "DNS": one wildcard record per opted-in namespace, or a delegation.
         records = ", ".join(f"*.{namespace}.{domain}" for namespace in unresolved)
         return Check("network.dns", FAIL, f"does not resolve: {_some(failed)}",
                      f"add the wildcard DNS record {records} for the Ingress controller's address (one per "
