@@ -885,3 +885,45 @@ def test_the_running_loop_takes_back_what_a_power_type_switch_kept_within_one_cy
     logged = (tmp_path / "out").read_text() + (tmp_path / "err").read_text()
     assert identity.bmc_password(SEED, serial) not in logged and identity.bmc_user(SEED, serial) not in logged
     assert f"rotate {serial}" in logged     # no cluster access here: the command is named
+
+
+# --- a guest that powers itself off (enlistment's and commissioning's end) ---------------------
+# The stand-in models KubeVirt behind kubevirtBMC (tests/kubevirt_bmc.py): the runStrategy, the
+# instance's phase and KubeVirt v1.7.0's VM controller; the control-plane tier runs the rule itself.
+
+
+@pytest.mark.parametrize("rule", [True, False], ids=["with-the-rule", "without-the-rule"])
+def test_maas_powers_on_a_vm_whose_guest_powered_off_only_with_the_rule(real_maas, site, tmp_path, rack, rule):
+    """The tutorial starts the VM with RerunOnFailure; enlistment ends with the guest powering off.
+    MAAS's own Redfish power-on to commission it (Off: no ForceOff, PXE, On) starts it when the
+    guest power-off rule has set Halted; without the rule kubevirtBMC's On changes nothing, the VM
+    never comes on, and MAAS gives the commission up."""
+    bmc = real_maas.bmc
+    settle_the_others(real_maas, site)
+    rack(2.0)
+    namespace = "guest-off" if rule else "guest-off-norule"
+    _, enlisted = enlist_script_output(real_maas, site, "web1", namespace, tmp_path)
+    assert enlisted.status == 200, enlisted.body
+    sid, host = enlisted.system_id, f"web1.{namespace}.{DOMAIN}"
+    bmc.set_run_strategy(host, "RerunOnFailure")
+    before = bmc.guest_power_off_rule
+    bmc.guest_power_off_rule = rule
+    try:
+        bmc.guest_power_off(host)
+    finally:
+        bmc.guest_power_off_rule = before
+    vm = bmc.vm(host)
+    assert (vm.strategy, vm.instance) == ("Halted" if rule else "RerunOnFailure", None)
+    audit = RecordingAudit()
+    records = reconcile_until_commissioned(reconciler(real_maas, site, audit), audit, sid)
+    actions = [request.action for request in bmc.seen(host)]
+    assert [action for action in actions if action.startswith(("PATCH", "Reset"))][:2] == [
+        "PATCH Boot Once Pxe", "Reset On"], actions
+    if rule:
+        assert [r["outcome"] for r in records] == ["ok"], records
+        assert real_maas.machine(sid)["status_name"] == "Commissioning"
+        assert vm.instance == "Running" and "GET On" in actions
+    else:
+        assert records and all(r["outcome"] != "ok" for r in records), records
+        assert real_maas.machine(sid)["status_name"] == "New"
+        assert vm.instance is None and "GET On" not in actions
