@@ -9,7 +9,15 @@ files are unchanged up to its default branch); its pkg/redfish/api_service.go is
 2024-11 and the later kubevirtbmc/kubevirtbmc versions, which agree on the status codes used
 here (Reset 204/400/500, PATCH 204 once implemented). ``start_time`` is how long a VM
 takes from ``On`` to ready, the one thing a cluster decides (the VMI's scheduling, image pull and
-boot); a VM that was never powered on is Off, as after enlistment's power-off.
+boot); a VM that was never powered on is Off.
+
+Behind kubevirtBMC, KubeVirt is modelled, not run: the VM's runStrategy (the only thing kubevirtBMC
+writes for power), its instance's phase, and what KubeVirt v1.7.0's VM controller does with them
+(``VM.settle``). ``guest_power_off(host)`` is a guest that shuts itself down, as MAAS's enlistment
+and commissioning end: its instance turns Succeeded, the runStrategy is kept. Whether the cluster
+then runs the bundle's guest power-off rule is ``guest_power_off_rule`` (default True, as the
+bundle installs it); ``halts_on_guest_power_off`` is that rule's decision, the one the
+control-plane tier checks against the real Kyverno.
 """
 
 from __future__ import annotations
@@ -34,17 +42,49 @@ RESET_TYPES = ("On", "ForceOff", "GracefulShutdown", "GracefulRestart", "ForceRe
                "PushPowerButton", "PowerCycle", "Suspend", "Pause", "Resume", "FullPowerCycle")
 
 
+RERUN, HALTED = "RerunOnFailure", "Halted"
+
+
+def halts_on_guest_power_off(strategy: str, old_phase: str, new_phase: str, *, start_requested: bool = False,
+                             deleting: bool = False, opted_in: bool = True) -> bool:
+    """The guest power-off rule (templates/policy-guest-power-off.yaml.j2): does this update of a VM's
+    instance set the VM's runStrategy to Halted?"""
+    return (opted_in and new_phase == "Succeeded" and old_phase != "Succeeded" and not deleting
+            and strategy == RERUN and not start_requested)
+
+
 @dataclass
 class VM:
-    """One VirtualMachine as kubevirtBMC sees it: its run strategy, readiness and boot device."""
+    """One VirtualMachine as kubevirtBMC sees it, and KubeVirt's part in it: its runStrategy, the
+    strategy KubeVirt last acted on, its instance's phase, readiness and boot device."""
 
     host: str
-    running: bool = False                 # spec.runStrategy not Halted
+    strategy: str = HALTED                # spec.runStrategy
+    observed: str = ""                    # status.runStrategy (set once the VM has had an instance)
+    instance: str | None = None           # its VMI's phase; None: no VMI
     ready_at: float | None = None         # when vm.status.ready becomes true
     boot: tuple[str, str] = ("Disabled", "Hdd")  # NewComputerSystem's Boot (computersystem_resource.go)
 
+    @property
+    def running(self) -> bool:
+        """spec.runStrategy asks for an instance (kubevirtBMC's On was the last power write)."""
+        return self.strategy != HALTED
+
     def ready(self, now: float) -> bool:
-        return self.running and self.ready_at is not None and now >= self.ready_at
+        return self.instance == "Running" and self.ready_at is not None and now >= self.ready_at
+
+    def settle(self, now: float, start_time: float) -> None:
+        """KubeVirt v1.7.0's VM controller on this VM (syncRunStrategy and updateStatus in
+        pkg/virt-controller/watch/vm/vm.go), for the two strategies kubevirtBMC writes."""
+        if self.strategy == HALTED or self.instance == "Succeeded":
+            # Halted: no instance. RerunOnFailure: an instance that ended Succeeded is deleted and
+            # not replaced ("If a VMI enters the Succeeded phase, it should not be restarted").
+            self.instance, self.ready_at = None, None
+        elif self.instance is None and self.observed != self.strategy:
+            # RerunOnFailure with no instance starts one only when coming from another strategy.
+            self.instance, self.ready_at = "Running", now + start_time
+        if self.observed or self.instance is not None:
+            self.observed = self.strategy
 
 
 @dataclass
@@ -81,6 +121,7 @@ class KubevirtBMC(LoopbackServer):
         self.start_time = start_time
         self.clock = clock
         self.vms: dict[str, VM] = {}
+        self.guest_power_off_rule = True
         self.requests: list[Seen] = []
         self.server_names: list[str | None] = []
         self.lock = threading.Lock()
@@ -130,26 +171,42 @@ class KubevirtBMC(LoopbackServer):
         # at each GET (pkg/resourcemanager/virtualmachine_resourcemanager.go).
         return "On" if vm.ready(self.clock()) else "Off"
 
+    def set_run_strategy(self, host: str, strategy: str) -> None:
+        """A person's `kubectl patch` of the VM's runStrategy (the tutorial's first start); KubeVirt acts."""
+        with self.lock:
+            vm = self.vms.setdefault(host, VM(host))
+            vm.strategy = strategy
+            vm.settle(self.clock(), self.start_time)
+
+    def guest_power_off(self, host: str) -> None:
+        """The guest shuts itself down (cloud-init's power_state poweroff): virt-handler writes its
+        instance's phase Succeeded; the runStrategy stays. Then the rule, if the cluster runs it."""
+        with self.lock:
+            vm = self.vms.setdefault(host, VM(host))
+            if vm.instance is None:
+                raise ValueError(f"{host} has no running guest to power off")
+            old_phase, vm.instance, vm.ready_at = vm.instance, "Succeeded", None
+            if self.guest_power_off_rule and halts_on_guest_power_off(vm.strategy, old_phase, "Succeeded"):
+                vm.strategy = HALTED
+            vm.settle(self.clock(), self.start_time)
+
     def reset(self, vm: VM, reset_type: str) -> str | None:
         """handler.ComputerSystemReset (pkg/redfish/handler.go): the error text, or None."""
-        now = self.clock()
         if reset_type == "On":
-            # PowerOn: runStrategy RerunOnFailure (or running: true); KubeVirt starts a VMI, which is
-            # ready start_time later. A VM already running keeps its VMI.
-            if not vm.running:
-                vm.running, vm.ready_at = True, now + self.start_time
-            return None
-        if reset_type in ("ForceOff", "GracefulShutdown"):
+            # PowerOn: runStrategy RerunOnFailure, whatever it was; KubeVirt acts on it (settle).
+            vm.strategy = RERUN
+        elif reset_type in ("ForceOff", "GracefulShutdown"):
             # PowerOff: runStrategy Halted, a graceful stop (its grace period taken as 0 here).
-            vm.running, vm.ready_at = False, None
-            return None
-        if reset_type in ("GracefulRestart", "ForceRestart"):
-            # PowerCycle: the VMI is deleted and the run strategy brings a new one up.
-            if not vm.running:
+            vm.strategy = HALTED
+        elif reset_type in ("GracefulRestart", "ForceRestart"):
+            # PowerCycle: the VMI is deleted. KubeVirt brings no new one up for RerunOnFailure (settle).
+            if vm.instance is None:
                 return f'virtualmachineinstances.kubevirt.io "{vm.host.split(".")[0]}" not found'
-            vm.ready_at = now + self.start_time
-            return None
-        return f"unsupported reset type: {reset_type}"
+            vm.instance, vm.ready_at = None, None
+        else:
+            return f"unsupported reset type: {reset_type}"
+        vm.settle(self.clock(), self.start_time)
+        return None
 
     def patch_boot(self, vm: VM, boot: dict) -> None:
         # handler.PatchComputerSystem: unless Disabled, Pxe or Hdd becomes the boot device, and

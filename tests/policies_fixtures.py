@@ -319,6 +319,46 @@ def annotated(resource: dict, generation: str) -> dict:
     return out
 
 
+def run_strategy(resource: dict, strategy: str, start_requested: bool = False) -> dict:
+    """A VM with another runStrategy (and, if asked, a start request pending in its status)."""
+    out = copy.deepcopy(resource)
+    out["spec"]["runStrategy"] = strategy
+    if start_requested:
+        out["status"] = {"stateChangeRequests": [{"action": "Start"}]}
+    return out
+
+
+def instance(name: str, namespace_: str, phase: str, *, owner_uid: str | None = "own",
+             deleting: bool = False) -> dict:
+    """The VirtualMachineInstance KubeVirt runs for VM name (owned by it unless owner_uid is None)."""
+    metadata: dict = {"name": name, "namespace": namespace_, "uid": vm_uid(f"instance-{name}", namespace_)}
+    if owner_uid is not None:
+        metadata["ownerReferences"] = [{
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "name": name, "controller": True,
+            "blockOwnerDeletion": True, "uid": vm_uid(name, namespace_) if owner_uid == "own" else owner_uid}]
+    if deleting:
+        metadata["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": metadata,
+            "spec": {"domain": {"devices": {}}}, "status": {"phase": phase}}
+
+
+# The guest power-off suite: (VM, its instance's new phase, instance options, VM changes, outcome).
+# The update's old phase is Running (the suite's values file); "pass" sets runStrategy Halted.
+POWER_OFF_CASES = [
+    ("off", "Succeeded", {}, {"strategy": "RerunOnFailure"}, "pass"),
+    ("crashed", "Failed", {}, {"strategy": "RerunOnFailure"}, "skip"),
+    ("running", "Running", {}, {"strategy": "RerunOnFailure"}, "skip"),
+    ("stopping", "Succeeded", {"deleting": True}, {"strategy": "RerunOnFailure"}, "skip"),
+    ("standalone", "Succeeded", {"owner_uid": None}, {"strategy": "RerunOnFailure"}, "skip"),
+    ("recreated", "Succeeded", {"owner_uid": "0e1c2a55-0000-4000-8000-000000000001"}, {"strategy": "RerunOnFailure"},
+     "skip"),
+    ("always", "Succeeded", {}, {"strategy": "Always"}, "skip"),
+    ("halted", "Succeeded", {}, {"strategy": "Halted"}, "skip"),
+    ("manual", "Succeeded", {}, {"strategy": "Manual"}, "skip"),
+    ("starting", "Succeeded", {}, {"strategy": "RerunOnFailure", "start_requested": True}, "skip"),
+]
+
+
 def rotations_configmap(namespace_: str, data: dict | None, binary: dict | None = None) -> dict:
     """The rotations ConfigMap with data (None: none at all, as the bundle renders it)."""
     cm = {"apiVersion": "v1", "kind": "ConfigMap",
@@ -609,6 +649,37 @@ def suites(values: dict) -> dict[str, str]:
             f"credential-rotations-{case}", "policy-credential-rotations.yaml",
             [_result(pol, "generations-are-canonical", [f"{system}/{identity.ROTATIONS_CONFIGMAP}"], outcome,
                      kind="ConfigMap")], variables=False)])
+
+    # guest-power-off: an instance that turns Succeeded halts its own VM when that VM is
+    # RerunOnFailure with no start pending; every other instance and VM is left alone. (The target's
+    # apiCall, the VM's instance now, cannot run offline: the values file says KubeVirt has deleted
+    # it; the control-plane tier runs the GET.)
+    pol = names["power_off"]
+    triggers, targets, outcomes = [], [], {}
+    for name, phase, options, changes, outcome in POWER_OFF_CASES:
+        triggers.append(instance(name, "tenant-a", phase, **options))
+        targets.append(run_strategy(vm(name, "tenant-a"), changes["strategy"], changes.get("start_requested", False)))
+        outcomes.setdefault(outcome, []).append(f"tenant-a/{name}")
+    triggers.append(instance("off", PLAIN, "Succeeded"))
+    targets.append(run_strategy(vm("off", PLAIN), "RerunOnFailure"))
+    files["guest-power-off/resources.yaml"] = _dump(triggers)
+    files["guest-power-off/targets.yaml"] = _dump(targets)
+    files["guest-power-off/patched.yaml"] = _dump([
+        run_strategy(t, "Halted") for t in targets if f"{t['metadata']['namespace']}/{t['metadata']['name']}"
+        in outcomes["pass"]])
+    values_file = _values_file([(pol, "halt-on-guest-power-off", {"currentInstance": ""})])
+    values_file["globalValues"] = {"request.oldObject": {"status": {"phase": "Running"}}}
+    files["guest-power-off/values.yaml"] = _dump([values_file])
+    files["guest-power-off/kyverno-test.yaml"] = _dump([_test(
+        "guest-power-off", "policy-guest-power-off.yaml",
+        # A result names the target VM when the rule acts (the CLI's way with mutate-existing), the
+        # triggering instance when it skips.
+        [_result(pol, "halt-on-guest-power-off", outcomes["pass"], "pass", operation="UPDATE",
+                 patchedResources="patched.yaml"),
+         _result(pol, "halt-on-guest-power-off", outcomes["skip"], "skip", kind="VirtualMachineInstance",
+                 operation="UPDATE")],
+        targetResources=["targets.yaml"],
+    )])
     return files
 
 

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from controlplane import ControlPlane, KubectlError, wait_for  # noqa: F401
+from kubevirt_bmc import HALTED, RERUN, halts_on_guest_power_off
 from policies_fixtures import catch_all_ingress, expected_network_policy
 from maas_kubevirt import identity
 
@@ -859,3 +860,123 @@ def test_seed_rotation_the_secrets_follow(control_plane, bundle, site, namespace
     for name in names:
         eventually(cp, lambda: objects_match(cp, rotated.values, seed, name, namespace),
                    f"Secret {name}-bmc to follow the new seed")
+
+
+# A guest that powers itself off (issue: MAAS's enlistment and commissioning end that way).
+
+
+def owned_instance(cp: ControlPlane, name: str, namespace: str, phase: str = "Running",
+                   finalizers: tuple[str, ...] = ()) -> dict:
+    """The VMI KubeVirt's VM controller creates for VM name (controller owner reference), in phase."""
+    owner = get(cp, "virtualmachine", name, namespace)
+    metadata = {"name": name, "namespace": namespace, "finalizers": list(finalizers), "ownerReferences": [{
+        "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "name": name, "uid": owner["metadata"]["uid"],
+        "controller": True, "blockOwnerDeletion": True}]}
+    instance = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": metadata,
+                "spec": template_spec(), "status": {"phase": phase}}
+    create(cp, instance).check_returncode()
+    return get(cp, "virtualmachineinstance", name, namespace)
+
+
+def write_phase(cp: ControlPlane, name: str, namespace: str, phase: str, **labels: str) -> None:
+    """virt-handler's write of an instance's status: an update of the whole instance (no subresource)."""
+    instance = get(cp, "virtualmachineinstance", name, namespace)
+    instance["status"]["phase"] = phase
+    instance["metadata"].setdefault("labels", {}).update(labels)
+    cp.kubectl("replace", "-f", "-", input=json.dumps(instance))
+
+
+def run_strategy_of(cp: ControlPlane, name: str, namespace: str) -> str:
+    return get(cp, "virtualmachine", name, namespace)["spec"]["runStrategy"]
+
+
+def vm_with(name: str, namespace: str, strategy: str) -> dict:
+    obj = vm(name, namespace)
+    obj["spec"]["runStrategy"] = strategy
+    return obj
+
+
+def test_the_status_of_an_instance_is_written_with_the_instance(control_plane):
+    """As KubeVirt's CRD: no status subresource on instances (the rule's trigger is their update)."""
+    crd = control_plane.get("crd", "virtualmachineinstances.kubevirt.io")
+    assert all("status" not in (version.get("subresources") or {}) for version in crd["spec"]["versions"])
+    crd = control_plane.get("crd", "virtualmachines.kubevirt.io")
+    assert all("status" in version["subresources"] for version in crd["spec"]["versions"])
+
+
+def test_a_guest_power_off_halts_only_its_own_rerun_on_failure_vm(control_plane, bundle, make_namespace):
+    """The guest shuts down (its instance turns Succeeded): the VM goes Halted, so the next On
+    (RerunOnFailure) starts it. A failed or running instance, a VM with another strategy or a start
+    request pending, an instance being deleted, and a VM outside the opted-in namespaces, keep theirs."""
+    cp = control_plane
+    namespace, elsewhere = make_namespace(), make_namespace(labelled=False)
+    background = "system:serviceaccount:kyverno:kyverno-background-controller"
+    assert cp.kubectl("auth", "can-i", "get", "virtualmachineinstances", "-n", namespace, "--as", background,
+                      check=False).stdout.strip() == "yes"
+    # name -> (opted in, strategy, the instance's new phase, what else holds); every instance was
+    # Running before. The stand-in's model of the rule (kubevirt_bmc.halts_on_guest_power_off) says
+    # which VMs it halts: this is where that model is held to the real Kyverno.
+    cases = {
+        "off": (True, RERUN, "Succeeded", {}),
+        "off2": (True, RERUN, "Succeeded", {}),
+        "crashed": (True, RERUN, "Failed", {}),
+        "running": (True, RERUN, "Running", {}),
+        "always": (True, "Always", "Succeeded", {}),
+        "manual": (True, "Manual", "Succeeded", {}),
+        "starting": (True, RERUN, "Succeeded", {"start_requested": True}),
+        "stopping": (True, RERUN, "Succeeded", {"deleting": True}),
+        "plain": (False, RERUN, "Succeeded", {}),
+    }
+    halts = {name: halts_on_guest_power_off(strategy, "Running", phase, opted_in=opted_in, **extra)
+             for name, (opted_in, strategy, phase, extra) in cases.items()}
+    assert sorted(name for name, halted in halts.items() if halted) == ["off", "off2"]
+    where = {name: namespace if opted_in else elsewhere for name, (opted_in, *_) in cases.items()}
+    for name, (_, strategy, _, extra) in cases.items():
+        create(cp, vm_with(name, where[name], strategy)).check_returncode()
+        owned_instance(cp, name, where[name], finalizers=("example.org/hold",) if extra.get("deleting") else ())
+        if extra.get("start_requested"):
+            # What KubeVirt's start subresource writes into the VM's status.
+            cp.kubectl("patch", "virtualmachine", name, "-n", where[name], "--subresource", "status", "--type",
+                       "merge", "-p", json.dumps({"status": {"stateChangeRequests": [{"action": "Start"}]}}))
+        if extra.get("deleting"):
+            # KubeVirt stops an instance by deleting it; its phase may turn Succeeded after that.
+            cp.kubectl("delete", "virtualmachineinstance", name, "-n", where[name], "--wait=false")
+    try:
+        # The kept ones first: had the rule acted on any, it would have before the halted ones.
+        for name in sorted(cases, key=halts.get):
+            write_phase(cp, name, where[name], cases[name][2])
+        for name in (name for name, halted in halts.items() if halted):
+            eventually(cp, lambda: run_strategy_of(cp, name, where[name]) == HALTED, f"{name} to be Halted")
+        time.sleep(5)  # and a margin
+        assert {name: run_strategy_of(cp, name, where[name]) for name in cases} == {
+            name: HALTED if halts[name] else strategy for name, (_, strategy, _, _) in cases.items()}
+        halted_vm = get(cp, "virtualmachine", "off", namespace)
+        assert firmware_of(halted_vm)["serial"] == identity.format_serial("off", namespace)  # nothing else changed
+    finally:
+        cp.kubectl("patch", "virtualmachineinstance", "stopping", "-n", namespace, "--type", "merge",
+                   "-p", '{"metadata":{"finalizers":null}}', check=False)
+    errors = [line for line in kyverno_log_errors(cp, "kyverno-background-controller")
+              if namespace in line and not expected_noise(line)]
+    assert errors == [], "\n".join(errors)
+
+
+def test_a_power_on_after_the_guest_power_off_is_not_undone(control_plane, bundle, namespace):
+    """Idempotent: once Halted, MAAS's On writes RerunOnFailure again; later updates of the instance
+    that ended (KubeVirt's own, a label) leave it, and so does a second Succeeded write."""
+    cp = control_plane
+    create(cp, vm_with("again", namespace, RERUN)).check_returncode()
+    owned_instance(cp, "again", namespace)
+    write_phase(cp, "again", namespace, "Succeeded")
+    eventually(cp, lambda: run_strategy_of(cp, "again", namespace) == HALTED, "the VM to be Halted")
+    # kubevirtBMC's PowerOn (virtualmachine_resourcemanager.go): runStrategy RerunOnFailure.
+    cp.kubectl("patch", "virtualmachine", "again", "-n", namespace, "--type", "merge",
+               "-p", '{"spec":{"runStrategy":"RerunOnFailure"}}')
+    write_phase(cp, "again", namespace, "Succeeded", touched="yes")
+    write_phase(cp, "again", namespace, "Succeeded", touched="twice")
+    # A sentinel whose power-off is written after those updates is acted on: Kyverno has caught up.
+    create(cp, vm_with("sentinel", namespace, RERUN)).check_returncode()
+    owned_instance(cp, "sentinel", namespace)
+    write_phase(cp, "sentinel", namespace, "Succeeded")
+    eventually(cp, lambda: run_strategy_of(cp, "sentinel", namespace) == HALTED, "the sentinel to be Halted")
+    time.sleep(5)
+    assert run_strategy_of(cp, "again", namespace) == RERUN

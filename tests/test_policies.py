@@ -140,6 +140,9 @@ def test_rbac_aggregates_exactly_the_needed_verbs(defaults):
         ("networking.k8s.io", "ingresses", ()): generate,
         ("networking.k8s.io", "networkpolicies", ()): generate,
         ("kubevirt.io", "virtualmachines", ()): {"get", "list", "watch", "update"},
+        # The guest power-off rule's GET of a VM's instance as it acts (the live tier: without it
+        # the apiCall's default would let a stale request halt a VM that was powered on again).
+        ("kubevirt.io", "virtualmachineinstances", ()): {"get"},
     }
     # Kyverno admits a synchronised generate rule only if its admission controller may get and
     # list the generated kinds (the live tier: refused without the Secret grant).
@@ -198,6 +201,10 @@ def test_policies_match_opted_in_namespaces_and_claims_match_every_namespace(def
             elif rule["name"] in INGRESS_CLASS_RULES:
                 # Cluster-wide: a catch-all or an alias of the class serves every namespace's BMC hosts.
                 assert resources == {"kinds": ["networking.k8s.io/v1/Ingress"]}
+            elif pol["metadata"]["name"] == policies.POLICY_NAMES["power_off"]:
+                # An opted-in VM's instance, on the update that writes its phase.
+                assert resources == {"kinds": ["kubevirt.io/v1/VirtualMachineInstance"], "operations": ["UPDATE"],
+                                     "namespaceSelector": selector_yes}
             elif pol["metadata"]["name"] == policies.POLICY_NAMES["route_isolation"]:
                 # Cluster-wide, on writes: a detour to a BMC may start in any namespace.
                 assert "namespaceSelector" not in resources and resources["operations"] == ["CREATE", "UPDATE"]

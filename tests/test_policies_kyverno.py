@@ -594,3 +594,42 @@ def test_the_rotation_suites_expect_what_the_identity_module_decides():
 
 if __name__ == "__main__":
     write_guard_suites()
+
+
+# --- the guest power-off rule ------------------------------------------------------------------
+
+
+def _judged_rows(output: str) -> list[str]:
+    return [row for row in re.findall(r"^│ \d+ .*$", output, re.MULTILINE) if "Excluded" not in row]
+
+
+def test_the_guest_power_off_suite_judges_every_result(kyverno):
+    """Every case of the suite gets its rule's own answer (the VM halted, or the instance skipped)."""
+    suite = fx.SUITES_DIR / "guest-power-off"
+    output = run_tests(kyverno, suite)
+    test = yaml.safe_load((suite / "kyverno-test.yaml").read_text())
+    assert len(_judged_rows(output)) == sum(len(r["resources"]) for r in test["results"]), output
+    [acted] = [r for r in test["results"] if r["result"] == "pass"]
+    assert acted["resources"] == ["tenant-a/off"]
+    patched = list(yaml.safe_load_all((suite / "patched.yaml").read_text()))
+    assert [p["spec"]["runStrategy"] for p in patched] == ["Halted"]
+
+
+@pytest.mark.parametrize("old_phase, new_phase", [("Succeeded", "Succeeded"), ("Running", "Running")])
+def test_only_the_update_that_ends_the_instance_halts_its_vm(kyverno, tmp_path, old_phase, new_phase):
+    """An update of an instance already Succeeded (a label, a finalizer) or still Running leaves the
+    VM alone: a power-on written after the guest powered off is never undone."""
+    policy = fx.REFERENCE_DIR / "policy-guest-power-off.yaml"
+    pol, rule = policies.POLICY_NAMES["power_off"], "halt-on-guest-power-off"
+    (tmp_path / "resources.yaml").write_text(yaml.safe_dump(fx.instance("off", "tenant-a", new_phase)))
+    (tmp_path / "targets.yaml").write_text(yaml.safe_dump(fx.run_strategy(fx.vm("off", "tenant-a"), "RerunOnFailure")))
+    values = fx._values_file([(pol, rule, {"currentInstance": ""})])
+    values["globalValues"] = {"request.oldObject": {"status": {"phase": old_phase}}}
+    (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
+    test = fx._test("guest-power-off-again", "policy-guest-power-off.yaml", [
+        fx._result(pol, rule, ["tenant-a/off"], "skip", kind="VirtualMachineInstance", operation="UPDATE")],
+        targetResources=["targets.yaml"])
+    test["policies"] = [str(policy)]
+    (tmp_path / "kyverno-test.yaml").write_text(yaml.safe_dump(test))
+    output = run_tests(kyverno, tmp_path)
+    assert len(_judged_rows(output)) == 1, output

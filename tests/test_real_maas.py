@@ -885,3 +885,59 @@ def test_the_running_loop_takes_back_what_a_power_type_switch_kept_within_one_cy
     logged = (tmp_path / "out").read_text() + (tmp_path / "err").read_text()
     assert identity.bmc_password(SEED, serial) not in logged and identity.bmc_user(SEED, serial) not in logged
     assert f"rotate {serial}" in logged     # no cluster access here: the command is named
+
+
+# --- a guest that powers itself off (enlistment's and commissioning's end) ---------------------
+# The stand-in models KubeVirt behind kubevirtBMC (tests/kubevirt_bmc.py): the runStrategy, the
+# instance's phase and KubeVirt v1.7.0's VM controller; the control-plane tier runs the rule itself.
+
+
+@pytest.mark.parametrize("rule", [True, False], ids=["with-the-rule", "without-the-rule"])
+def test_maas_powers_on_a_vm_whose_guest_powered_off_only_with_the_rule(real_maas, site, tmp_path, rack, rule):
+    """The tutorial starts the VM with RerunOnFailure; enlistment ends with the guest powering off.
+    MAAS's own Redfish power-on to commission it (Off: no ForceOff, PXE, On) starts it when the
+    guest power-off rule has set Halted. Without the rule kubevirtBMC's On changes nothing and the
+    VM stays Off while MAAS waits, until Halted is set by hand: MAAS's own next try then starts it."""
+    from controlplane import wait_for
+
+    bmc = real_maas.bmc
+    settle_the_others(real_maas, site)
+    rack(2.0)
+    namespace = "guest-off" if rule else "guest-off-norule"
+    _, enlisted = enlist_script_output(real_maas, site, "web1", namespace, tmp_path)
+    assert enlisted.status == 200, enlisted.body
+    sid, host = enlisted.system_id, f"web1.{namespace}.{DOMAIN}"
+    bmc.set_run_strategy(host, "RerunOnFailure")
+    before = bmc.guest_power_off_rule
+    bmc.guest_power_off_rule = rule
+    try:
+        bmc.guest_power_off(host)
+    finally:
+        bmc.guest_power_off_rule = before
+    vm = bmc.vm(host)
+    assert (vm.strategy, vm.instance) == ("Halted" if rule else "RerunOnFailure", None)
+    audit = RecordingAudit()
+    # Without the rule MAAS's power-on would try for many minutes: the commission request is let go
+    # after 20 s (MAAS carries on with it), and the test watches the BMC meanwhile.
+    loop = reconciler(real_maas, site, audit, **({} if rule else {"commission_timeout": 20}))
+    records = reconcile_until_commissioned(loop, audit, sid)
+    seen = bmc.seen(host)
+    actions = [request.action for request in seen]
+    assert [action for action in actions if action.startswith(("PATCH", "Reset"))][:2] == [
+        "PATCH Boot Once Pxe", "Reset On"], actions
+    if rule:
+        assert [r["outcome"] for r in records] == ["ok"] and not records[0].get("reason"), records
+        assert real_maas.machine(sid)["status_name"] == "Commissioning"
+        assert vm.instance == "Running" and "GET On" in actions
+        return
+    assert [r["reason"] for r in records if "timeout" in r.get("reason", "")], records
+    on = next(request for request in seen if request.action == "Reset On")
+    after = [request for request in seen if request.at > on.at and request.method == "GET"]
+    assert after and {request.action for request in after} == {"GET Off"}, actions
+    assert after[-1].at - on.at >= 15  # MAAS kept waiting for On, in vain
+    assert (vm.strategy, vm.instance) == ("RerunOnFailure", None)
+    # What the rule would have done, by hand: MAAS's own next try of the same power-on starts it.
+    bmc.set_run_strategy(host, "Halted")
+    wait_for(lambda: real_maas.machine(sid)["power_state"] == "on", 180, "MAAS to see the VM on")
+    assert vm.instance == "Running"
+    assert real_maas.machine(sid)["status_name"] == "Commissioning"

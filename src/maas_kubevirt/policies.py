@@ -89,6 +89,7 @@ POLICY_NAMES = {
     "isolation": "maas-kubevirt-bmc-isolation",
     "rotations": "maas-kubevirt-credential-rotations",
     "route_isolation": "maas-kubevirt-route-isolation",
+    "power_off": "maas-kubevirt-guest-power-off",
 }
 # kubevirtBMC (internal/controller/virtualmachinebmc/constant.go): every BMC pod carries this
 # label, and listens for Redfish on this port behind its Service's port 80.
@@ -119,6 +120,7 @@ FILES = [
     "policy-bmc-isolation.yaml",
     "policy-route-isolation.yaml",
     "policy-credential-rotations.yaml",
+    "policy-guest-power-off.yaml",
     EXAMPLE_NAMESPACE_FILE,
 ]
 
