@@ -1,7 +1,9 @@
 """MAAS's own region on 127.0.0.1 for the real-MAAS tier: the `real_maas` fixture.
 
-MAAS 3.6.5's region web application (the release in upstream.lock.yaml), built from its source
-by `tools/build-maas` and cached under ~/.cache/maas-kubevirt/: its Django URL conf, piston
+MAAS's region web application of each release the project is proven on (`maas-proven:` in
+upstream.lock.yaml: the fixture is parametrized over them, ids `maas-<version>`, and a test that
+branches on the release reads `real_maas.version`), built from its source by `tools/build-maas`
+and cached under ~/.cache/maas-kubevirt/maas-<version>/: its Django URL conf, piston
 handlers, forms, models, signals, OAuth and metadata API, on a private PostgreSQL cluster
 copied from the cached template, served by MAAS's own request path (Twisted's WSGI resource in
 MAAS's WebApplicationService) on a free port of 127.0.0.1. `tools/maas-region/region.py` is
@@ -37,14 +39,18 @@ installed MAAS version (see tools/maas-region/standins.py). The region's record 
 ubuntu/noble amd64/generic boot resource (from MAAS's test factory) are made once in the
 template, so MAAS accepts a new machine's architecture.
 
-The build: REAL_MAAS names the cache directory (the Makefile's `test` target sets it from
-`tools/build-maas`); without REAL_MAAS the fixture runs `tools/build-maas` itself (instant once
-cached). Where MAAS's source cannot be had (MAAS_SOURCE, by default the upstream repository)
-and nothing is cached, the tier skips with that reason, even under CI=true (the one tier that
-does), unless MAAS_SOURCE is set: then, as under .ci/run, it fails. Any other missing prerequisite skips, and fails under CI=true, as elsewhere.
+The build: REAL_MAAS names the built cache directories, space-separated (the Makefile's `test`
+target builds each proven release with `tools/build-maas VERSION` and passes those that built);
+a directory of a release not proven adds that release. Without REAL_MAAS the fixture runs
+`tools/build-maas VERSION` itself (instant once cached). A proven release REAL_MAAS does not
+name skips with the reason its build recorded (maas-<version>.failed beside the cache), and
+fails under CI=true, as any other missing prerequisite, except where MAAS's source cannot be had
+(MAAS_SOURCE, by default the upstream repository) and nothing is cached: then it skips even
+under CI=true (the one tier that does), unless MAAS_SOURCE is set: then, as under .ci/run, it
+fails.
 
 REAL_MAAS_LOGS, when set, names a directory where the region's and PostgreSQL's logs are
-copied when the session ends.
+copied (into maas-<version>/) when each release's region stops.
 
 The object the fixture yields (`RealMaas`) offers:
 
@@ -102,16 +108,43 @@ BMC_DOMAIN = "bmc.example.com"  # redfish.domain of the tier's sites: the region
 RACK = "rack"  # the flag file's content for the rack stand-in (region.py)
 
 
-def maas_version() -> str:
+def _lock_entry(name: str) -> str:
     for line in (ROOT / "upstream.lock.yaml").read_text(encoding="utf-8").splitlines():
-        if line.startswith("maas:"):
+        if line.startswith(f"{name}:"):
             return line.split(":", 1)[1].split("#")[0].strip()
-    raise AssertionError("no maas: in upstream.lock.yaml")
+    raise AssertionError(f"no {name}: in upstream.lock.yaml")
 
 
-def _failed_file() -> Path:
+def maas_version() -> str:
+    """The pinned release (`maas:`), tools/build-maas's default."""
+    return _lock_entry("maas")
+
+
+def proven_releases() -> list[str]:
+    """Every release the tier runs (`maas-proven:`), oldest first."""
+    return _lock_entry("maas-proven").split()
+
+
+def release_of(cache: Path) -> str:
+    """The MAAS release a cache directory holds (tools/build-maas names it maas-<version>)."""
+    return cache.name.removeprefix("maas-")
+
+
+def given_regions() -> dict[str, Path]:
+    """REAL_MAAS's built regions by release: a space-separated list of cache directories."""
+    return {release_of(Path(entry)): Path(entry) for entry in os.environ.get(ENV, "").split()}
+
+
+def releases() -> list[str]:
+    """The releases the `real_maas` fixture runs on: the proven ones, and any other that
+    REAL_MAAS names (a release being tried)."""
+    proven = proven_releases()
+    return proven + [version for version in given_regions() if version not in proven]
+
+
+def _failed_file(version: str) -> Path:
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "maas-kubevirt" / f"maas-{maas_version()}.failed"
+    return cache / "maas-kubevirt" / f"maas-{version}.failed"
 
 
 def unavailable(status: int, reason: str) -> None:
@@ -122,23 +155,26 @@ def unavailable(status: int, reason: str) -> None:
     require(False, f"real-MAAS tier: {reason}")
 
 
-def cache_dir() -> Path:
-    """The built region from REAL_MAAS, or from running tools/build-maas; or skip with why."""
-    given = os.environ.get(ENV)
-    if given is None:
-        done = subprocess.run([str(BUILD)], capture_output=True, text=True, check=False)
+def cache_dir(version: str | None = None) -> Path:
+    """The built region of a release (default the pinned one) from REAL_MAAS, or from running
+    tools/build-maas; or skip with why."""
+    version = version or maas_version()
+    if os.environ.get(ENV) is None:
+        done = subprocess.run([str(BUILD), version], capture_output=True, text=True, check=False)
         if done.returncode == 0:
             return Path(done.stdout.strip())
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         unavailable(done.returncode, lines[-1] if lines else f"tools/build-maas exited {done.returncode}")
-    if not given:
-        failed = _failed_file()
-        if failed.exists():
+    path = given_regions().get(version)
+    if path is None:
+        failed = _failed_file(version)
+        if failed.exists():  # make test passes no directory for a release whose build failed
             status, _, reason = failed.read_text(encoding="utf-8").strip().partition("\t")
             unavailable(int(status) if status.isdigit() else 1, reason)
-        unavailable(1, "tools/build-maas did not build MAAS's region (REAL_MAAS is empty)")
-    path = Path(given)
-    require((path / ".built").exists(), f"{ENV}={given} is not a built MAAS region (run tools/build-maas)")
+        unavailable(1, f"MAAS {version}'s region is not built: {ENV} names no maas-{version} directory "
+                       f"(tools/build-maas {version} builds it)")
+    require((path / ".built").exists(), f"{ENV} names {path}, which is not a built MAAS region "
+                                        f"(run tools/build-maas {version})")
     return path
 
 
@@ -195,6 +231,11 @@ class RealMaas:
     bmc: KubevirtBMC | None = None
     # system_id -> the machine's own OAuth key (from its preseed), for its metadata signals
     machine_keys: dict = field(default_factory=dict)
+
+    @property
+    def version(self) -> str:
+        """The MAAS release this region is (tests that differ by release branch on it)."""
+        return release_of(self.cache)
 
     @property
     def url(self) -> str:
@@ -532,10 +573,12 @@ class TimingProxy(LoopbackServer):
         return self
 
 
-@pytest.fixture(scope="session")
-def real_maas():
-    cache = cache_dir()
-    work = Path(tempfile.mkdtemp(prefix="maas-kubevirt-realmaas-"))
+@pytest.fixture(scope="session", params=releases(), ids=lambda version: f"maas-{version}")
+def real_maas(request):
+    """MAAS's region of each release of the matrix in turn (one up at a time: pytest groups the
+    tests by release and stops one region before it starts the next)."""
+    cache = cache_dir(request.param)
+    work = Path(tempfile.mkdtemp(prefix=f"maas-kubevirt-realmaas-{request.param}-"))
     maas = RealMaas(cache, work)
     try:
         try:
@@ -549,9 +592,10 @@ def real_maas():
     finally:
         maas.stop()
         keep = os.environ.get("REAL_MAAS_LOGS")
-        if keep:  # a directory to keep the region's and PostgreSQL's logs in
-            os.makedirs(keep, exist_ok=True)
+        if keep:  # a directory to keep the region's and PostgreSQL's logs in, one folder per release
+            folder = Path(keep) / f"maas-{request.param}"
+            folder.mkdir(parents=True, exist_ok=True)
             for log in (work / "region.log", work / "sock" / "postgres.log"):
                 if log.exists():
-                    shutil.copy(log, keep)
+                    shutil.copy(log, folder)
         shutil.rmtree(work, ignore_errors=True)

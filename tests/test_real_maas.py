@@ -427,6 +427,81 @@ def test_without_maas_source_the_build_says_why_and_the_tier_skips_even_in_ci(tm
         realmaas.cache_dir()
 
 
+def test_a_directory_of_bundles_without_the_release_is_no_source(tmp_path):
+    """MAAS_SOURCE may be a directory of maas-<version>.bundle files (as .ci/run passes the
+    bundles beside the clone): one that lacks the release asked for is "no source" (exit 3),
+    named in one line, and recorded for the tier."""
+    import conftest
+    import realmaas
+
+    bundles = tmp_path / "upstream"
+    bundles.mkdir()
+    (bundles / "maas-9.8.7.bundle").write_bytes(b"")
+    release = realmaas.maas_version()
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "MAAS_SOURCE": str(bundles)}
+    done = subprocess.run([str(realmaas.BUILD), release], env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    if done.returncode not in (0, realmaas.NO_SOURCE):  # another prerequisite is missing first
+        conftest.require(False, done.stderr.strip().splitlines()[-1])
+    assert done.returncode == realmaas.NO_SOURCE, done.stderr
+    [line] = done.stderr.strip().splitlines()[-1:]
+    assert line == (f"build-maas: error: cannot get MAAS {release}'s source from {bundles} (it holds no "
+                    f"maas-{release}.bundle); set MAAS_SOURCE to a copy of https://github.com/canonical/maas.git")
+    failed = tmp_path / "cache" / "maas-kubevirt" / f"maas-{release}.failed"
+    assert failed.read_text().startswith(f"{realmaas.NO_SOURCE}\tcannot get MAAS {release}'s source")
+
+
+def test_a_release_of_a_series_with_no_recipe_is_refused_in_one_line(tmp_path):
+    """Each release series has its recipe (its libraries and its Python); a release of another
+    series is refused before anything is taken, naming the series that have one."""
+    import realmaas
+
+    recipes = sorted(path.name.removeprefix("requirements-").removesuffix(".txt")
+                     for path in (ROOT / "tools" / "maas-region").glob("requirements-*.txt"))
+    assert realmaas.maas_version().rsplit(".", 1)[0] in recipes
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "MAAS_SOURCE": str(tmp_path / "none")}
+    done = subprocess.run([str(realmaas.BUILD), "1.9.0"], env=env, capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines() == [
+        "build-maas: error: no recipe for MAAS 1.9 (tools/maas-region/requirements-1.9.txt); there are recipes "
+        f"for {' '.join(recipes)}"]
+    for argv in (["x;y"], ["3.6.5", "3.7.3"]):
+        done = subprocess.run([str(realmaas.BUILD), *argv], env=env, capture_output=True, text=True, timeout=60,
+                              check=False)
+        assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert not (tmp_path / "cache" / "maas-kubevirt" / "maas-x;y").exists()
+
+
+def test_the_fixture_runs_every_proven_release_and_any_other_named(tmp_path, monkeypatch):
+    """real_maas is parametrized over maas-proven (upstream.lock.yaml), plus a release being tried
+    that REAL_MAAS names; a proven release REAL_MAAS leaves out skips (fails under CI=true) with
+    the reason its build recorded."""
+    import conftest
+    import realmaas
+
+    lock = (ROOT / "upstream.lock.yaml").read_text()
+    proven = next(line for line in lock.splitlines() if line.startswith("maas-proven:")).split(":")[1].split()
+    assert realmaas.maas_version() in proven
+    built = tmp_path / "maas-kubevirt" / f"maas-{proven[-1]}"
+    tried = tmp_path / "maas-kubevirt" / "maas-3.6.9"
+    monkeypatch.setenv("REAL_MAAS", f"{built} {tried}")
+    assert realmaas.releases() == [*proven, "3.6.9"]
+    built.mkdir(parents=True)
+    (built / ".built").write_text("key\n")
+    assert realmaas.cache_dir(proven[-1]) == built
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("MAAS_SOURCE", raising=False)
+    monkeypatch.setattr(conftest, "IN_CI", True)
+    (tmp_path / "maas-kubevirt" / f"maas-{proven[0]}.failed").write_text("1\tpip install of MAAS's libraries failed\n")
+    with pytest.raises(pytest.fail.Exception, match="pip install of MAAS's libraries failed"):
+        realmaas.cache_dir(proven[0])
+    with pytest.raises(pytest.fail.Exception, match=f"REAL_MAAS names no maas-{proven[1]} directory"):
+        realmaas.cache_dir(proven[1])
+    with pytest.raises(pytest.fail.Exception, match="not a built MAAS region"):
+        realmaas.cache_dir("3.6.9")
+
+
 # --- (b) an impostor on the PXE network never shares a VM's BMC row (issue 21) -----------------
 
 
