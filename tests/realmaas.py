@@ -505,10 +505,36 @@ class Timed:
     body: bytes
     status: int
     seconds: float
+    wire: int = 0   # bytes on the client's connection, both ways, request line and headers included
+
+
+class _Counted:
+    """A handler's rfile or wfile, counting the bytes that pass."""
+
+    def __init__(self, stream):
+        self._stream, self.count = stream, 0
+
+    def _counted(self, data):
+        self.count += len(data)
+        return data
+
+    def read(self, *args):
+        return self._counted(self._stream.read(*args))
+
+    def readline(self, *args):
+        return self._counted(self._stream.readline(*args))
+
+    def write(self, data):
+        self.count += len(data)
+        return self._stream.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 class TimingProxy(LoopbackServer):
-    """The region's API on another port of 127.0.0.1, passed through; each request timed."""
+    """The region's API on another port of 127.0.0.1, passed through; each request timed, and its
+    bytes on the wire counted (as the client sends and receives them)."""
 
     def __init__(self, real_maas: RealMaas):
         self.target = f"http://127.0.0.1:{real_maas.port}"
@@ -535,26 +561,34 @@ class TimingProxy(LoopbackServer):
             def log_message(self, *args: Any) -> None:
                 pass
 
+            def setup(self) -> None:
+                super().setup()
+                self.rfile, self.wfile = _Counted(self.rfile), _Counted(self.wfile)
+                self.counted = 0  # both ways, up to the end of the last answer
+
             def forward(self) -> None:
+                with proxy.lock:
+                    proxy.in_flight += 1
+                try:
+                    self.pass_through()
+                finally:  # recorded before it counts as answered
+                    with proxy.lock:
+                        proxy.in_flight -= 1
+                        proxy.lock.notify_all()
+
+            def pass_through(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 headers = {name: value for name, value in self.headers.items()
                            if name.lower() not in ("host", "connection", "content-length", "accept-encoding")}
                 started = time.monotonic()
-                with proxy.lock:
-                    proxy.in_flight += 1
                 try:
                     reply = requests.request(self.command, proxy.target + self.path, data=body, headers=headers,
                                              allow_redirects=False, timeout=900)
-                    proxy.timed.append(Timed(self.command, self.path, body, reply.status_code,
-                                             time.monotonic() - started))
                 except requests.RequestException:
                     self.close_connection = True
                     return
-                finally:
-                    with proxy.lock:
-                        proxy.in_flight -= 1
-                        proxy.lock.notify_all()
+                timed = Timed(self.command, self.path, body, reply.status_code, time.monotonic() - started)
                 try:
                     self.send_response(reply.status_code)
                     for name, value in reply.headers.items():
@@ -564,8 +598,12 @@ class TimingProxy(LoopbackServer):
                     self.send_header("Content-Length", str(len(reply.content)))
                     self.end_headers()
                     self.wfile.write(reply.content)
+                    self.wfile.flush()
                 except OSError:
                     pass  # the client gave up waiting (its own timeout)
+                total = self.rfile.count + self.wfile.count
+                timed.wire, self.counted = total - self.counted, total
+                proxy.timed.append(timed)
 
             do_GET = do_POST = do_PUT = do_DELETE = forward
 
