@@ -780,10 +780,19 @@ def running_reconciler(site, tmp_path: Path, interval: float):
         service = subprocess.Popen([str(CLI), "--values", str(values_file), "reconcile", "--interval", str(interval)],
                                    stdout=out, stderr=err)
 
+        def diagnosis() -> str:
+            """What the service did meanwhile: its output's end and its audit records' outcomes."""
+            audit = tmp_path / "audit.log"
+            records = Audit.read_file(str(audit)) if audit.exists() else []
+            shown = [(r.get("time"), r.get("action"), r.get("system_id"), r.get("outcome"), r.get("error"))
+                     for r in records[-15:]]
+            ends = {name: (tmp_path / name).read_text().splitlines()[-15:] for name in ("out", "err")}
+            return f"audit: {shown}\nout: {ends['out']}\nerr: {ends['err']}"
+
         def wait_for(condition, what: str, limit: float = 90.0) -> float:
             start = time.monotonic()
             while not condition():
-                assert time.monotonic() - start < limit, f"{what}: not within {limit} s"
+                assert time.monotonic() - start < limit, f"{what}: not within {limit} s\n{diagnosis()}"
                 assert service.poll() is None, (service.returncode, (tmp_path / "err").read_text())
                 time.sleep(0.2)
             return time.monotonic() - start
