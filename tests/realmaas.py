@@ -66,7 +66,8 @@ The object the fixture yields (`RealMaas`) offers:
   as power_type and JSON power_parameters, as a commissioning script's BMC configuration sends);
   `finish_commissioning()`: each enlisted machine in Commissioning signals OK (then Ready);
 - `bmc_row(system_id)`: the machine's BMC row id (``maasserver_node.bmc_id``), read from the
-  database: MAAS's API shows no machine's row, and the tier must see rows shared.
+  database: MAAS's API shows no machine's row, and the tier must see rows shared;
+- `machine_ids()` (from the database) and `delete_machines(system_ids)`.
 
 `TimingProxy(real_maas)` passes the region's API through another loopback port and records each
 request's seconds, as a client waits them, whatever its HTTP library.
@@ -458,17 +459,33 @@ class RealMaas:
         return requests.post(f"{self.url}metadata/2012-03-01/", files=form,
                              headers={"Authorization": oauth_header(self.machine_keys[system_id])}, timeout=60)
 
-    def bmc_row(self, system_id: str) -> int | None:
-        """The machine's BMC row (maasserver_node.bmc_id), from the database: the API shows none."""
+    def _query(self, sql: str) -> list[str]:
+        """One SQL query on the region's database (psql, as the API shows neither); its rows."""
         pgbin = Path((self.cache / "pgbin").read_text().strip())
-        if not system_id.isalnum():
-            raise ValueError(f"not a system_id: {system_id!r}")
         done = subprocess.run(
             self._postgres_command(str(pgbin / "psql"), "-h", str(self.work / "sock"), "-U", "maas", "-d", "maasdb",
-                                   "-At", "-c", f"SELECT bmc_id FROM maasserver_node WHERE system_id = '{system_id}'"),
+                                   "-At", "-c", sql),
             capture_output=True, text=True, timeout=60, check=True)
-        value = done.stdout.strip()
+        return done.stdout.splitlines()
+
+    def bmc_row(self, system_id: str) -> int | None:
+        """The machine's BMC row (maasserver_node.bmc_id), from the database: the API shows none."""
+        if not system_id.isalnum():
+            raise ValueError(f"not a system_id: {system_id!r}")
+        rows = self._query(f"SELECT bmc_id FROM maasserver_node WHERE system_id = '{system_id}'")
+        value = rows[0].strip() if rows else ""
         return int(value) if value else None
+
+    def machine_ids(self) -> set[str]:
+        """Every machine's system_id (node_type 0), from the database: cheaper than listing them."""
+        return set(self._query("SELECT system_id FROM maasserver_node WHERE node_type = 0"))
+
+    def delete_machines(self, system_ids: set[str]) -> None:
+        """DELETE machines/{id}/ as the administrator, each; forgotten here too."""
+        for system_id in sorted(system_ids):
+            answer = self.api("DELETE", f"machines/{system_id}/")
+            assert answer.status_code == 204, (system_id, answer.status_code, answer.text)
+            self.machine_keys.pop(system_id, None)
 
     def finish_commissioning(self) -> list[str]:
         """Every machine enlisted here that is in Commissioning signals OK, as at the end of its

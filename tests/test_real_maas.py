@@ -3,7 +3,8 @@ one stub). Machines enter as enlistment makes them: the rendered commissioning s
 a fake dmidecode, and exactly what it writes to BMC_CONFIG_PATH is enlisted as
 maas_run_remote_scripts.py does, then the machine's own metadata signal.
 
-Each test uses its own namespace (and so its own machines): the tests share one region.
+Each test uses its own namespace (and so its own machines), deleted when it ends: the tests
+share one region per release.
 """
 
 from __future__ import annotations
@@ -59,6 +60,20 @@ class RecordingAudit(Audit):
 
 
 # --- the site: values, seed, the rendered script ---------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def machines_of_the_test_deleted(request):
+    """The machines a test made are deleted when it ends (the region keeps the others'): every
+    fresh reconciler lists all machines, as does each read of every machine's power parameters,
+    so each test costs the same, not more with every test before it, and none sees another's."""
+    if "real_maas" not in request.fixturenames:
+        yield
+        return
+    maas = request.getfixturevalue("real_maas")
+    before = maas.machine_ids()
+    yield
+    maas.delete_machines(maas.machine_ids() - before)
 
 
 @pytest.fixture(scope="module")
