@@ -1,7 +1,9 @@
 """MAAS's own region on 127.0.0.1 for the real-MAAS tier: the `real_maas` fixture.
 
-MAAS 3.6.5's region web application (the release in upstream.lock.yaml), built from its source
-by `tools/build-maas` and cached under ~/.cache/maas-kubevirt/: its Django URL conf, piston
+MAAS's region web application of each release the project is proven on (`maas-proven:` in
+upstream.lock.yaml: the fixture is parametrized over them, ids `maas-<version>`, and a test that
+branches on the release reads `real_maas.version`), built from its source by `tools/build-maas`
+and cached under ~/.cache/maas-kubevirt/maas-<version>/: its Django URL conf, piston
 handlers, forms, models, signals, OAuth and metadata API, on a private PostgreSQL cluster
 copied from the cached template, served by MAAS's own request path (Twisted's WSGI resource in
 MAAS's WebApplicationService) on a free port of 127.0.0.1. `tools/maas-region/region.py` is
@@ -37,14 +39,18 @@ installed MAAS version (see tools/maas-region/standins.py). The region's record 
 ubuntu/noble amd64/generic boot resource (from MAAS's test factory) are made once in the
 template, so MAAS accepts a new machine's architecture.
 
-The build: REAL_MAAS names the cache directory (the Makefile's `test` target sets it from
-`tools/build-maas`); without REAL_MAAS the fixture runs `tools/build-maas` itself (instant once
-cached). Where MAAS's source cannot be had (MAAS_SOURCE, by default the upstream repository)
-and nothing is cached, the tier skips with that reason, even under CI=true (the one tier that
-does), unless MAAS_SOURCE is set: then, as under .ci/run, it fails. Any other missing prerequisite skips, and fails under CI=true, as elsewhere.
+The build: REAL_MAAS names the built cache directories, space-separated (the Makefile's `test`
+target builds each proven release with `tools/build-maas VERSION` and passes those that built);
+a directory of a release not proven adds that release. Without REAL_MAAS the fixture runs
+`tools/build-maas VERSION` itself (instant once cached). A proven release REAL_MAAS does not
+name skips with the reason its build recorded (maas-<version>.failed beside the cache), and
+fails under CI=true, as any other missing prerequisite, except where MAAS's source cannot be had
+(MAAS_SOURCE, by default the upstream repository) and nothing is cached: then it skips even
+under CI=true (the one tier that does), unless MAAS_SOURCE is set: then, as under .ci/run, it
+fails.
 
 REAL_MAAS_LOGS, when set, names a directory where the region's and PostgreSQL's logs are
-copied when the session ends.
+copied (into maas-<version>/) when each release's region stops.
 
 The object the fixture yields (`RealMaas`) offers:
 
@@ -60,7 +66,8 @@ The object the fixture yields (`RealMaas`) offers:
   as power_type and JSON power_parameters, as a commissioning script's BMC configuration sends);
   `finish_commissioning()`: each enlisted machine in Commissioning signals OK (then Ready);
 - `bmc_row(system_id)`: the machine's BMC row id (``maasserver_node.bmc_id``), read from the
-  database: MAAS's API shows no machine's row, and the tier must see rows shared.
+  database: MAAS's API shows no machine's row, and the tier must see rows shared;
+- `machine_ids()` (from the database) and `delete_machines(system_ids)`.
 
 `TimingProxy(real_maas)` passes the region's API through another loopback port and records each
 request's seconds, as a client waits them, whatever its HTTP library.
@@ -102,16 +109,43 @@ BMC_DOMAIN = "bmc.example.com"  # redfish.domain of the tier's sites: the region
 RACK = "rack"  # the flag file's content for the rack stand-in (region.py)
 
 
-def maas_version() -> str:
+def _lock_entry(name: str) -> str:
     for line in (ROOT / "upstream.lock.yaml").read_text(encoding="utf-8").splitlines():
-        if line.startswith("maas:"):
+        if line.startswith(f"{name}:"):
             return line.split(":", 1)[1].split("#")[0].strip()
-    raise AssertionError("no maas: in upstream.lock.yaml")
+    raise AssertionError(f"no {name}: in upstream.lock.yaml")
 
 
-def _failed_file() -> Path:
+def maas_version() -> str:
+    """The pinned release (`maas:`), tools/build-maas's default."""
+    return _lock_entry("maas")
+
+
+def proven_releases() -> list[str]:
+    """Every release the tier runs (`maas-proven:`), oldest first."""
+    return _lock_entry("maas-proven").split()
+
+
+def release_of(cache: Path) -> str:
+    """The MAAS release a cache directory holds (tools/build-maas names it maas-<version>)."""
+    return cache.name.removeprefix("maas-")
+
+
+def given_regions() -> dict[str, Path]:
+    """REAL_MAAS's built regions by release: a space-separated list of cache directories."""
+    return {release_of(Path(entry)): Path(entry) for entry in os.environ.get(ENV, "").split()}
+
+
+def releases() -> list[str]:
+    """The releases the `real_maas` fixture runs on: the proven ones, and any other that
+    REAL_MAAS names (a release being tried)."""
+    proven = proven_releases()
+    return proven + [version for version in given_regions() if version not in proven]
+
+
+def _failed_file(version: str) -> Path:
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "maas-kubevirt" / f"maas-{maas_version()}.failed"
+    return cache / "maas-kubevirt" / f"maas-{version}.failed"
 
 
 def unavailable(status: int, reason: str) -> None:
@@ -122,23 +156,26 @@ def unavailable(status: int, reason: str) -> None:
     require(False, f"real-MAAS tier: {reason}")
 
 
-def cache_dir() -> Path:
-    """The built region from REAL_MAAS, or from running tools/build-maas; or skip with why."""
-    given = os.environ.get(ENV)
-    if given is None:
-        done = subprocess.run([str(BUILD)], capture_output=True, text=True, check=False)
+def cache_dir(version: str | None = None) -> Path:
+    """The built region of a release (default the pinned one) from REAL_MAAS, or from running
+    tools/build-maas; or skip with why."""
+    version = version or maas_version()
+    if os.environ.get(ENV) is None:
+        done = subprocess.run([str(BUILD), version], capture_output=True, text=True, check=False)
         if done.returncode == 0:
             return Path(done.stdout.strip())
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         unavailable(done.returncode, lines[-1] if lines else f"tools/build-maas exited {done.returncode}")
-    if not given:
-        failed = _failed_file()
-        if failed.exists():
+    path = given_regions().get(version)
+    if path is None:
+        failed = _failed_file(version)
+        if failed.exists():  # make test passes no directory for a release whose build failed
             status, _, reason = failed.read_text(encoding="utf-8").strip().partition("\t")
             unavailable(int(status) if status.isdigit() else 1, reason)
-        unavailable(1, "tools/build-maas did not build MAAS's region (REAL_MAAS is empty)")
-    path = Path(given)
-    require((path / ".built").exists(), f"{ENV}={given} is not a built MAAS region (run tools/build-maas)")
+        unavailable(1, f"MAAS {version}'s region is not built: {ENV} names no maas-{version} directory "
+                       f"(tools/build-maas {version} builds it)")
+    require((path / ".built").exists(), f"{ENV} names {path}, which is not a built MAAS region "
+                                        f"(run tools/build-maas {version})")
     return path
 
 
@@ -195,6 +232,11 @@ class RealMaas:
     bmc: KubevirtBMC | None = None
     # system_id -> the machine's own OAuth key (from its preseed), for its metadata signals
     machine_keys: dict = field(default_factory=dict)
+
+    @property
+    def version(self) -> str:
+        """The MAAS release this region is (tests that differ by release branch on it)."""
+        return release_of(self.cache)
 
     @property
     def url(self) -> str:
@@ -417,17 +459,33 @@ class RealMaas:
         return requests.post(f"{self.url}metadata/2012-03-01/", files=form,
                              headers={"Authorization": oauth_header(self.machine_keys[system_id])}, timeout=60)
 
-    def bmc_row(self, system_id: str) -> int | None:
-        """The machine's BMC row (maasserver_node.bmc_id), from the database: the API shows none."""
+    def _query(self, sql: str) -> list[str]:
+        """One SQL query on the region's database (psql, as the API shows neither); its rows."""
         pgbin = Path((self.cache / "pgbin").read_text().strip())
-        if not system_id.isalnum():
-            raise ValueError(f"not a system_id: {system_id!r}")
         done = subprocess.run(
             self._postgres_command(str(pgbin / "psql"), "-h", str(self.work / "sock"), "-U", "maas", "-d", "maasdb",
-                                   "-At", "-c", f"SELECT bmc_id FROM maasserver_node WHERE system_id = '{system_id}'"),
+                                   "-At", "-c", sql),
             capture_output=True, text=True, timeout=60, check=True)
-        value = done.stdout.strip()
+        return done.stdout.splitlines()
+
+    def bmc_row(self, system_id: str) -> int | None:
+        """The machine's BMC row (maasserver_node.bmc_id), from the database: the API shows none."""
+        if not system_id.isalnum():
+            raise ValueError(f"not a system_id: {system_id!r}")
+        rows = self._query(f"SELECT bmc_id FROM maasserver_node WHERE system_id = '{system_id}'")
+        value = rows[0].strip() if rows else ""
         return int(value) if value else None
+
+    def machine_ids(self) -> set[str]:
+        """Every machine's system_id (node_type 0), from the database: cheaper than listing them."""
+        return set(self._query("SELECT system_id FROM maasserver_node WHERE node_type = 0"))
+
+    def delete_machines(self, system_ids: set[str]) -> None:
+        """DELETE machines/{id}/ as the administrator, each; forgotten here too."""
+        for system_id in sorted(system_ids):
+            answer = self.api("DELETE", f"machines/{system_id}/")
+            assert answer.status_code == 204, (system_id, answer.status_code, answer.text)
+            self.machine_keys.pop(system_id, None)
 
     def finish_commissioning(self) -> list[str]:
         """Every machine enlisted here that is in Commissioning signals OK, as at the end of its
@@ -464,10 +522,36 @@ class Timed:
     body: bytes
     status: int
     seconds: float
+    wire: int = 0   # bytes on the client's connection, both ways, request line and headers included
+
+
+class _Counted:
+    """A handler's rfile or wfile, counting the bytes that pass."""
+
+    def __init__(self, stream):
+        self._stream, self.count = stream, 0
+
+    def _counted(self, data):
+        self.count += len(data)
+        return data
+
+    def read(self, *args):
+        return self._counted(self._stream.read(*args))
+
+    def readline(self, *args):
+        return self._counted(self._stream.readline(*args))
+
+    def write(self, data):
+        self.count += len(data)
+        return self._stream.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
 
 
 class TimingProxy(LoopbackServer):
-    """The region's API on another port of 127.0.0.1, passed through; each request timed."""
+    """The region's API on another port of 127.0.0.1, passed through; each request timed, and its
+    bytes on the wire counted (as the client sends and receives them)."""
 
     def __init__(self, real_maas: RealMaas):
         self.target = f"http://127.0.0.1:{real_maas.port}"
@@ -494,26 +578,34 @@ class TimingProxy(LoopbackServer):
             def log_message(self, *args: Any) -> None:
                 pass
 
+            def setup(self) -> None:
+                super().setup()
+                self.rfile, self.wfile = _Counted(self.rfile), _Counted(self.wfile)
+                self.counted = 0  # both ways, up to the end of the last answer
+
             def forward(self) -> None:
+                with proxy.lock:
+                    proxy.in_flight += 1
+                try:
+                    self.pass_through()
+                finally:  # recorded before it counts as answered
+                    with proxy.lock:
+                        proxy.in_flight -= 1
+                        proxy.lock.notify_all()
+
+            def pass_through(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 headers = {name: value for name, value in self.headers.items()
                            if name.lower() not in ("host", "connection", "content-length", "accept-encoding")}
                 started = time.monotonic()
-                with proxy.lock:
-                    proxy.in_flight += 1
                 try:
                     reply = requests.request(self.command, proxy.target + self.path, data=body, headers=headers,
                                              allow_redirects=False, timeout=900)
-                    proxy.timed.append(Timed(self.command, self.path, body, reply.status_code,
-                                             time.monotonic() - started))
                 except requests.RequestException:
                     self.close_connection = True
                     return
-                finally:
-                    with proxy.lock:
-                        proxy.in_flight -= 1
-                        proxy.lock.notify_all()
+                timed = Timed(self.command, self.path, body, reply.status_code, time.monotonic() - started)
                 try:
                     self.send_response(reply.status_code)
                     for name, value in reply.headers.items():
@@ -523,8 +615,12 @@ class TimingProxy(LoopbackServer):
                     self.send_header("Content-Length", str(len(reply.content)))
                     self.end_headers()
                     self.wfile.write(reply.content)
+                    self.wfile.flush()
                 except OSError:
                     pass  # the client gave up waiting (its own timeout)
+                total = self.rfile.count + self.wfile.count
+                timed.wire, self.counted = total - self.counted, total
+                proxy.timed.append(timed)
 
             do_GET = do_POST = do_PUT = do_DELETE = forward
 
@@ -532,10 +628,12 @@ class TimingProxy(LoopbackServer):
         return self
 
 
-@pytest.fixture(scope="session")
-def real_maas():
-    cache = cache_dir()
-    work = Path(tempfile.mkdtemp(prefix="maas-kubevirt-realmaas-"))
+@pytest.fixture(scope="session", params=releases(), ids=lambda version: f"maas-{version}")
+def real_maas(request):
+    """MAAS's region of each release of the matrix in turn (one up at a time: pytest groups the
+    tests by release and stops one region before it starts the next)."""
+    cache = cache_dir(request.param)
+    work = Path(tempfile.mkdtemp(prefix=f"maas-kubevirt-realmaas-{request.param}-"))
     maas = RealMaas(cache, work)
     try:
         try:
@@ -549,9 +647,10 @@ def real_maas():
     finally:
         maas.stop()
         keep = os.environ.get("REAL_MAAS_LOGS")
-        if keep:  # a directory to keep the region's and PostgreSQL's logs in
-            os.makedirs(keep, exist_ok=True)
+        if keep:  # a directory to keep the region's and PostgreSQL's logs in, one folder per release
+            folder = Path(keep) / f"maas-{request.param}"
+            folder.mkdir(parents=True, exist_ok=True)
             for log in (work / "region.log", work / "sock" / "postgres.log"):
                 if log.exists():
-                    shutil.copy(log, keep)
+                    shutil.copy(log, folder)
         shutil.rmtree(work, ignore_errors=True)

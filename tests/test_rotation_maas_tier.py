@@ -1,5 +1,5 @@
 """A leaked password rotated end to end (issue 25 items 2 and 4): the control-plane tier (Kyverno's
-own controllers, the bundle) beside MAAS 3.6.5's own region.
+own controllers, the bundle) beside MAAS's own region, on each release of the matrix.
 
 A VM enlists with the script's output and gets its derived password; a PXE host that knows its MAC
 re-points it (MAC enlistment, no password). One cycle of the reconciler, on the cluster access of

@@ -1,6 +1,6 @@
 """Run MAAS's region web application for the real-MAAS test tier, with the MAAS venv's python.
 
-    region.py schema              create MAAS's schema (dbupgrade's steps but Temporal's)
+    region.py schema              create MAAS's schema (dbupgrade's steps but Temporal's own)
     region.py prepare --testing-libs DIR
                                   start up once, then add a synced boot resource and stop
     region.py serve --port PORT   start up and serve /MAAS/ on 127.0.0.1:PORT until SIGTERM
@@ -16,7 +16,8 @@ django.setup(), maasserver.start_up.start_up(master=True), then MAAS's WebApplic
 TCP 127.0.0.1 instead of regiond's per-worker Unix socket, under Twisted's asyncio reactor on
 uvloop as regiond runs. MAAS's database listener, database task and status worker services run;
 its RPC service for rack controllers is registered but never listens; no DHCP, DNS, proxy,
-image import or Temporal service is started.
+image import or Temporal service is started. Workflow starts reach a Temporal stand-in that
+accepts and records them (install_temporal_standin), as a region's Temporal server accepts them.
 
 The one stub (see tests/realmaas.py): Node._power_control_node, where MAAS hands a power action
 to a rack controller, after the request commits. The file named by MAAS_KUBEVIRT_POWER_STUB is
@@ -343,8 +344,78 @@ def install_bmc_names() -> None:
     redfish.reactor = proxy
 
 
+# Temporal, as the region sees it (for every release): the client that get_client_async would
+# connect to the region's Temporal server (maasserver.workflow.worker.worker in 3.6,
+# maastemporalworker.worker in 3.7). Requests start fire-and-forget workflows after they commit
+# (configure-DHCP when IP addresses change, tag evaluation...: maasserver.workflow.start_workflow,
+# the service layer's TemporalService.post_commit); a server accepts the start and a worker runs
+# the workflow later. The stand-in accepts and records each start, one JSON line in
+# $MAAS_DATA/workflows.jsonl (the workflow's name, id, task queue and its parameter's type, never
+# its values), and refuses everything else, loudly: a request that waits for a workflow's result
+# fails here instead of passing unseen. (Power actions never reach it: see install_power_stub.)
+WORKFLOW_LOG = "workflows.jsonl"
+TEMPORAL_CLIENT_MODULES = ("maastemporalworker.worker", "maasserver.workflow.worker.worker")
+
+
+class StartedWorkflow:
+    """What Client.start_workflow returns, as far as the region reads it."""
+
+    def __init__(self, workflow_id: str, run_id: str):
+        self.id = workflow_id
+        self.run_id = self.first_execution_run_id = self.result_run_id = run_id
+
+
+class TemporalStandIn:
+    """A connected Temporal client that takes workflow starts and nothing else."""
+
+    def __init__(self, log: Path):
+        import threading
+
+        self._log, self._lock = log, threading.Lock()
+
+    async def start_workflow(self, workflow, arg=None, *args, id: str, task_queue: str, **kwargs):  # noqa: A002
+        import json
+        import uuid
+
+        name = workflow if isinstance(workflow, str) else getattr(workflow, "__name__", repr(workflow))
+        record = {"workflow": name, "id": id, "task_queue": task_queue,
+                  "param": None if arg is None else type(arg).__name__}
+        with self._lock, open(self._log, "a", encoding="utf-8") as file:
+            file.write(json.dumps(record) + "\n")
+        print(f"temporal stand-in: started {name} ({id}) on {task_queue}", file=sys.stderr, flush=True)
+        return StartedWorkflow(id, str(uuid.uuid4()))
+
+    def __getattr__(self, name: str):
+        raise RuntimeError(f"temporal stand-in: Client.{name} is not stood in (only workflow starts are); "
+                           "a region that needs it needs a Temporal server")
+
+
+def install_temporal_standin() -> None:
+    """get_client_async answers the stand-in, in its own module and wherever it was imported."""
+    import importlib
+
+    standin = TemporalStandIn(Path(os.environ["MAAS_DATA"]) / WORKFLOW_LOG)
+
+    async def get_client_async():
+        return standin
+
+    for name in TEMPORAL_CLIENT_MODULES:
+        try:
+            original = importlib.import_module(name).get_client_async
+            break
+        except (ImportError, AttributeError):
+            continue
+    else:
+        raise RuntimeError(f"no get_client_async in {' or '.join(TEMPORAL_CLIENT_MODULES)}: this release's "
+                           "Temporal client is elsewhere; the stand-in must follow it")
+    for module in list(sys.modules.values()):
+        for attribute, value in list(vars(module).items()) if module is not None else ():
+            if value is original:
+                setattr(module, attribute, get_client_async)
+
+
 def schema() -> int:
-    """dbupgrade's steps: drop views and triggers, Django migrations, triggers, views."""
+    """dbupgrade's steps (3.6: Django's migrations, triggers, views; 3.7: alembic's migrations)."""
     import django
 
     django.setup()
@@ -356,6 +427,16 @@ def schema() -> int:
     # application never talks to Temporal, so it is left out.
     dbupgrade.Command._temporal_migration = classmethod(lambda cls, database: None)
     call_command("dbupgrade")
+    # Up to 3.6 the schema came from Django's migrate, whose post_migrate handler makes the sites
+    # framework's default row; from 3.7 it is alembic's (maasservicelayer/db/alembic), which makes
+    # the table and no row, and creating MAAS's administrator (createadmin) needs it. Made as
+    # Django makes it (nothing when it is there).
+    from django.apps import apps
+
+    if apps.is_installed("django.contrib.sites"):
+        from django.contrib.sites.management import create_default_site
+
+        create_default_site(apps.get_app_config("sites"), verbosity=0)
     return 0
 
 
@@ -515,6 +596,7 @@ def main(argv: list[str]) -> int:
     configure()
     fail_fast()
     install_power_stub()
+    install_temporal_standin()
     install_bmc_names()
     return run(args.command, args.port)
 
