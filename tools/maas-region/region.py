@@ -471,13 +471,17 @@ def mint_region() -> str:
 
 
 def make_boot_resource() -> None:
-    """A synced ubuntu/noble amd64/generic resource, made by MAAS's own test factory: without
-    one MAAS refuses a new machine's architecture, and commissioning."""
-    from maasserver.models import BootResource
+    """A synced amd64/generic resource of the release's own commissioning series (the
+    `commissioning_distro_series` default: noble from 3.6, jammy on 3.5), made by MAAS's own test
+    factory: without one MAAS refuses a new machine's architecture, and commissioning ("Ephemeral
+    operating system ubuntu/<series> ... is unavailable")."""
+    from maasserver.models import BootResource, Config
     from maasserver.testing.factory import factory  # needs the libraries in --testing-libs
 
-    if not BootResource.objects.filter(name="ubuntu/noble", architecture="amd64/generic").exists():
-        factory.make_usable_boot_resource(name="ubuntu/noble", architecture="amd64/generic")
+    name = "{}/{}".format(Config.objects.get_config("commissioning_osystem"),
+                          Config.objects.get_config("commissioning_distro_series"))
+    if not BootResource.objects.filter(name=name, architecture="amd64/generic").exists():
+        factory.make_usable_boot_resource(name=name, architecture="amd64/generic")
 
 
 class _TCPWebApplication:
