@@ -119,9 +119,9 @@ def commissioning_python(real_maas) -> Path:
     """The Python of the Ubuntu release this MAAS commissions with (3.10 on 3.5's jammy, 3.12 on
     3.6's and 3.7's noble): the one tools/build-maas made the region's virtualenv from, without
     the virtualenv's libraries (the script needs the standard library alone)."""
-    config = (real_maas.cache / "venv" / "pyvenv.cfg").read_text(encoding="utf-8")
-    home = next(line.split("=", 1)[1].strip() for line in config.splitlines() if line.split("=")[0].strip() == "home")
-    return Path(home) / "python3"
+    lines = (real_maas.cache / "venv" / "pyvenv.cfg").read_text(encoding="utf-8").splitlines()
+    config = {name.strip(): value.strip() for name, _, value in (line.partition("=") for line in lines)}
+    return Path(config["home"]) / ("python" + ".".join(config["version"].split(".")[:2]))
 
 
 def enlist_script_output(real_maas, site, vm: str, namespace: str, root: Path):
