@@ -198,7 +198,11 @@ def install_power_stub() -> None:
 # (src/maasagent/internal/power/service.go, powerCommand) runs `maas.power <command> <driver>
 # --<param> <value>...` (src/provisioningserver/power_driver_command.py: the driver's action,
 # then always a query, printed) and fails when the CLI fails or the state printed is not the
-# one wanted (ErrWrongPowerState).
+# one wanted (ErrWrongPowerState). MAAS 3.5 hands power actions to the same workflows, with the
+# same policy and timeout (src/maasserver/workflow/power.py there, convert_power_action_to_power_
+# workflow and execute_workflow from Node._power_control_node), and its agent runs the same
+# command (src/maasagent/internal/power/service.go); what differs is the driver, which runs here
+# from the release's own tree (3.5's Redfish driver retries a 401: see tests/test_real_maas.py).
 POWER_COMMANDS = {  # workflow action -> (maas.power command, state the agent requires)
     "power_on": ("on", "on"),
     "power_off": ("off", "off"),
@@ -471,13 +475,17 @@ def mint_region() -> str:
 
 
 def make_boot_resource() -> None:
-    """A synced ubuntu/noble amd64/generic resource, made by MAAS's own test factory: without
-    one MAAS refuses a new machine's architecture, and commissioning."""
-    from maasserver.models import BootResource
+    """A synced amd64/generic resource of the release's own commissioning series (the
+    `commissioning_distro_series` default: noble from 3.6, jammy on 3.5), made by MAAS's own test
+    factory: without one MAAS refuses a new machine's architecture, and commissioning ("Ephemeral
+    operating system ubuntu/<series> ... is unavailable")."""
+    from maasserver.models import BootResource, Config
     from maasserver.testing.factory import factory  # needs the libraries in --testing-libs
 
-    if not BootResource.objects.filter(name="ubuntu/noble", architecture="amd64/generic").exists():
-        factory.make_usable_boot_resource(name="ubuntu/noble", architecture="amd64/generic")
+    name = "{}/{}".format(Config.objects.get_config("commissioning_osystem"),
+                          Config.objects.get_config("commissioning_distro_series"))
+    if not BootResource.objects.filter(name=name, architecture="amd64/generic").exists():
+        factory.make_usable_boot_resource(name=name, architecture="amd64/generic")
 
 
 class _TCPWebApplication:
