@@ -687,6 +687,18 @@ class MaasDouble(LoopbackServer):
             if before != status:
                 self.record(system_id, "NODE_CHANGED_STATUS", f"From '{before}' to '{status}'")
 
+    def abort_commissioning(self, system_id: str, old: str = "New") -> None:
+        """MAAS's handling of a commission whose power-on failed (_start_bmc_unavailable,
+        src/maasserver/models/node.py): back to the status before it. MAAS 3.5 does it once its
+        power workflow gives up, long after a caller's timeout when the BMC refuses the password."""
+        with self.lock:
+            machine = self.machines[system_id]
+            aborted = ABORTED.format(status="COMMISSIONING", old=_status_constant(old))
+            self.record(system_id, "NODE_POWER_QUERY_FAILED", aborted)
+            self.set_status(system_id, old)
+            machine["power_state"] = "unknown"
+            machine["status_message"] = f"Failed to query node's BMC - {aborted}"
+
     def advance(self) -> int:
         """Commissioning machines finish: Ready, recorded as the metadata signal does ("Ready"
         INFO, then the status change: src/metadataserver/api.py), then powered off; one still
@@ -1716,11 +1728,7 @@ class MaasDouble(LoopbackServer):
                 # powered by MAAS at all, so _start returns before any power call.
                 self.record(system_id, "NODE_POWER_QUERY_FAILED",
                             "(admin) - " + NO_RACK.format(hostname=machine["hostname"]), username="admin")
-                aborted = ABORTED.format(status="COMMISSIONING", old=_status_constant(old))
-                self.record(system_id, "NODE_POWER_QUERY_FAILED", aborted)
-                self.set_status(system_id, old)
-                machine["power_state"] = "unknown"
-                machine["status_message"] = f"Failed to query node's BMC - {aborted}"
+                self.abort_commissioning(system_id, old)
                 return 503, NO_RACK.format(hostname=machine["hostname"]), {}
             machine["power_state"] = "on"
             self.record(system_id, "NODE_POWERED_ON")

@@ -13,8 +13,9 @@ place, commissioned.
   there is put back to the placeholder (``reset-password``).
 - ``apply(client, actions, audit, stop, passwords, backoff)`` carries them out; a machine's
   password, rename and pool move are one ``PUT machines/{id}/`` (one at a time when MAAS refuses
-  the whole with a 400); each change is one JSON audit record; a commission MAAS refuses backs
-  that machine off (``Backoff``).
+  the whole with a 400); each change is one JSON audit record; a commission MAAS refuses, or
+  takes and then reverts to New before the machine passes Commissioning, backs that machine off
+  (``Backoff``).
 - ``Reconciler`` runs cycles. A cycle asks MAAS's event log what happened since the last one
   (``events.py``: two small requests when nothing did) and reads only the machines named there,
   ours in Commissioning or Testing and those whose backoff ended (``GET machines/?id=``), with

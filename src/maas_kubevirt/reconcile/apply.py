@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable, Sequence
 from maas_kubevirt import identity
 from maas_kubevirt.audit import Audit
 from maas_kubevirt.maas import MAASAuthError, MAASClient, MAASError
-from maas_kubevirt.reconcile.backoff import Backoff, _wall
+from maas_kubevirt.reconcile.backoff import Backoff
 from maas_kubevirt.reconcile.plan import (
     COMMISSION, CREATE_POOL, MOVE_POOL, PASSWORD_KEY, REDFISH, RENAME, RESET_PASSWORD, SET_PASSWORD, UPDATES,
     USER_KEY, Action, Passwords, pool_description,
@@ -183,10 +183,10 @@ def apply(client: MAASClient, actions: Iterable[Action], audit: Audit,
             (failed_pools if result == "failed" else other_pools).add(action.after)
         if action.kind == COMMISSION and backoff is not None:
             if result == "ok":
-                backoff.clear(action.system_id)
+                backoff.commissioned(action.system_id)
             elif result in ("failed", "unknown"):
                 wait = backoff.failed(action.system_id, reason)
-                audit.record(action, result, reason, retry_at=_wall(wait.until), failures=wait.failures)
+                audit.record(action, result, reason, **wait.audited())
                 return
         if action.kind in (SET_PASSWORD, RESET_PASSWORD):  # restored after a restart (Reconciler.restore)
             generation = passwords.generation(action.vm, action.namespace) if passwords is not None else 0

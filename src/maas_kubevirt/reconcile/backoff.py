@@ -1,5 +1,5 @@
-"""Commissions MAAS refused: per machine, the wait before the next attempt, kept across restarts
-through the audit log."""
+"""Commissions that failed (MAAS refused them, or took them and put the machine back in New):
+per machine, the wait before the next attempt, kept across restarts through the audit log."""
 
 from __future__ import annotations
 
@@ -9,10 +9,17 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Mapping
 
-from maas_kubevirt.reconcile.plan import COMMISSION
+from maas_kubevirt.reconcile.plan import COMMISSION, is_new
 
 # A commission MAAS refused waits one interval, then twice as long each time, at most this.
 MAX_BACKOFF = 3600.0
+
+# What MAAS shows while a commission it took runs; any other status but New is past it.
+COMMISSIONING = "Commissioning"
+# Why a commission MAAS took counts as failed: MAAS 3.5 answers it only after its power-on gave
+# up (many minutes when the BMC refuses the password), then reverts the machine to New.
+REVERTED = ("MAAS reverted the machine to New after the commission: its power-on most likely failed "
+            "(check the BMC credentials; doctor: network.redfish)")
 
 
 @dataclass(frozen=True)
@@ -26,6 +33,10 @@ class Wait:
     def why(self) -> str:
         return f"waiting until {_wall(self.until)} after {self.failures} refused attempt(s): {self.reason}"
 
+    def audited(self) -> dict[str, Any]:
+        """The audit record's fields that a restart reads the wait back from (``Backoff.restore``)."""
+        return {"retry_at": _wall(self.until), "failures": self.failures}
+
 
 # How an audit record writes a wait's end (retry_at), and how a restart reads it back.
 WALL_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
@@ -37,24 +48,54 @@ def _wall(seconds: float) -> str:
 
 
 class Backoff:
-    """Per machine, commissions MAAS refused: the next waits one interval, then twice as long each
+    """Per machine, failed commissions: the next waits one interval, then twice as long each
     time, at most MAX_BACKOFF. MAAS reverts such a machine to New and records a status event, so
-    without this every cycle would commission it again."""
+    without this every cycle would commission it again. A commission MAAS took counts as failed
+    when the machine comes back to New without passing Commissioning (``seen``); only a status
+    past it ends the backoff."""
 
     def __init__(self, interval: float, maximum: float = MAX_BACKOFF, clock: Callable[[], float] = time.time):
         self.interval = float(interval)
         self.maximum = float(maximum)
         self.clock = clock
         self.waits: dict[str, Wait] = {}
+        # system_id -> the failures before a commission MAAS took, until the machine passes
+        # Commissioning (cleared) or comes back to New (one more failure).
+        self.taken: dict[str, int] = {}
+
+    def failures(self, system_id: str) -> int:
+        """The failed commissions in a row of a machine so far."""
+        wait = self.waits.get(system_id)
+        return wait.failures if wait is not None else self.taken.get(system_id, 0)
 
     def failed(self, system_id: str, reason: str) -> Wait:
-        failures = self.waits[system_id].failures + 1 if system_id in self.waits else 1
+        failures = self.failures(system_id) + 1
         delay = min(self.interval * 2 ** (failures - 1), self.maximum)
+        self.taken.pop(system_id, None)
         self.waits[system_id] = Wait(failures, self.clock() + delay, reason)
         return self.waits[system_id]
 
+    def commissioned(self, system_id: str) -> None:
+        """A commission MAAS took: no wait now, the failures so far kept until it is seen through."""
+        self.taken[system_id] = self.failures(system_id)
+        self.waits.pop(system_id, None)
+
+    def seen(self, machine: Mapping[str, Any]) -> Wait | None:
+        """Follow a machine as MAAS shows it now: the wait it starts when it came back to New after a
+        commission MAAS took (else None). Past Commissioning, its backoff ends."""
+        system_id = machine["system_id"]
+        if is_new(machine):
+            return self.failed(system_id, REVERTED) if system_id in self.taken else None
+        if machine.get("status_name") == COMMISSIONING:
+            if system_id in self.waits:   # commissioned meanwhile (by hand, or a commission in doubt)
+                self.commissioned(system_id)
+        else:
+            self.clear(system_id)
+        return None
+
     def clear(self, system_id: str) -> None:
         self.waits.pop(system_id, None)
+        self.taken.pop(system_id, None)
 
     def pending(self) -> dict[str, Wait]:
         """The waits not over yet."""
@@ -78,12 +119,13 @@ class Backoff:
                 continue
             until, failures = record.get("retry_at"), record.get("failures")
             if record.get("outcome") == "ok":
-                self.clear(system_id)
+                self.commissioned(system_id)   # seen through, or back in New, by the first cycle
             elif isinstance(until, str) and isinstance(failures, int) and failures > 0:
                 try:
                     when = datetime.strptime(until, WALL_FORMAT).replace(tzinfo=timezone.utc)
                 except ValueError:
                     continue
+                self.taken.pop(system_id, None)
                 self.waits[system_id] = Wait(failures, when.timestamp(), str(record.get("reason", "")))
 
 

@@ -14,10 +14,10 @@ from maas_kubevirt.audit import NAME_LIMIT, Audit, cap
 from maas_kubevirt.console import error, note, warn
 from maas_kubevirt.maas import MAASAuthError, MAASClient, MAASError, MAASVersionError, check_version, valid_system_id
 from maas_kubevirt.reconcile.apply import Outcome, apply
-from maas_kubevirt.reconcile.backoff import Backoff
+from maas_kubevirt.reconcile.backoff import COMMISSIONING, Backoff, Wait
 from maas_kubevirt.reconcile.plan import (
-    DUPLICATE, NEW, OTHER, PASSWORD_KEY, PLACEHOLDER, REDFISH, REREAD_STATUSES, RESET_PASSWORD, RIGHT,
-    SET_PASSWORD, SKIP, SUSPECT, USER_KEY, Action, Match, Passwords, Power, Settings, claim_of, is_new,
+    COMMISSION, DUPLICATE, NEW, OTHER, PASSWORD_KEY, PLACEHOLDER, REDFISH, REREAD_STATUSES, RESET_PASSWORD, RIGHT,
+    SET_PASSWORD, SKIP, SUSPECT, USER_KEY, Action, Match, Passwords, Power, Settings, claim_of,
     machine_problem, matching, names_to_check, needs_pools, plan, pool_of,
 )
 
@@ -144,6 +144,9 @@ class Reconciler:
         self.partial = False   # whether the last plan saw only some machines (event-driven)
         self.clock = clock
         self.backoff = Backoff(settings.interval, clock=wall)
+        # Commissions MAAS took and then reverted (``Backoff.seen``), each with the wait it
+        # started: audited by the next cycle that is no dry run.
+        self.reverted: list[tuple[Action, Wait]] = []
         self._suspects: dict[str, Any] = {}
         self.last_power_check: float | None = None
         # system_id -> the identity whose derived password was set on it (or may have been: an
@@ -492,8 +495,10 @@ class Reconciler:
         wanted = names_to_check(matches)
         taken = self.client.taken_hostnames(wanted) if wanted else {}
         for machine in machines:
-            if not is_new(machine):
-                self.backoff.clear(machine["system_id"])
+            wait = self.backoff.seen(machine)
+            if wait is not None:
+                self.reverted.append((Action(COMMISSION, machine["system_id"], machine.get("hostname"),
+                                             before=COMMISSIONING, after=NEW), wait))
         settling, withheld = self.settling_notes(), self.withheld_note()
         actions = plan(machines, power, pools, self.settings, taken, self.backoff.waiting(), settling, withheld)
         # Read again next cycle, even when the re-read below makes the plan leave them alone; and
@@ -686,12 +691,16 @@ class Reconciler:
         if dry_run:
             return result
         self.report_duplicates(result.actions)
+        reverted, self.reverted = self.reverted, []
+        for action, wait in reverted:
+            self.audit.record(action, "failed", wait.reason, **wait.audited())
         for action in result.actions:
             if action.kind == SKIP and (action.system_id, action.note) not in self._reported:
                 self._reported.add((action.system_id, action.note))
                 note(f"{action.system_id} {action.hostname}: {action.note}")
         result.outcome = apply(self.client, result.actions, self.audit, self.stop, self.passwords,
                                self.backoff, self.settings.concurrency, self.may_write)
+        result.outcome.failed += len(reverted)
         for action in result.outcome.done:
             if action.kind == SET_PASSWORD:
                 self.credited[action.system_id] = (action.vm, action.namespace)
