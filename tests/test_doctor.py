@@ -498,7 +498,7 @@ def test_a_commission_maas_refused_is_explained(site):
     (site.tmp_path / "audit.log").write_text(json.dumps(record) + "\n")
     check = site.run()["maas.commission"]
     assert check.status == "warn" and check.subjects == (web1,)
-    assert f"{web1} (web1.vms.{DOMAIN}): waiting until 2999-01-01T00:00:00Z after 3 refused attempt(s)" in check.found
+    assert f"{web1} (web1.vms.{DOMAIN}): waiting until 2999-01-01T00:00:00Z after 3 failed attempt(s)" in check.found
     assert "ingress.source_ranges" in check.fix and "network.dns" in check.fix
     # Once the machine has left New, nothing waits.
     site.double.set_status(web1, "Commissioning")

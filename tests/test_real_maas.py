@@ -420,7 +420,7 @@ def test_a_refused_commission_is_audited_kept_across_runs_and_shown_by_status(re
     assert shown.returncode == 0, shown.stderr
     row = [line for line in shown.stdout.splitlines() if sid in line]
     assert len(row) == 1, shown.stdout
-    assert f"waiting until {refused[0]['retry_at']} after 1 refused attempt(s)" in row[0], row[0]
+    assert f"waiting until {refused[0]['retry_at']} after 1 failed attempt(s)" in row[0], row[0]
     assert "503" in row[0], row[0]  # and why: MAAS's answer
 
 

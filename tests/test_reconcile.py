@@ -580,7 +580,7 @@ def test_status_json_has_the_tables_rows_and_no_secret(tmp_path, double, capsys)
                           "password": RIGHT, "address": "web1.vms.bmc.example.com", "suspect": False,
                           "waiting": None}
     assert rows[web2]["hostname"] == hostile and rows[web2]["password"] == PLACEHOLDER
-    assert rows[web2]["waiting"] == "waiting until 2999-01-01T00:00:00Z after 3 refused attempt(s): POST: 503: no rack"
+    assert rows[web2]["waiting"] == "waiting until 2999-01-01T00:00:00Z after 3 failed attempt(s): POST: 503: no rack"
     assert rows[evil]["suspect"] is True
     assert rows[evil]["address"] == "https://web1.vms.bmc.example.com.evil.io/redfish/v1/Systems/1"
     (duplicate,) = report["duplicates"]

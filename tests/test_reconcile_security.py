@@ -259,7 +259,7 @@ def test_each_refusal_is_audited_with_the_next_attempt(tmp_path, double, capsys)
     assert status.main(values, Args()) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if sid in line)
-    assert f"waiting until {record['retry_at']} after 1 refused attempt(s): POST machines/{sid}/?op=commission: 503" in row
+    assert f"waiting until {record['retry_at']} after 1 failed attempt(s): POST machines/{sid}/?op=commission: 503" in row
 
 
 def test_the_backoff_survives_the_status_events_of_maas_own_revert(double):

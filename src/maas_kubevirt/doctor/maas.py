@@ -284,15 +284,16 @@ def pools_check(kept: Mapping[str, tuple[str, str]]) -> Check:
 
 
 def commission_check(waits: Mapping[str, Wait], hosts: Mapping[str, str], audit_log: str) -> Check:
-    """No VM waits because MAAS refused its commission (the reconciler's backoff, from its audit log)."""
+    """No VM waits because its commission failed (the reconciler's backoff, from its audit log)."""
     name = "maas.commission"
     if not audit_log:
-        return Check(name, SKIP, "maas.audit_log is not set: the reconciler's refused commissions are not recorded")
+        return Check(name, SKIP, "maas.audit_log is not set: the reconciler's failed commissions are not recorded")
     if not waits:
-        return Check(name, OK, "no commission refused by MAAS is waiting")
+        return Check(name, OK, "no failed commission is waiting")
     named = [f"{sid} ({hosts.get(sid, '?')}): {_clean(wait.why())}" for sid, wait in sorted(waits.items())]
-    return Check(name, WARN, f"{len(named)} VM(s) whose commission MAAS refused: {_some(named)}",
-                 "usually no rack controller can reach the BMC: check that <vm>.<namespace>.<domain> "
+    return Check(name, WARN, f"{len(named)} VM(s) whose commission failed: {_some(named)}",
+                 "MAAS refused it or could not power the VM on: usually no rack controller can reach the BMC, or the "
+                 "BMC refused the password (MAAS then reverts the machine to New); check that <vm>.<namespace>.<domain> "
                  "resolves on the rack controllers (network.dns), that its Ingress exists and answers "
                  "(network.redfish), and that ingress.source_ranges holds the rack controllers' addresses; "
                  "the reconciler tries again when the wait is over",

@@ -31,7 +31,7 @@ class Wait:
     reason: str
 
     def why(self) -> str:
-        return f"waiting until {_wall(self.until)} after {self.failures} refused attempt(s): {self.reason}"
+        return f"waiting until {_wall(self.until)} after {self.failures} failed attempt(s): {self.reason}"
 
     def audited(self) -> dict[str, Any]:
         """The audit record's fields that a restart reads the wait back from (``Backoff.restore``)."""
