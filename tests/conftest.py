@@ -37,9 +37,23 @@ def require(condition: bool, reason: str) -> None:
     pytest.skip(reason)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests on the live control plane run last: its processes stay up until the session ends,
-    and must not load the machine under the tests that measure how fast a stop is honoured."""
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "pinned_maas: runs on the pinned MAAS release only, not on every release of the "
+                            "matrix (docs/development.md says which cases, and why)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Cases marked pinned_maas run on the pinned MAAS release alone (deselected on the others).
+    Tests on the live control plane run last: its processes stay up until the session ends, and
+    must not load the machine under the tests that measure how fast a stop is honoured."""
+    from realmaas import maas_version
+
+    pinned = maas_version()
+    elsewhere = [item for item in items if item.get_closest_marker("pinned_maas")
+                 and getattr(item, "callspec", None) and item.callspec.params.get("real_maas", pinned) != pinned]
+    if elsewhere:
+        config.hook.pytest_deselected(items=elsewhere)
+        items[:] = [item for item in items if item not in elsewhere]
     items.sort(key=lambda item: "control_plane" in getattr(item, "fixturenames", ()))
 
 
