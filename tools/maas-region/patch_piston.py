@@ -1,5 +1,6 @@
-"""Bring django-piston3 0.3rc2 (PyPI, 2015) up to the Django 4.2 and Python 3.12 that MAAS 3.6
-runs on, in place, in the MAAS venv's site-packages. MAAS itself uses its team's fork, which is
+"""Bring django-piston3 0.3rc2 (PyPI, 2015) up to the Django and Python a MAAS release runs on
+(3.2 and 3.10 for MAAS 3.5, 4.2 and 3.12 for 3.6 and 3.7), in place, in the MAAS venv's
+site-packages. MAAS itself uses its team's fork, which is
 on neither PyPI nor Debian; these edits rename what Django and Python renamed or removed since
 2015, and add the two names MAAS imports that only the fork has.
 

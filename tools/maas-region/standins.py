@@ -1,5 +1,6 @@
 """Import-only stand-ins for the modules MAAS's region imports at load time but never calls on
-the paths the real-MAAS tier exercises, and that have no Python 3.12 release on PyPI.
+the paths the real-MAAS tier exercises, and that have no release on PyPI for the Python of the
+MAAS release (3.10 for MAAS 3.5, 3.12 for 3.6 and 3.7).
 
 tools/build-maas copies this file into the MAAS venv's site-packages and adds a .pth line that
 imports it, so it is active in every process of that venv (the region runner, the schema build).
