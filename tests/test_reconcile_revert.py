@@ -221,6 +221,17 @@ def test_once_commissioning_passes_the_backoff_ends(double):
     assert reconciler.backoff.failures(sid) == 0 and reconciler.backoff.waits == {}
 
 
+def test_a_machine_deleted_while_its_commission_runs_leaves_no_backoff_behind(double):
+    wall = Clock()
+    sid = double.add_vm("web1", "vms", hostname="web1-vms", pool="vms", password=WEB1)
+    reconciler = reconciler_for(double, wall, TimesOutAfterCommissioning)
+    reconciler.cycle()
+    assert reconciler.backoff.taken == {sid: 0}
+    double.delete_machine(sid)
+    reconciler.cycle()
+    assert reconciler.backoff.taken == {} and reconciler.backoff.waits == {}
+
+
 def test_a_restarted_reconciler_backs_off_a_revert_it_did_not_see_and_status_shows_the_wait(
         tmp_path, double, capsys):
     sid = double.add_vm("web1", "vms", hostname="web1-vms", pool="vms", password=WEB1)

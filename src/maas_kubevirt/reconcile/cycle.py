@@ -487,6 +487,7 @@ class Reconciler:
         machines = self.well_formed(self.client.machines_by_id(wanted)) if wanted else []
         for system_id in wanted - {m["system_id"] for m in machines}:
             self.known.pop(system_id, None)
+            self.backoff.clear(system_id)
         return machines
 
     def plan_for(self, machines: list[dict], power: dict[str, Power], matches: list[Match]) -> list[Action]:
