@@ -13,8 +13,8 @@ from maas_kubevirt.audit import Audit
 from maas_kubevirt.maas import MAASAuthError, MAASClient, MAASError
 from maas_kubevirt.reconcile.backoff import Backoff
 from maas_kubevirt.reconcile.plan import (
-    COMMISSION, CREATE_POOL, MOVE_POOL, PASSWORD_KEY, REDFISH, RENAME, RESET_PASSWORD, SET_PASSWORD, UPDATES,
-    USER_KEY, Action, Passwords, pool_description,
+    COMMISSION, COMMISSIONING, CREATE_POOL, MOVE_POOL, PASSWORD_KEY, REDFISH, RENAME, RESET_PASSWORD, SET_PASSWORD,
+    UPDATES, USER_KEY, Action, Passwords, pool_description,
 )
 
 
@@ -111,7 +111,7 @@ def _batches(actions: Sequence[Action]) -> list[list[Action]]:
 
 
 # What MAAS shows of a machine whose commission it went on with after the request stopped waiting.
-COMMISSIONED_STATUSES = ("Commissioning", "Testing", "Ready")
+COMMISSIONED_STATUSES = (COMMISSIONING, "Testing", "Ready")
 
 
 def _lanes(batches: Sequence[list[Action]]) -> list[list[list[Action]]]:

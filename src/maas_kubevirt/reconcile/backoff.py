@@ -9,13 +9,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Mapping
 
-from maas_kubevirt.reconcile.plan import COMMISSION, is_new
+from maas_kubevirt.reconcile.plan import COMMISSION, COMMISSIONING, is_new
 
 # A commission MAAS refused waits one interval, then twice as long each time, at most this.
 MAX_BACKOFF = 3600.0
 
-# What MAAS shows while a commission it took runs; any other status but New is past it.
-COMMISSIONING = "Commissioning"
 # Why a commission MAAS took counts as failed: MAAS 3.5 answers it only after its power-on gave
 # up (many minutes when the BMC refuses the password), then reverts the machine to New.
 REVERTED = ("MAAS reverted the machine to New after the commission: its power-on most likely failed "

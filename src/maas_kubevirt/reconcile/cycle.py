@@ -14,10 +14,10 @@ from maas_kubevirt.audit import NAME_LIMIT, Audit, cap
 from maas_kubevirt.console import error, note, warn
 from maas_kubevirt.maas import MAASAuthError, MAASClient, MAASError, MAASVersionError, check_version, valid_system_id
 from maas_kubevirt.reconcile.apply import Outcome, apply
-from maas_kubevirt.reconcile.backoff import COMMISSIONING, Backoff, Wait
+from maas_kubevirt.reconcile.backoff import Backoff, Wait
 from maas_kubevirt.reconcile.plan import (
-    COMMISSION, DUPLICATE, NEW, OTHER, PASSWORD_KEY, PLACEHOLDER, REDFISH, REREAD_STATUSES, RESET_PASSWORD, RIGHT,
-    SET_PASSWORD, SKIP, SUSPECT, USER_KEY, Action, Match, Passwords, Power, Settings, claim_of,
+    COMMISSION, COMMISSIONING, DUPLICATE, NEW, OTHER, PASSWORD_KEY, PLACEHOLDER, REDFISH, REREAD_STATUSES,
+    RESET_PASSWORD, RIGHT, SET_PASSWORD, SKIP, SUSPECT, USER_KEY, Action, Match, Passwords, Power, Settings, claim_of,
     machine_problem, matching, names_to_check, needs_pools, plan, pool_of,
 )
 

@@ -13,6 +13,8 @@ from maas_kubevirt.maas import valid_system_id
 DEFAULT_POOL = "default"
 DEFAULT_POOL_ID = 0
 NEW = "New"
+# What MAAS shows while a commission it took runs.
+COMMISSIONING = "Commissioning"
 
 # The kinds of action that change MAAS; "skip", "duplicate-claim" and "suspect-address" only explain.
 CREATE_POOL, SET_PASSWORD, RESET_PASSWORD, RENAME, MOVE_POOL, COMMISSION = (
@@ -26,7 +28,7 @@ CHANGES = (CREATE_POOL, SET_PASSWORD, RESET_PASSWORD, RENAME, MOVE_POOL, COMMISS
 UPDATES = (SET_PASSWORD, RENAME, MOVE_POOL)
 
 # Statuses in which a commissioning script may write the power parameters again.
-REREAD_STATUSES = ("Commissioning", "Testing")
+REREAD_STATUSES = (COMMISSIONING, "Testing")
 
 # What is known of a machine's stored power_pass (the value itself is never kept).
 RIGHT, PLACEHOLDER, UNSET, OTHER, UNKNOWN = "right", "placeholder", "unset", "other", "unknown"
@@ -611,7 +613,7 @@ def plan(
                 actions.append(Action(SKIP, before=NEW, after=NEW, note=waiting[system_id], **common))
             else:
                 note = f"tagged {settings.approval_tag}" if settings.commission == "approved" else ""
-                actions.append(Action(COMMISSION, before=NEW, after="Commissioning", note=note, **common))
+                actions.append(Action(COMMISSION, before=NEW, after=COMMISSIONING, note=note, **common))
     return reported + resets + created + actions
 
 
