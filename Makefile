@@ -37,13 +37,22 @@ deps:
 # upstream repository) with its template database. All cached under ~/.cache/maas-kubevirt/
 # (docs/development.md says what each costs cold). A release whose region did not build skips
 # its real-MAAS cases (fails under CI=true, unless MAAS's source is what is missing).
+# MAAS's regions build beside the Go builds: pip's downloads and MAAS's migrations leave the cores
+# the Go compiler wants. Then the tests: on TEST_WORKERS pytest-xdist workers (one MAAS release to a
+# worker, tests/conftest.py), then those marked `timing` with the machine to themselves.
+TEST_WORKERS ?= 2
 test: deps test-venv
-	@kyverno=$$(tools/build-kyverno) || { echo "Kyverno CLI not built: its tests will skip (or fail under CI=true)" >&2; kyverno=""; }; \
+	@regions=$$(mktemp); ($(MAAS_REGIONS)) >"$$regions" & regions_built=$$!; \
+	kyverno=$$(tools/build-kyverno) || { echo "Kyverno CLI not built: its tests will skip (or fail under CI=true)" >&2; kyverno=""; }; \
 	controlplane=$$(tools/build-controlplane) || { echo "control plane not built: its tier will skip (or fail under CI=true)" >&2; controlplane=""; }; \
 	traefik=$$(tools/build-traefik) || { echo "Traefik not built: the traffic tier will skip (or fail under CI=true)" >&2; traefik=""; }; \
-	maas=$$($(MAAS_REGIONS)); \
-	profile=$${HYPOTHESIS_PROFILE:-$$( [ "$$CI" = true ] && echo ci || echo default )}; \
-	KYVERNO="$$kyverno" CONTROLPLANE_BIN="$$controlplane" TRAEFIK="$$traefik" REAL_MAAS="$$maas" HYPOTHESIS_PROFILE="$$profile" $(BIN)/pytest $(PYTEST_ARGS)
+	wait $$regions_built; maas=$$(cat "$$regions"); rm -f "$$regions"; \
+	export KYVERNO="$$kyverno" CONTROLPLANE_BIN="$$controlplane" TRAEFIK="$$traefik" REAL_MAAS="$$maas"; \
+	export HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-$$( [ "$$CI" = true ] && echo ci || echo default )}; \
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -m "not timing" $(PYTEST_ARGS); parallel=$$?; \
+	$(BIN)/pytest -m timing $(PYTEST_ARGS); alone=$$?; \
+	for status in $$parallel $$alone; do case $$status in 0|5) ;; *) exit $$status ;; esac; done; \
+	[ "$$parallel$$alone" != 55 ] || { echo "no test matched PYTEST_ARGS" >&2; exit 5; }
 
 # Builds MAAS's region of each of MAAS_RELEASES (default: every proven release) and prints the built
 # cache directories, one a line (REAL_MAAS for the real-MAAS tier and the bench); a release that

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile("default", max_examples=100, deadline=None)
+# CI's runs: three times the default's examples, within CI's time budget (docs/development.md).
 settings.register_profile(
-    "ci", max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    "ci", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 # `make mutate` runs the fast tests once per mutant: fewer examples, the same ones every run.
 settings.register_profile("mutate", max_examples=30, deadline=None, derandomize=True, database=None)
@@ -40,12 +41,18 @@ def require(condition: bool, reason: str) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "pinned_maas: runs on the pinned MAAS release only, not on every release of the "
                             "matrix (docs/development.md says which cases, and why)")
+    config.addinivalue_line("markers", "timing: bounds wall-clock time, so `make test` runs it after the parallel "
+                            "workers, with the machine to itself")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Cases marked pinned_maas run on the pinned MAAS release alone (deselected on the others).
     Tests on the live control plane run last: its processes stay up until the session ends, and
-    must not load the machine under the tests that measure how fast a stop is honoured."""
+    must not load the machine under the tests that measure how fast a stop is honoured.
+    Under pytest-xdist's loadgroup, one worker runs all the cases of one MAAS release (one region
+    per release, not one per worker), and one worker the cases that install the package or overlay
+    /etc (test_deb, test_docs), which must not meet."""
     from realmaas import maas_version
 
     pinned = maas_version()
@@ -55,6 +62,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=elsewhere)
         items[:] = [item for item in items if item not in elsewhere]
     items.sort(key=lambda item: "control_plane" in getattr(item, "fixturenames", ()))
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        release = getattr(item, "callspec", None) and item.callspec.params.get("real_maas")
+        if release:
+            item.add_marker(pytest.mark.xdist_group(f"maas-{release}"))
+        elif item.module.__name__ in ("test_deb", "test_docs"):
+            item.add_marker(pytest.mark.xdist_group("host"))
 
 
 @pytest.fixture(autouse=True)

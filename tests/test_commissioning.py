@@ -54,6 +54,9 @@ from maas_kubevirt.paths import SCRIPT_NAME, data_dir
 from maas_kubevirt.render import _SETTINGS_LINE, render_commissioning, script_settings
 from maas_kubevirt.values import load_values
 
+# Wall-clock bounds: run after the parallel workers, with the machine to itself (tests/conftest.py).
+pytestmark = pytest.mark.timing
+
 SCRIPT = data_dir() / "commissioning" / SCRIPT_NAME
 VALUES = load_values(None)
 DMI_ENV = "MAAS_KUBEVIRT_TEST_DMI_DIR"

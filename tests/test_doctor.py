@@ -28,6 +28,9 @@ from maas_kubevirt.paths import SCRIPT_NAME  # noqa: E402
 from maas_kubevirt.render import render_commissioning  # noqa: E402
 from maas_kubevirt.values import load_values  # noqa: E402
 
+# Wall-clock bounds: run after the parallel workers, with the machine to itself (tests/conftest.py).
+pytestmark = pytest.mark.timing
+
 DOMAIN = "bmc.example.com"
 SEED = hashlib.sha256(b"test_doctor seed").hexdigest()   # 32 bytes of hex, with no pattern the seed rules refuse
 VMS = [("web1", "vms"), ("web2", "vms"), ("db1", "tenant")]

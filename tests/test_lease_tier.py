@@ -51,7 +51,7 @@ from maas_kubevirt.reconcile import (
 # The Lease is Kubernetes' and the reconciler's own: MAAS answers these cases as it answers
 # test_real_maas.py's, which run on every release. On the pinned release only, to keep CI in its
 # budget (docs/development.md).
-pytestmark = pytest.mark.pinned_maas
+pytestmark = [pytest.mark.pinned_maas, pytest.mark.timing]
 
 # A standby sees the holder's last renewal up to one jittered retry (2.2 x retry_period) late and
 # tries again as late after the duration: it takes over within duration + 4.4 x retry_period.

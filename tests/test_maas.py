@@ -37,6 +37,9 @@ from maas_kubevirt.maas import (  # noqa: E402
 )
 from maas_kubevirt.values import ValuesError  # noqa: E402
 
+# Wall-clock bounds: run after the parallel workers, with the machine to itself (tests/conftest.py).
+pytestmark = pytest.mark.timing
+
 FAST = RetryPolicy(attempts=4, backoff=0.01, max_backoff=0.05, max_retry_after=0.2)
 
 

@@ -27,6 +27,9 @@ from maas_kubevirt.values import ValuesError, load_values, validate  # noqa: E40
 from prometheus_client import generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+# Wall-clock bounds: run after the parallel workers, with the machine to itself (tests/conftest.py).
+pytestmark = pytest.mark.timing
+
 P = metrics.PREFIX
 # Every family the service exports, and the label names each may carry.
 LABELS = {

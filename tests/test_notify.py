@@ -25,6 +25,9 @@ from reconcile_helpers import derived, derived_user, secrets_of, write_values  #
 from maas_kubevirt import notify  # noqa: E402
 from maas_kubevirt.loop import WATCHDOG_MARGIN, _wait_held  # noqa: E402
 
+# Wall-clock bounds: run after the parallel workers, with the machine to itself (tests/conftest.py).
+pytestmark = pytest.mark.timing
+
 ROOT = Path(__file__).resolve().parents[1]
 WATCHDOG = 1.0   # seconds: WATCHDOG_USEC as the tests set it (the loop feeds every quarter)
 

@@ -63,6 +63,9 @@ from maas_kubevirt.reconcile import (  # noqa: E402
 )
 from maas_kubevirt.values import ValuesError, load_values  # noqa: E402
 
+# Wall-clock bounds: run after the parallel workers, with the machine to itself (tests/conftest.py).
+pytestmark = pytest.mark.timing
+
 SETTINGS = Settings(domain=DOMAIN)
 PASSWORDS = Passwords(SEED)
 

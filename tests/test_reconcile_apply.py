@@ -26,6 +26,9 @@ from maas_kubevirt.reconcile import (  # noqa: E402
     Settings, apply, plan,
 )
 
+# Wall-clock bounds: run after the parallel workers, with the machine to itself (tests/conftest.py).
+pytestmark = pytest.mark.timing
+
 PASSWORDS = Passwords(SEED)
 SLOW = 0.2   # seconds each change takes in the timed client
 

@@ -35,6 +35,9 @@ from maas_kubevirt import cli, maas  # noqa: E402
 from maas_kubevirt.maas import MAASClient, RetryPolicy, Signer  # noqa: E402
 from maas_kubevirt.reconcile import Audit, Passwords, Reconciler, Settings  # noqa: E402
 
+# Wall-clock bounds: run after the parallel workers, with the machine to itself (tests/conftest.py).
+pytestmark = pytest.mark.timing
+
 MACHINE = r"^machines/[^/?]+/$"
 FAULTS = [
     ("503", r"^machines/$", 3), ("503", "power_parameters", 3), ("503", "op=commission", 3),

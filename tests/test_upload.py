@@ -19,6 +19,9 @@ from maas_kubevirt.paths import SCRIPT_NAME, data_dir  # noqa: E402
 from maas_kubevirt.render import render  # noqa: E402
 from maas_kubevirt.values import ValuesError  # noqa: E402
 
+# Wall-clock bounds: run after the parallel workers, with the machine to itself (tests/conftest.py).
+pytestmark = pytest.mark.timing
+
 OTHER = b"""#!/bin/sh
 # --- Start MAAS 1.0 script metadata ---
 # name: 31-kubevirt-bmc-config
