@@ -75,10 +75,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(autouse=True)
 def no_ambient_kubeconfig(monkeypatch, tmp_path_factory):
     """No test reads the kubeconfig of whoever runs the suite: $KUBECONFIG and ~/.kube/config
-    (which doctor and rotate read when given none) point at nothing unless a test sets them."""
+    (which doctor and rotate read when given none) point at nothing unless a test sets them; nor
+    its terminal's width."""
     from maas_kubevirt import kubeconfigs
 
     monkeypatch.delenv("KUBECONFIG", raising=False)
+    # pytest-xdist's workers set COLUMNS=80 and LINES=24, which would wrap doctor's tables.
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
     monkeypatch.setattr(kubeconfigs, "HOME_CONFIG", str(tmp_path_factory.getbasetemp() / "no-home" / "config"))
 
 

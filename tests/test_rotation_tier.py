@@ -24,7 +24,7 @@ from test_controlplane import (  # noqa: F401  (fixtures: bundle, site, make_nam
     SETTLE, b64, bundle, create, eventually, get, make_namespace, objects_match, site, vm,
 )
 
-pytestmark = [pytest.mark.usefixtures("bundle"), pytest.mark.timing]
+pytestmark = pytest.mark.usefixtures("bundle")
 
 ACCOUNT = policies.RECONCILER_ACCOUNT
 # What the issue allows for Kyverno to re-derive after a bump ("within seconds", not hourly).
