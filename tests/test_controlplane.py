@@ -35,7 +35,9 @@ CLUSTER_ISSUER = "cert-manager.io/cluster-issuer"
 SETTLE = 60
 KYVERNO_PREFIXES = ("generate.kyverno.io/", "kyverno.io/", "policies.kyverno.io/")
 
-pytestmark = pytest.mark.usefixtures("bundle")
+# Bounded waits on Kyverno's background controller (a restore took over 60 s once beside the
+# parallel workers, behind retries for a terminating namespace): run alone, as `timing`.
+pytestmark = [pytest.mark.usefixtures("bundle"), pytest.mark.timing]
 
 
 # Rendering and installing, the README's way.

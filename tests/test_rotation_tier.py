@@ -24,7 +24,9 @@ from test_controlplane import (  # noqa: F401  (fixtures: bundle, site, make_nam
     SETTLE, b64, bundle, create, eventually, get, make_namespace, objects_match, site, vm,
 )
 
-pytestmark = pytest.mark.usefixtures("bundle")
+# Bounded waits on Kyverno's background controller, which fell behind beside the parallel workers
+# once (tests/test_controlplane.py): run alone, as `timing`.
+pytestmark = [pytest.mark.usefixtures("bundle"), pytest.mark.timing]
 
 ACCOUNT = policies.RECONCILER_ACCOUNT
 # What the issue allows for Kyverno to re-derive after a bump ("within seconds", not hourly).
