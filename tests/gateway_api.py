@@ -1,14 +1,12 @@
 """What the traffic tier (tests/test_traffic_tier.py) runs besides the control plane: a real proxy,
 a test host for the BMC, certificates, and clients that show what crossed the wire.
 
-- `Traefik`: the binary `tools/build-traefik` builds (TRAEFIK), out of cluster, as a process with
-  KUBECONFIG = the control plane's admin kubeconfig and three providers: kubernetesGateway (the
-  `gateway` exposure's HTTPRoutes), kubernetesCRD (the Middlewares of both exposures) and
-  kubernetesIngressNGINX (the `ingress` exposure's Ingresses, of an IngressClass whose controller is
-  k8s.io/ingress-nginx). Entry points on free ports of 127.0.0.1: `gateway` (the Gateway's HTTPS
-  listeners use its port number), `ingress` (HTTPS, the only default entry point, so the Ingress
-  routers land there alone, with the rendered allowlist Middleware attached by the flag `render`
-  prints) and `ping`.
+- `Traefik`: the binary `tools/build-traefik` builds (TRAEFIK), out of cluster, as a process, in
+  two roles. `bmc_proxy_traefik`: the BMC proxy exactly as the rendered bmc-proxy.yaml deploys it
+  (its Deployment's args, its ConfigMap as the file provider's file), with its own ServiceAccount's
+  token, each entry point on a free port of 127.0.0.1. `tenant_traefik`: the tenants' own proxy, as
+  a shared cluster runs one, with the admin kubeconfig and three providers (Gateway API for every
+  Traefik class, the CRD provider, the NGINX provider for class nginx) on one HTTPS entry point.
 - `TestHost`: a network namespace with a veth pair to this one, on a /30 of 198.51.100.0/24
   (TEST-NET-2) that nothing on this machine uses. The API server refuses loopback addresses in an
   EndpointSlice, so the BMC lives there, at a real address the proxy reaches through the veth.
@@ -49,6 +47,8 @@ import threading
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import yaml
 
 from controlplane import ControlPlane, free_port, stop_process_group, wait_for
 
@@ -179,45 +179,33 @@ def tls_secret(name: str, namespace: str, cert: Path, key: Path) -> dict:
 
 @dataclass
 class Traefik:
+    """One Traefik process out of cluster: its command line, its entry points' ports, its log."""
+
     binary: Path
     kubeconfig: Path
     work: Path
-    ingress_middleware: str            # the value render prints for --entryPoints.<ep>.http.middlewares
+    name: str
+    args: list = field(default_factory=list)
     ports: dict = field(default_factory=dict)
     process: subprocess.Popen | None = None
 
     @property
     def log(self) -> Path:
-        return self.work / "traefik.log"
+        return self.work / f"{self.name}.log"
 
     def start(self) -> "Traefik":
-        self.ports = {"gateway": free_port(), "ingress": free_port(), "ping": free_port()}
-        args = [str(self.binary), "--global.checkNewVersion=false", "--global.sendAnonymousUsage=false",
-                "--log.level=INFO", "--log.format=json", "--ping.entryPoint=ping"]
-        for name, port in self.ports.items():
-            args.append(f"--entryPoints.{name}.address=127.0.0.1:{port}")
-        args += [
-            # Routers with no entry point of their own (the Ingress providers') go to `ingress` alone.
-            "--entryPoints.ingress.asDefault=true",
-            "--entryPoints.ingress.http.tls=true",
-            f"--entryPoints.ingress.http.middlewares={self.ingress_middleware}",
-            "--providers.kubernetesGateway=true",
-            "--providers.kubernetesGateway.statusAddress.ip=127.0.0.1",
-            "--providers.kubernetesCRD=true",
-            "--providers.kubernetesIngressNGINX=true",
-        ]
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
         with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            env=env, cwd=self.work, start_new_session=True)
+            self.process = subprocess.Popen([str(self.binary), *self.args], stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, env=env, cwd=self.work, start_new_session=True)
 
         def pings() -> bool:
             if self.process.poll() is not None:
-                raise RuntimeError(f"traefik exited {self.process.returncode}:\n{self.log_tail(30)}")
+                raise RuntimeError(f"{self.name} exited {self.process.returncode}:\n{self.log_tail(30)}")
             with urllib.request.urlopen(f"http://127.0.0.1:{self.ports['ping']}/ping", timeout=2) as answer:
                 return answer.status == 200
 
-        wait_for(pings, 60, "traefik to answer /ping")
+        wait_for(pings, 60, f"{self.name} to answer /ping")
         return self
 
     def stop(self) -> None:
@@ -230,9 +218,53 @@ class Traefik:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
 
-def gateway_class() -> dict:
+def tenant_traefik(binary: Path, kubeconfig: Path, work: Path) -> Traefik:
+    """The tenants' own Traefik, as a shared cluster runs one: the Gateway provider for every class of
+    Traefik's (``traefik`` among them), its CRD provider, and its NGINX provider (class ``nginx``);
+    one HTTPS entry point, ``web``, the default one. Whatever tenants publish lands here."""
+    ports = {"web": free_port(), "ping": free_port()}
+    args = ["--global.checkNewVersion=false", "--global.sendAnonymousUsage=false", "--log.level=INFO",
+            "--ping.entryPoint=ping", f"--entryPoints.ping.address=127.0.0.1:{ports['ping']}",
+            f"--entryPoints.web.address=127.0.0.1:{ports['web']}", "--entryPoints.web.asDefault=true",
+            "--entryPoints.web.http.tls=true",
+            "--providers.kubernetesGateway=true", "--providers.kubernetesGateway.statusAddress.ip=127.0.0.1",
+            "--providers.kubernetesCRD=true", "--providers.kubernetesIngressNGINX=true"]
+    return Traefik(binary, kubeconfig, work, "tenant-traefik", args, ports)
+
+
+def bmc_proxy_traefik(binary: Path, kubeconfig: Path, work: Path, rendered: Path, name: str) -> Traefik:
+    """The BMC proxy exactly as bmc-proxy.yaml deploys it (its container's args, its ConfigMap as the
+    file provider's file), out of cluster: each entry point's address becomes a free port of
+    127.0.0.1, the file provider reads the ConfigMap's data from ``work``, and the Gateway's status
+    address is 127.0.0.1 rather than the Service's load balancer's (there is none). Nothing else changes."""
+    from maas_kubevirt import bmc_proxy
+
+    documents = [doc for doc in yaml.safe_load_all(rendered.read_text()) if doc]
+    [deployment] = [doc for doc in documents if doc["kind"] == "Deployment"]
+    [config] = [doc for doc in documents if doc["kind"] == "ConfigMap"]
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    dynamic = work / f"{name}-{bmc_proxy.DYNAMIC_FILE}"
+    dynamic.write_text(config["data"][bmc_proxy.DYNAMIC_FILE])
+    ports = {"bmc": free_port(), "ping": free_port()}
+    replaced = {f"--entryPoints.{bmc_proxy.ENTRY_POINT}.address": f"127.0.0.1:{ports['bmc']}",
+                f"--entryPoints.{bmc_proxy.PING_ENTRY_POINT}.address": f"127.0.0.1:{ports['ping']}",
+                "--providers.file.filename": str(dynamic)}
+    args = []
+    for arg in container["args"]:
+        option = arg.split("=", 1)[0]
+        if option.startswith("--providers.kubernetesGateway.statusAddress."):
+            # The proxy's Service has no load balancer here: the Gateway's status gets this address.
+            option, arg = "--providers.kubernetesGateway.statusAddress.ip", "--providers.kubernetesGateway.statusAddress.ip=127.0.0.1"
+            if arg in args:
+                continue
+        args.append(f"{option}={replaced[option]}" if option in replaced else arg)
+    assert all(f"{option}=" in " ".join(container["args"]) for option in replaced), container["args"]
+    return Traefik(binary, kubeconfig, work, name, args, ports)
+
+
+def gateway_class(name: str) -> dict:
     return {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
-            "metadata": {"name": "traefik"}, "spec": {"controllerName": GATEWAY_CONTROLLER}}
+            "metadata": {"name": name}, "spec": {"controllerName": GATEWAY_CONTROLLER}}
 
 
 def ingress_class(name: str) -> dict:
@@ -240,19 +272,26 @@ def ingress_class(name: str) -> dict:
             "metadata": {"name": name}, "spec": {"controller": NGINX_CONTROLLER}}
 
 
-def gateway(namespace: str, name: str, port: int, listeners: dict[str, str], opt_in: dict[str, str]) -> dict:
-    """The site's Gateway: one HTTPS listener per opted-in namespace, hostname *.<ns>.<domain>, with
-    that namespace's certificate (Secret <ns>-tls beside the Gateway), routes admitted only from
-    namespaces carrying the opt-in label. ``listeners``: namespace -> hostname."""
-    return {
-        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"gatewayClassName": "traefik", "listeners": [{
-            "name": ns, "protocol": "HTTPS", "port": port, "hostname": hostname,
-            "tls": {"mode": "Terminate", "certificateRefs": [{"group": "", "kind": "Secret", "name": f"{ns}-tls"}]},
-            "allowedRoutes": {"namespaces": {"from": "Selector", "selector": {"matchLabels": opt_in}}},
-        } for ns, hostname in listeners.items()]},
-    }
+def bmc_gateway(example: Path, namespace: str, name: str, class_name: str, port: int,
+                listeners: dict[str, str]) -> dict:
+    """The site's BMC Gateway as examples/bmc-gateway.yaml gives it, for these namespaces: one HTTPS
+    listener per opted-in namespace (hostname *.<ns>.<domain>, its certificate <ns>-tls beside the
+    Gateway), each admitting routes from its own namespace only. ``port`` stands for the entry
+    point's 8443 (Traefik attaches a listener to the entry point of its port). ``listeners``:
+    namespace -> hostname."""
+    gateway = yaml.safe_load(example.read_text())
+    [template] = gateway["spec"]["listeners"]
+    gateway["metadata"] = {"name": name, "namespace": namespace}
+    gateway["spec"]["gatewayClassName"] = class_name
+    listed = []
+    for ns, hostname in listeners.items():
+        listener = json.loads(json.dumps(template))
+        listener.update(name=ns, hostname=hostname, port=port)
+        listener["tls"]["certificateRefs"] = [{"group": "", "kind": "Secret", "name": f"{ns}-tls"}]
+        listener["allowedRoutes"]["namespaces"]["selector"]["matchLabels"] = {"kubernetes.io/metadata.name": ns}
+        listed.append(listener)
+    gateway["spec"]["listeners"] = listed
+    return gateway
 
 
 # --- one VM's BMC backend --------------------------------------------------------------------
@@ -260,22 +299,27 @@ def gateway(namespace: str, name: str, port: int, listeners: dict[str, str], opt
 
 def bmc_backend(cp: ControlPlane, vm: str, namespace: str, address: str) -> None:
     """The pod, Service and EndpointSlice behind <vm>-virtbmc, as the module docstring says."""
-    pod = f"virtbmc-{vm}"
+    backend(cp, f"{vm}-virtbmc", namespace, address, BMC_PORT, {BMC_LABEL: vm}, f"virtbmc-{vm}")
+
+
+def backend(cp: ControlPlane, service: str, namespace: str, address: str, port: int, labels: dict, pod: str) -> None:
+    """A never-scheduled pod at ``address`` (its status patched as a kubelet would report it), a
+    Service (port 80 to ``port``) selecting it, and the EndpointSlice the endpoint-slice controller
+    would write, written as that controller."""
     cp.kubectl("apply", "-f", "-", input=json.dumps({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": pod, "namespace": namespace, "labels": {BMC_LABEL: vm}},
+        "metadata": {"name": pod, "namespace": namespace, "labels": labels},
         "spec": {"automountServiceAccountToken": False,
-                 "containers": [{"name": "virtbmc", "image": "virtbmc.invalid/never-pulled:test",
-                                 "ports": [{"name": "redfish", "containerPort": BMC_PORT}]}]},
+                 "containers": [{"name": "server", "image": "server.invalid/never-pulled:test",
+                                 "ports": [{"name": "http", "containerPort": port}]}]},
     }))
     cp.kubectl("patch", "pod", pod, "-n", namespace, "--subresource=status", "--type=merge", "-p", json.dumps(
         {"status": {"podIP": address, "podIPs": [{"ip": address}]}}))
     uid = cp.get("pod", pod, namespace)["metadata"]["uid"]
-    service = f"{vm}-virtbmc"
     cp.kubectl("apply", "-f", "-", input=json.dumps({
         "apiVersion": "v1", "kind": "Service", "metadata": {"name": service, "namespace": namespace},
-        "spec": {"selector": {BMC_LABEL: vm},
-                 "ports": [{"name": "redfish", "port": 80, "targetPort": BMC_PORT, "protocol": "TCP"}]},
+        "spec": {"selector": labels,
+                 "ports": [{"name": "redfish", "port": 80, "targetPort": port, "protocol": "TCP"}]},
     }))
     cp.kubectl("create", "--as", ENDPOINTSLICE_CONTROLLER, "--as-group", "system:serviceaccounts",
                "-f", "-", input=json.dumps({
@@ -287,7 +331,7 @@ def bmc_backend(cp: ControlPlane, vm: str, namespace: str, address: str) -> None
                    "endpoints": [{"addresses": [address],
                                   "conditions": {"ready": True, "serving": True, "terminating": False},
                                   "targetRef": {"kind": "Pod", "name": pod, "namespace": namespace, "uid": uid}}],
-                   "ports": [{"name": "redfish", "port": BMC_PORT, "protocol": "TCP"}],
+                   "ports": [{"name": "redfish", "port": port, "protocol": "TCP"}],
                }))
 
 

@@ -338,6 +338,12 @@ class MemoryCluster:
     def deployments(self, selector):
         return []
 
+    def gateways(self):
+        return []
+
+    def configmap(self, namespace, name):
+        return None
+
     def cluster_roles(self):
         return self.roles
 
@@ -389,7 +395,8 @@ def test_cluster_section_over_a_healthy_cluster_and_one_with_each_failure():
     checks = {c.name: c for c in doctor.cluster_checks(VALUES, cluster, seed, fixes, doctor.Reach())}
     failed = {name for name, c in checks.items() if c.status == "fail"}
     assert failed == {"cluster.crds", "cluster.policies", "cluster.seed_secret", "cluster.kubemacpool", "cluster.vms/vms",
-                      "cluster.network_policies", "cluster.catch_all"}
+                      "cluster.network_policies", "cluster.catch_all", "proxy.isolation"}
+    assert checks["proxy.isolation"].subjects == ("Ingress shop/all uses class nginx",)
     assert checks["cluster.cni"].status == "warn"
 
 
@@ -411,7 +418,7 @@ def test_what_cannot_be_listed_cluster_wide_is_a_warning():
     seed = "s" * 40
     checks = {c.name: c for c in doctor.cluster_checks(VALUES, Forbidden(seed), seed,
                                                        doctor._Fixes("maas-kubevirt", VALUES), doctor.Reach())}
-    assert checks["cluster.cni"].status == checks["cluster.catch_all"].status == "warn"
+    assert checks["cluster.cni"].status == checks["cluster.catch_all"].status == checks["proxy.isolation"].status == "warn"
     assert checks["cluster.network_policies"].status == "ok"
 
 

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from maas_kubevirt import doctor, exposure, policies
+from maas_kubevirt import bmc_proxy, doctor, exposure, policies
 from maas_kubevirt.kube import KubeError
 from maas_kubevirt.values import load_values
 from test_doctor_checks import (
@@ -337,47 +337,6 @@ def test_routes_are_listed_by_the_listed_convention():
 # --- gateway.allowlist ----------------------------------------------------------------------------------
 
 
-def traefik(expected, middlewares, route_items=None, ranges=RANGES, crd=True):
-    route_items = [accepted(ROUTE)] if route_items is None else route_items
-    return doctor.gateway_allowlist_check("traefik", expected, {"vms": route_items}, {"vms": middlewares},
-                                          ranges, WHERE, crd, APPLY)
-
-
-MIDDLEWARE = generated(VALUES, "Middleware", "web1", "vms")
-
-
-def test_traefik_each_route_names_its_middleware_with_the_ranges():
-    assert MIDDLEWARE["metadata"]["name"] == "web1-bmc-allowlist"
-    check = traefik([("vms", "web1")], [MIDDLEWARE])
-    assert check.status == "ok" and "ExtensionRef" in check.found
-    # The same ranges in another order, or not in normal form, are the same allowlist.
-    assert traefik([("vms", "web1")], [MIDDLEWARE], ranges=["192.168.0.0/16", "10.1.2.3/8", "172.16.0.0/12"]).status == "ok"
-
-
-def test_traefik_a_middleware_missing_changed_or_unattached():
-    assert traefik([("vms", "web1")], []).found.endswith("(no Middleware)")
-    opened = copy.deepcopy(MIDDLEWARE)
-    opened["spec"]["ipAllowList"]["sourceRange"] = ["0.0.0.0/0"]
-    check = traefik([("vms", "web1")], [opened])
-    assert check.status == "fail" and "admits 0.0.0.0/0" in check.found and check.subjects == ("vms/web1-bmc-allowlist",)
-    spoofable = copy.deepcopy(MIDDLEWARE)
-    spoofable["spec"]["ipAllowList"]["ipStrategy"] = {"depth": 1}
-    assert "X-Forwarded-For" in traefik([("vms", "web1")], [spoofable]).found
-    bare = copy.deepcopy(ROUTE)
-    for rule in bare["spec"]["rules"]:
-        rule.pop("filters", None)
-    check = traefik([("vms", "web1")], [MIDDLEWARE], [accepted(bare)])
-    assert check.status == "fail" and "does not name it" in check.found
-    assert "`kubectl -n NAMESPACE delete middleware NAME`" in check.fix
-    # A missing route is gateway.routes' to report; its Middleware is still checked.
-    assert traefik([("vms", "web1")], [MIDDLEWARE], []).status == "ok"
-
-
-def test_traefik_without_its_crd():
-    check = traefik([("vms", "web1")], [], crd=False)
-    assert check.status == "fail" and "middlewares.traefik.io" in check.found
-
-
 def envoy(policies_, crd=True):
     return doctor.gateway_allowlist_check("envoy-gateway", [("vms", "web1")], {"vms": [accepted(ROUTE)]},
                                           {"vms": policies_}, RANGES, WHERE, crd, APPLY)
@@ -419,34 +378,10 @@ def test_external_warns_every_run():
 # --- ingress.allowlist ---------------------------------------------------------------------------------
 
 
-def traefik_ingress_values() -> dict:
-    values = load_values(None)
-    values["ingress"].update(allowlist="traefik", controller_namespace="traefik")
-    return values
-
-
 def test_the_annotation_is_named_and_left_to_the_ingress_rows():
-    check = doctor.ingress_allowlist_check(load_values(None), None, True, APPLY)
+    check = doctor.ingress_allowlist_check(load_values(None))
     assert check.status == "ok" and policies.ALLOWLIST_ANNOTATION in check.found
     assert "cluster.ingress_allowlist" in check.found
-
-
-def test_traefik_entry_point_middleware_checked_and_the_flag_named():
-    values = traefik_ingress_values()
-    middleware = policies.parse(policies.render_kubernetes(values, None)[exposure.INGRESS_ALLOWLIST_FILE])[0]
-    assert middleware["metadata"] == {**middleware["metadata"], "name": exposure.INGRESS_ALLOWLIST_MIDDLEWARE,
-                                      "namespace": "traefik"}
-    check = doctor.ingress_allowlist_check(values, middleware, True, APPLY)
-    assert check.status == "warn" and "cannot see" in check.found
-    assert "--entryPoints.<name>.http.middlewares=traefik-maas-kubevirt-bmc-allowlist@kubernetescrd" in check.fix
-    missing = doctor.ingress_allowlist_check(values, None, True, APPLY)
-    assert missing.status == "fail" and "traefik/maas-kubevirt-bmc-allowlist is missing" in missing.found
-    assert missing.fix == APPLY
-    assert "middlewares.traefik.io" in doctor.ingress_allowlist_check(values, None, False, APPLY).found
-    changed = copy.deepcopy(middleware)
-    changed["spec"]["ipAllowList"]["sourceRange"] = ["10.0.0.0/8"]
-    check = doctor.ingress_allowlist_check(values, changed, True, APPLY)
-    assert check.status == "fail" and "admits 10.0.0.0/8" in check.found
 
 
 # --- the cluster section with each exposure --------------------------------------------------------------
@@ -458,21 +393,21 @@ class GatewayCluster(MemoryCluster):
     def __init__(self, seed: str, values: dict):
         super().__init__(seed)
         bundle = policies.objects(policies.render_kubernetes(values, None))
-        ours = [o for o in bundle if o["kind"] == "ClusterRole"]
+        ours = [o for o in bundle if o["kind"] == "ClusterRole"
+                and any(k.startswith("rbac.kyverno.io/") for k in o["metadata"]["labels"])]
         self.roles = copy.deepcopy(ours)
         for role in ours:
             controller = next(k for k in role["metadata"]["labels"] if k.startswith("rbac.kyverno.io/")).split("aggregate-to-")[1]
             self.roles.append(kyverno_role(controller, copy.deepcopy(role["rules"])))
         self.policies = [cluster_policy(o["metadata"]["name"], "True") for o in bundle if o["kind"] == "ClusterPolicy"]
-        self.crds.update({doctor.gateway.GATEWAY_CRD: {}, "middlewares.traefik.io": {},
-                          "securitypolicies.gateway.envoyproxy.io": {}})
+        self.crds.update({doctor.gateway.GATEWAY_CRD: {}, "securitypolicies.gateway.envoyproxy.io": {}})
+        self.proxy = {o["kind"]: o for o in bundle if o["metadata"].get("name") == bmc_proxy.NAME}
         self.crds[doctor.KYVERNO_POLICY_CRD] = policy_crd(True)
         self.inventory.ingresses = []
         self.gateway_object = copy.deepcopy(WILDCARD)
         self.routes = [accepted(generated(values, "HTTPRoute", "web1", "vms"))]
         mode = values["gateway"]["allowlist"]
-        self.allowlist = ([generated(values, "Middleware", "web1", "vms")] if mode == "traefik" else
-                          [ancestors(generated(values, "SecurityPolicy", "web1", "vms"))] if mode == "envoy-gateway" else [])
+        self.allowlist = [ancestors(generated(values, "SecurityPolicy", "web1", "vms"))] if mode == "envoy-gateway" else []
         self.everyone = [namespace("vms", True), other("gw")]
         self.policies_of = {"vms": [network_policy("vms")]}
 
@@ -485,8 +420,14 @@ class GatewayCluster(MemoryCluster):
     def httproutes(self, ns):
         return self.routes if ns == "vms" else []
 
-    def middlewares(self, ns):
-        return self.allowlist if ns == "vms" else []
+    def gateways(self):
+        return [self.gateway_object] if self.gateway_object is not None else []
+
+    def deployments(self, selector):
+        return [self.proxy["Deployment"]] if selector == f"app.kubernetes.io/name={bmc_proxy.NAME}" and "Deployment" in self.proxy else []
+
+    def configmap(self, namespace, name):
+        return self.proxy.get("ConfigMap") if name == bmc_proxy.NAME else None
 
     def securitypolicies(self, ns):
         return self.allowlist if ns == "vms" else []
@@ -517,10 +458,11 @@ def test_a_gateway_site_with_each_failure():
     cluster.gateway_object["status"]["conditions"][1]["status"] = "False"
     cluster.gateway_object["spec"]["listeners"][0]["allowedRoutes"] = {"namespaces": {"from": "All"}}
     cluster.routes = [accepted(cluster.routes[0], "False", reason="NotAllowedByListeners")]
-    cluster.allowlist = []
+    cluster.proxy.pop("ConfigMap")
     rows = cluster_rows(values, cluster)
     assert {n: c.status for n, c in rows.items() if n.startswith("gateway.")} == {
-        "gateway.programmed": "fail", "gateway.allowed_routes": "warn", "gateway.routes": "fail", "gateway.allowlist": "fail"}
+        "gateway.programmed": "fail", "gateway.allowed_routes": "warn", "gateway.routes": "fail", "gateway.allowlist": "ok"}
+    assert rows["proxy.allowlist"].status == "fail" and "no ConfigMap" in rows["proxy.allowlist"].found
     assert rows["gateway.allowed_routes"].subjects == ("gw",)
     external = gateway_values("external")
     rows = cluster_rows(external, GatewayCluster("s" * 40, external))
@@ -531,11 +473,10 @@ def test_a_gateway_site_without_gateway_api():
     values = gateway_values()
     cluster = GatewayCluster("s" * 40, values)
     cluster.gateway_object = None
-    for crd in (doctor.gateway.GATEWAY_CRD, "middlewares.traefik.io"):
-        cluster.crds.pop(crd)
+    cluster.crds.pop(doctor.gateway.GATEWAY_CRD)
     rows = cluster_rows(values, cluster)
     assert "not installed" in rows["gateway.programmed"].found and rows["gateway.allowed_routes"].status == "skip"
-    assert rows["gateway.allowlist"].status == "fail" and "middlewares.traefik.io" in rows["gateway.allowlist"].found
+    assert rows["gateway.allowlist"].status == "ok" and rows["proxy.isolation"].status == "ok"
 
 
 def test_the_api_server_failing_at_the_gateway_skips_the_rows_after_it():

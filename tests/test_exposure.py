@@ -32,7 +32,7 @@ def rule(policy: dict, name: str) -> dict:
 
 
 @pytest.mark.parametrize("allowlist, rules", [
-    ("traefik", ["bmc-secret", "virtual-machine-bmc", "bmc-traefik-allowlist", "bmc-httproute"]),
+    ("traefik", ["bmc-secret", "virtual-machine-bmc", "bmc-httproute"]),
     ("envoy-gateway", ["bmc-secret", "virtual-machine-bmc", "bmc-envoy-allowlist", "bmc-httproute"]),
     ("external", ["bmc-secret", "virtual-machine-bmc", "bmc-httproute"]),
 ])
@@ -61,28 +61,24 @@ def test_the_httproute_names_the_host_the_gateway_and_the_vms_bmc_service():
     [only] = spec["rules"]
     assert only["backendRefs"] == [{"group": "", "kind": "Service",
                                     "name": "{{ request.object.metadata.name }}-virtbmc", "port": 80}]
-    assert only["filters"] == [{"type": "ExtensionRef", "extensionRef": {
-        "group": "traefik.io", "kind": "Middleware", "name": "{{ request.object.metadata.name }}-bmc-allowlist"}}]
+    # The BMC proxy's entry point holds the allowlist: no filter, so no Traefik CRD on the proxy.
+    assert "filters" not in only
     assert "sectionName" not in rule(bmc_policy(site()), "bmc-httproute")["generate"]["data"]["spec"]["parentRefs"][0]
 
 
-@pytest.mark.parametrize("allowlist", ["traefik", "envoy-gateway"])
-def test_the_gateway_allowlist_carries_exactly_the_source_ranges(allowlist):
+def test_the_envoy_gateway_allowlist_carries_exactly_the_source_ranges():
     ranges = ["192.0.2.0/24", "2001:db8::/32"]
-    policy = bmc_policy(site(allowlist, source_ranges=ranges))
+    policy = bmc_policy(site("envoy-gateway", source_ranges=ranges))
     spec = policy["spec"]["rules"][2]["generate"]["data"]["spec"]
-    if allowlist == "traefik":
-        assert spec == {"ipAllowList": {"sourceRange": ranges}}
-    else:
-        assert spec["targetRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute",
-                                       "name": "{{ request.object.metadata.name }}-bmc"}]
-        assert spec["authorization"]["defaultAction"] == "Deny"
-        assert [r["principal"]["clientCIDRs"] for r in spec["authorization"]["rules"]] == [ranges]
+    assert spec["targetRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute",
+                                   "name": "{{ request.object.metadata.name }}-bmc"}]
+    assert spec["authorization"]["defaultAction"] == "Deny"
+    assert [r["principal"]["clientCIDRs"] for r in spec["authorization"]["rules"]] == [ranges]
 
 
 @pytest.mark.parametrize("values, granted", [
     (DEFAULTS, {("networking.k8s.io", "ingresses")}),
-    (site("traefik"), {("gateway.networking.k8s.io", "httproutes"), ("traefik.io", "middlewares")}),
+    (site("traefik"), {("gateway.networking.k8s.io", "httproutes")}),
     (site("envoy-gateway"), {("gateway.networking.k8s.io", "httproutes"), ("gateway.envoyproxy.io", "securitypolicies")}),
     (site("external"), {("gateway.networking.k8s.io", "httproutes")}),
 ])
@@ -92,27 +88,6 @@ def test_kyverno_may_generate_exactly_the_kinds_of_the_exposure(values, granted)
         kinds = {(group, resource) for r in roles[role]["rules"] for group in r["apiGroups"] for resource in r["resources"]}
         route_kinds = {(g, r) for g, r in kinds if r in {"ingresses", "httproutes", "middlewares", "securitypolicies"}}
         assert route_kinds == granted, role
-
-
-def test_the_traefik_ingress_allowlist_is_one_middleware_on_the_entry_point(tmp_path, capsys):
-    values = copy.deepcopy(DEFAULTS)
-    values["ingress"].update(allowlist="traefik", controller_namespace="traefik", source_ranges=["192.0.2.0/24"])
-    manifests = policies.render_kubernetes(values, SEED)
-    [middleware] = policies.parse(manifests[exposure.INGRESS_ALLOWLIST_FILE])
-    assert middleware["metadata"] == {"name": "maas-kubevirt-bmc-allowlist", "namespace": "traefik",
-                                      "labels": {"app.kubernetes.io/part-of": "maas-kubevirt"}}
-    assert middleware["spec"] == {"ipAllowList": {"sourceRange": ["192.0.2.0/24"]}}
-    assert exposure.INGRESS_ALLOWLIST_FILE in yaml.safe_load(manifests["kustomization.yaml"])["resources"]
-    assert exposure.INGRESS_ALLOWLIST_FILE not in policies.render_kubernetes(DEFAULTS, SEED)
-    (tmp_path / "values.yaml").write_text(yaml.safe_dump({"ingress": {"allowlist": "traefik", "controller_namespace": "traefik"}}))
-    assert cli.main(["--values", str(tmp_path / "values.yaml"), "render", "--output", str(tmp_path / "out")]) == 0
-    assert "--entryPoints.<name>.http.middlewares=traefik-maas-kubevirt-bmc-allowlist@kubernetescrd" in capsys.readouterr().out
-
-
-def test_a_class_without_an_allowlist_annotation_is_accepted_when_traefik_enforces_the_ranges():
-    values = copy.deepcopy(DEFAULTS)
-    values["ingress"].update(class_name="traefik-nginx", allowlist="traefik")
-    assert exposure.INGRESS_ALLOWLIST_FILE in policies.render_kubernetes(values, None)
 
 
 def test_switching_the_exposure_prints_a_sequence_that_keeps_every_bmc_reachable(tmp_path, capsys):

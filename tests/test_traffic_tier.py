@@ -41,11 +41,14 @@ import pytest
 import yaml
 
 from conftest import require
-from controlplane import ControlPlane, wait_for
-from gateway_api import (BMC_PORT, HelloRelay, TestHost, Traefik, bmc_backend, certificate, der_of,
-                         fingerprint, gateway, gateway_class, https, ingress_class, run_power, tls_secret)
+from controlplane import ControlPlane, _kubeconfig, wait_for
+from gateway_api import (BMC_PORT, HelloRelay, TestHost, Traefik, backend, bmc_backend, bmc_gateway, bmc_proxy_traefik,
+                         certificate, der_of, fingerprint, gateway_class, https, ingress_class, run_power,
+                         tenant_traefik, tls_secret)
 from kubevirt_bmc import KubevirtBMC
 from maas_kubevirt import identity
+from maas_kubevirt.bmc_proxy import FILE as BMC_PROXY_FILE
+from maas_kubevirt.bmc_proxy import NAME as BMC_PROXY
 
 ROOT = Path(__file__).resolve().parent.parent
 POWER = ROOT / "tools" / "maas-region" / "power.py"
@@ -53,9 +56,16 @@ PART_OF = "app.kubernetes.io/part-of=maas-kubevirt"
 DOMAIN = "bmc.traffic.example"
 SOURCE_RANGES = ["127.0.0.1/32"]
 OUTSIDE = "127.0.0.2"
-GATEWAY_NAMESPACE, GATEWAY_NAME = "bmc-gateway", "bmc"
-INGRESS_CONTROLLER_NAMESPACE = "traffic-ingress"
-INGRESS_CLASS = "nginx"
+# The BMC proxy's namespace holds the Gateway too, as docs/how-to/gateway.md sets it up.
+BMC_NAMESPACE = "maas-kubevirt-bmc"
+GATEWAY_NAMESPACE, GATEWAY_NAME = BMC_NAMESPACE, "bmc"
+INGRESS_CONTROLLER_NAMESPACE = BMC_NAMESPACE
+BMC_CLASS = "maas-kubevirt-bmc"
+INGRESS_CLASS = BMC_CLASS
+# The tenants' own proxy serves these classes (tests/gateway_api.py, tenant_traefik).
+TENANT_GATEWAY_CLASS, TENANT_INGRESS_CLASS = "traefik", "nginx"
+CATCHER_PORT = BMC_PORT + 1
+EXAMPLE_GATEWAY = ROOT / "examples" / "bmc-gateway.yaml"
 INGRESS_TLS = "bmc-tls"
 ISOLATION_POLICY = "maas-kubevirt-route-isolation"
 VM, OTHER_VM = "web1", "db1"
@@ -72,11 +82,12 @@ def site_values(exposure: str, seed_file: Path) -> dict:
     values["seed"]["file"] = str(seed_file)
     values["ingress"]["source_ranges"] = list(SOURCE_RANGES)
     values["exposure"] = exposure
+    values["ingress"]["controller_namespace"] = BMC_NAMESPACE
     if exposure == "gateway":
-        values["gateway"].update(namespace=GATEWAY_NAMESPACE, name=GATEWAY_NAME, section_name="", allowlist="traefik")
+        values["gateway"].update(namespace=GATEWAY_NAMESPACE, name=GATEWAY_NAME, section_name="", allowlist="traefik",
+                                 class_name=BMC_CLASS)
     else:
-        values["ingress"].update(class_name=INGRESS_CLASS, allowlist="traefik", tls_secret=INGRESS_TLS,
-                                 controller_namespace=INGRESS_CONTROLLER_NAMESPACE)
+        values["ingress"].update(class_name=INGRESS_CLASS, allowlist="traefik", tls_secret=INGRESS_TLS)
     return values
 
 
@@ -90,11 +101,9 @@ def render(values: dict, output: Path) -> str:
     return done.stdout
 
 
-def entrypoint_middleware(render_output: str) -> str:
-    """The Middleware reference render prints for Traefik's --entryPoints.<name>.http.middlewares."""
-    match = re.search(r"--entryPoints\.<name>\.http\.middlewares=(\S+)", render_output)
-    assert match, f"render printed no entry-point middleware flag:\n{render_output}"
-    return match.group(1)
+def kubeconfig_for(cp: ControlPlane, path: Path, token: str) -> Path:
+    """A kubeconfig of the control plane for one ServiceAccount's token."""
+    return _kubeconfig(path, cp.server, cp.ca, {"token": token})
 
 
 def rendered_policies(output: Path) -> set[str]:
@@ -146,7 +155,7 @@ class Phase:
     proxy: "Proxy"
     values: dict
     output: Path
-    port: int                               # the Traefik entry point of this exposure
+    bmc_proxy: Traefik                      # bmc-proxy.yaml's Traefik for this exposure
     tenant: str                             # VM's namespace
     other: str                              # another opted-in namespace, with OTHER_VM
     certificates: dict = field(default_factory=dict)   # namespace -> DER served for *.<ns>.<domain>
@@ -159,13 +168,19 @@ class Phase:
         serial = identity.format_serial(vm, ns or self.tenant)
         return identity.bmc_user(self.proxy.seed, serial), identity.bmc_password(self.proxy.seed, serial)
 
+    @property
+    def port(self) -> int:
+        """Where MAAS connects: the BMC proxy's entry point (its Service's 443 in a cluster)."""
+        return self.bmc_proxy.ports["bmc"]
+
     def route_kind(self) -> str:
         return "httproute" if self.exposure == "gateway" else "ingress"
 
 
 @dataclass
 class Proxy:
-    """What both exposures share: the test host, the BMC stand-in on it, Traefik, the seed."""
+    """What both exposures share: the test host, the BMC stand-in and the tenant's catcher on it, the
+    tenants' own Traefik, the seed."""
 
     cp: ControlPlane
     work: Path
@@ -173,7 +188,8 @@ class Proxy:
     seed_file: Path
     host: TestHost
     bmc: KubevirtBMC
-    traefik: Traefik
+    catcher: KubevirtBMC                               # a tenant's backend: it records every request
+    tenant_traefik: Traefik
     renders: dict                                      # exposure -> (values, output, stdout)
     timings: dict = field(default_factory=dict)
 
@@ -203,22 +219,22 @@ def proxy(control_plane, tmp_path_factory):
         host.start()
     except Exception as error:  # noqa: BLE001 (no network namespaces here: a missing prerequisite)
         require(False, f"traffic tier: cannot make the test host's network namespace: {error}")
-    bmc = traefik = None
+    bmc = catcher = traefik = None
     try:
         bmc = KubevirtBMC(DOMAIN, None, seed=seed).start(host.listen(BMC_PORT))
-        traefik = Traefik(cp.traefik / "traefik", cp.kubeconfig, work,
-                          entrypoint_middleware(renders["ingress"][2])).start()
-        apply(cp, gateway_class())
-        state = Proxy(cp, work, seed, seed_file, host, bmc, traefik, renders)
+        catcher = KubevirtBMC(DOMAIN, None, seed=secrets.token_hex(32)).start(host.listen(CATCHER_PORT))
+        traefik = tenant_traefik(cp.traefik / "traefik", cp.kubeconfig, work).start()
+        apply(cp, gateway_class(TENANT_GATEWAY_CLASS), ingress_class(TENANT_INGRESS_CLASS))
+        state = Proxy(cp, work, seed, seed_file, host, bmc, catcher, traefik, renders)
         state.timings["proxy up"] = time.monotonic() - started
         yield state
     finally:
-        if traefik is not None:
-            traefik.stop()
-        if bmc is not None:
-            bmc.stop()
+        for server in (traefik, catcher, bmc):
+            if server is not None:
+                server.stop()
         host.stop()
-        cp.kubectl("delete", "gatewayclass", "traefik", "--ignore-not-found", check=False)
+        cp.kubectl("delete", "gatewayclass", TENANT_GATEWAY_CLASS, "--ignore-not-found", check=False)
+        cp.kubectl("delete", "ingressclass", TENANT_INGRESS_CLASS, "--ignore-not-found", check=False)
 
 
 def kyverno_marks(cp: ControlPlane) -> dict[str, int]:
@@ -287,7 +303,7 @@ def wait_served(phase: Phase, vm: str, ns: str) -> float:
     try:
         wait_for(served, SETTLE, f"the proxy to serve {host}", interval=0.5)
     except TimeoutError as error:
-        raise AssertionError(f"{error}\n--- traefik ---\n{phase.proxy.traefik.log_tail(30)}{kyverno_tails(phase.cp)}") from None
+        raise AssertionError(f"{error}\n--- BMC proxy ---\n{phase.bmc_proxy.log_tail(30)}{kyverno_tails(phase.cp)}") from None
     return time.monotonic() - started
 
 
@@ -314,23 +330,23 @@ def phase(request, proxy):
             certificates[ns] = (der_of(cert), tls_secret(f"{ns}-tls", GATEWAY_NAMESPACE, cert, key))
         else:
             certificates[ns] = (der_of(cert), tls_secret(INGRESS_TLS, ns, cert, key))
-    if exposure == "gateway":
-        made.append(GATEWAY_NAMESPACE)
-        apply(cp, namespace(GATEWAY_NAMESPACE, False, values), *(secret for _, secret in certificates.values()))
-        opt_in = {values["kubernetes"]["opt_in_label"]: values["kubernetes"]["opt_in_value"]}
-        apply(cp, gateway(GATEWAY_NAMESPACE, GATEWAY_NAME, proxy.traefik.ports["gateway"],
-                          {ns: f"*.{ns}.{DOMAIN}" for ns in (tenant, other)}, opt_in))
-        port = proxy.traefik.ports["gateway"]
-    else:
-        made.append(INGRESS_CONTROLLER_NAMESPACE)
-        apply(cp, namespace(INGRESS_CONTROLLER_NAMESPACE, False, values), ingress_class(INGRESS_CLASS),
-              *(secret for _, secret in certificates.values()))
-        port = proxy.traefik.ports["ingress"]
-    state = Phase(exposure, cp, proxy, values, output, port, tenant, other,
+    made.append(BMC_NAMESPACE)
+    apply(cp, namespace(BMC_NAMESPACE, False, values), *(secret for _, secret in certificates.values()))
+    bmc_proxy = None
+    state = Phase(exposure, cp, proxy, values, output, None, tenant, other,
                   {ns: der for ns, (der, _) in certificates.items()})
     try:
         cp.apply_bundle(output)
         cp.kubectl("wait", "--for=condition=Ready", "clusterpolicy", "-l", PART_OF, "--timeout=120s")
+        # The BMC proxy as bmc-proxy.yaml deploys it, with its own ServiceAccount's rights.
+        token = cp.kubectl("create", "token", BMC_PROXY, "-n", BMC_NAMESPACE, "--duration", "2h").stdout.strip()
+        kubeconfig = kubeconfig_for(cp, proxy.work / f"bmc-proxy-{exposure}.kubeconfig", token)
+        bmc_proxy = bmc_proxy_traefik(cp.traefik / "traefik", kubeconfig, proxy.work,
+                                      output / "kubernetes" / BMC_PROXY_FILE, f"bmc-proxy-{exposure}").start()
+        state.bmc_proxy = bmc_proxy
+        if exposure == "gateway":
+            apply(cp, bmc_gateway(EXAMPLE_GATEWAY, GATEWAY_NAMESPACE, GATEWAY_NAME, BMC_CLASS, state.port,
+                                  {ns: f"*.{ns}.{DOMAIN}" for ns in (tenant, other)}))
         for vm, ns in ((VM, tenant), (OTHER_VM, other)):
             cp.kubectl("create", "-f", "-", input=json.dumps(virtual_machine(vm, ns)))
             bmc_backend(cp, vm, ns, proxy.host.address)
@@ -341,6 +357,8 @@ def phase(request, proxy):
         yield state
     finally:
         failures = teardown(state, made)
+        if bmc_proxy is not None:
+            bmc_proxy.stop()
         state.timings["whole phase"] = time.monotonic() - started
         proxy.timings[exposure] = state.timings
         report_timings(request, exposure, state.timings)
@@ -363,8 +381,9 @@ def teardown(phase: Phase, made: list[str]) -> list[str]:
     except TimeoutError as error:
         failures.append(str(error))
     delete_policies(cp)
-    if phase.exposure == "ingress":
-        cp.kubectl("delete", "ingressclass", INGRESS_CLASS, "--ignore-not-found", check=False)
+    # The bundle's cluster-scoped objects (the BMC proxy's class and role) go with it.
+    cp.kubectl("delete", "-f", str(phase.output / "kubernetes" / BMC_PROXY_FILE), "--ignore-not-found", "--wait=false",
+               check=False)
     for ns in made:
         cp.kubectl("delete", "namespace", ns, "--ignore-not-found", "--wait=false", check=False)
     try:
@@ -385,29 +404,28 @@ def report_timings(request, exposure: str, timings: dict) -> None:
 
 
 def test_the_generated_route_and_allowlist_are_what_the_proxy_serves(phase):
-    """The objects the policy generated are the ones being served: the route (accepted by Traefik,
-    its references resolved, for the gateway) and the allowlist with exactly the source ranges."""
+    """The objects the policy generated are the ones being served (the route accepted by the BMC
+    proxy, its references resolved, for the gateway), and the proxy's entry point holds exactly the
+    source ranges, from the rendered ConfigMap."""
     cp = phase.cp
     if phase.exposure == "gateway":
         route = cp.get("httproute", f"{VM}-bmc", phase.tenant)
         assert route["spec"]["hostnames"] == [phase.host()]
-        filters = route["spec"]["rules"][0]["filters"]
-        assert filters == [{"type": "ExtensionRef", "extensionRef": {
-            "group": "traefik.io", "kind": "Middleware", "name": f"{VM}-bmc-allowlist"}}]
-        middleware = cp.get("middleware.traefik.io", f"{VM}-bmc-allowlist", phase.tenant)
+        assert "filters" not in route["spec"]["rules"][0]
 
         def accepted() -> dict:
             parents = cp.get("httproute", f"{VM}-bmc", phase.tenant).get("status", {}).get("parents", [])
             conditions = {c["type"]: c["status"] for p in parents for c in p.get("conditions", [])}
             return conditions if conditions.get("Accepted") == "True" and conditions.get("ResolvedRefs") == "True" else {}
 
-        wait_for(accepted, 30, "Traefik to accept the HTTPRoute with its references resolved")
+        wait_for(accepted, 30, "the BMC proxy to accept the HTTPRoute with its references resolved")
     else:
         ingress = cp.get("ingress", f"{VM}-bmc", phase.tenant)
         assert ingress["spec"]["ingressClassName"] == INGRESS_CLASS
         assert ingress["spec"]["tls"] == [{"hosts": [phase.host()], "secretName": INGRESS_TLS}]
-        middleware = cp.get("middleware.traefik.io", "maas-kubevirt-bmc-allowlist", INGRESS_CONTROLLER_NAMESPACE)
-    assert middleware["spec"] == {"ipAllowList": {"sourceRange": SOURCE_RANGES}}
+    config = cp.get("configmap", BMC_PROXY, BMC_NAMESPACE)
+    dynamic = yaml.safe_load(next(iter(config["data"].values())))
+    assert dynamic == {"http": {"middlewares": {"bmc-allowlist": {"ipAllowList": {"sourceRange": SOURCE_RANGES}}}}}
 
 
 def test_maas_driver_powers_the_vm_on_and_reads_its_state_through_the_proxy_without_sni(phase):
@@ -521,29 +539,116 @@ def test_the_detours_around_the_route_are_refused_and_reach_no_bmc(phase):
         # What is admitted: the selectorless Service itself and a route to it under the tenant's own host.
         apply(cp, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "detour", "namespace": attacker},
                    "spec": {"ports": [{"name": "redfish", "port": 80, "targetPort": BMC_PORT}]}})
-        if phase.exposure == "gateway":
-            route = {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
-                     "metadata": {"name": "detour", "namespace": attacker},
-                     "spec": {"parentRefs": [{"namespace": GATEWAY_NAMESPACE, "name": GATEWAY_NAME}],
-                              "hostnames": [public],
-                              "rules": [{"backendRefs": [{"name": "detour", "port": 80}]}]}}
-        else:
-            route = {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
-                     "metadata": {"name": "detour", "namespace": attacker},
-                     "spec": {"ingressClassName": INGRESS_CLASS, "rules": [{"host": public, "http": {"paths": [{
-                         "path": "/", "pathType": "Prefix",
-                         "backend": {"service": {"name": "detour", "port": {"number": 80}}}}]}}]}}
+        # On the tenants' own proxy: the BMC proxy serves no tenant object at all.
+        route = {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+                 "metadata": {"name": "detour", "namespace": attacker},
+                 "spec": {"ingressClassName": TENANT_INGRESS_CLASS, "rules": [{"host": public, "http": {"paths": [{
+                     "path": "/", "pathType": "Prefix",
+                     "backend": {"service": {"name": "detour", "port": {"number": 80}}}}]}}]}}
         apply(cp, route)
         before = phase.proxy.reached(bmc_host)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:   # long enough for Traefik to have loaded the route
-            answer = https(phase.port, public, auth=phase.credentials())
+            answer = https(phase.proxy.tenant_traefik.ports["web"], public, auth=phase.credentials())
             assert answer.status != 200, (answer.status, answer.body)
             time.sleep(0.5)
         assert phase.proxy.reached(bmc_host) == before
         assert not phase.proxy.bmc.seen(public), "a request for the detour's host reached the BMC"
     finally:
         cp.kubectl("delete", "namespace", attacker, "--wait=true", "--timeout=120s", check=False)
+
+
+def tenant_namespace(cp: ControlPlane, name: str, values: dict) -> str:
+    """A namespace that is not opted in, whose user may do anything in it (and nothing elsewhere): the
+    tenant of the security model. Returns the user's name for kubectl --as."""
+    user = f"{name}-admin"
+    apply(cp, namespace(name, False, values),
+          {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+           "metadata": {"name": "everything", "namespace": name},
+           "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]},
+          {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+           "metadata": {"name": "everything", "namespace": name},
+           "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "everything"},
+           "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]})
+    return user
+
+
+def tenant_attacks(phase: Phase, ns: str, tls: str) -> dict[str, dict]:
+    """The issue's attacks, each sending what it catches to the tenant's catcher: its own Gateway of
+    Traefik's class with a hostless HTTPS listener and a hostless PathPrefix /redfish HTTPRoute; an
+    IngressRoute matching PathPrefix(`/redfish`) at priority 100000; an Ingress for a wildcard above
+    the BMC domain."""
+    port = phase.proxy.tenant_traefik.ports["web"]
+    to_catcher = [{"group": "", "kind": "Service", "name": "catcher", "port": 80}]
+    return {
+        "gateway": {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+                    "metadata": {"name": "grab", "namespace": ns},
+                    "spec": {"gatewayClassName": TENANT_GATEWAY_CLASS, "listeners": [{
+                        "name": "https", "protocol": "HTTPS", "port": port,
+                        "tls": {"mode": "Terminate", "certificateRefs": [{"group": "", "kind": "Secret", "name": tls}]},
+                        "allowedRoutes": {"namespaces": {"from": "Same"}}}]}},
+        "httproute": {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute",
+                      "metadata": {"name": "grab", "namespace": ns},
+                      "spec": {"parentRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "grab"}],
+                               "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/redfish"}}],
+                                          "backendRefs": to_catcher}]}},
+        "ingressroute": {"apiVersion": "traefik.io/v1alpha1", "kind": "IngressRoute",
+                         "metadata": {"name": "grab", "namespace": ns},
+                         "spec": {"entryPoints": ["web"], "tls": {},
+                                  "routes": [{"kind": "Rule", "match": "PathPrefix(`/redfish`)", "priority": 100000,
+                                              "services": [{"name": "catcher", "port": 80}]}]}},
+        "ingress": {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+                    "metadata": {"name": "grab", "namespace": ns},
+                    "spec": {"ingressClassName": TENANT_INGRESS_CLASS, "rules": [{
+                        "host": "*." + DOMAIN.split(".", 1)[1], "http": {"paths": [{
+                            "path": "/", "pathType": "Prefix",
+                            "backend": {"service": {"name": "catcher", "port": {"number": 80}}}}]}}]}},
+    }
+
+
+def test_a_tenants_own_gateway_ingressroute_and_wildcard_ingress_catch_nothing_of_maas(phase):
+    """Issue 41 item 7. A tenant (not opted in; anything in its own namespace) publishes on the shared
+    proxy everything that once outranked the BMC routes. They serve there (the tenant's catcher
+    answers through the tenants' proxy), yet MAAS's requests, with no SNI and Basic credentials, for
+    a live VM and for one with no route (deleted, or never made), go to the BMC proxy, which serves
+    no tenant object: the catcher receives none of them, and the BMC receives the live VM's."""
+    cp = phase.cp
+    ns = f"{phase.tenant}-b"
+    user = tenant_namespace(cp, ns, phase.values)
+    try:
+        backend(cp, "catcher", ns, phase.proxy.host.address, CATCHER_PORT, {"app": "catcher"}, "catcher")
+        cert, key = certificate(phase.proxy.work, f"{ns}-grab", f"grab.{ns}.apps.example.org")
+        apply(cp, tls_secret("grab-tls", ns, cert, key))
+        for kind, attack in tenant_attacks(phase, ns, "grab-tls").items():
+            created = cp.kubectl("create", "--as", user, "-f", "-", input=json.dumps(attack), check=False)
+            assert created.returncode == 0, (kind, created.stderr)
+        tenant_port = phase.proxy.tenant_traefik.ports["web"]
+        # Each attack is live on the tenants' proxy: its catcher answers a BMC host's Redfish path there.
+        probe = phase.host(OTHER_VM, phase.other)
+
+        def caught() -> bool:
+            https(tenant_port, probe, "/redfish/v1/Systems/1", auth=phase.credentials(OTHER_VM, phase.other))
+            return bool(phase.proxy.catcher.seen(probe))
+
+        wait_for(caught, SETTLE, "the tenants' proxy to serve the attacks", interval=0.5)
+        catcher_before = sum(len(phase.proxy.catcher.seen(h)) for h in (phase.host(), phase.host("gone")))
+        live, gone = phase.host(), phase.host("gone")
+        bmc_before = phase.proxy.reached(live)
+        from realmaas import cache_dir
+
+        region_python = cache_dir() / "venv" / "bin" / "python"
+        user_name, password = phase.credentials()
+        query = run_power(region_python, POWER, "query", live, user_name, password, DOMAIN, phase.port)
+        assert query.returncode == 0, query.stderr
+        assert json.loads(query.stdout)["state"] in ("on", "off")
+        assert phase.proxy.reached(live) > bmc_before, "MAAS's query for the live VM did not reach its BMC"
+        ghost = https(phase.port, gone, "/redfish/v1/Systems/1", auth=phase.credentials("gone"))
+        assert ghost.status == 404, (ghost.status, ghost.body)
+        assert sum(len(phase.proxy.catcher.seen(h)) for h in (live, gone)) == catcher_before, \
+            "a request MAAS sent to the BMC proxy reached the tenant's catcher"
+        assert phase.proxy.reached(gone) == 0
+    finally:
+        cp.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False)
 
 
 def test_doctor_reads_the_live_exposure(phase):
@@ -602,7 +707,7 @@ def test_a_host_with_no_route_reaches_no_bmc(phase):
 
 
 def test_after_the_vm_is_deleted_its_route_is_gone_and_its_password_reaches_nothing(phase):
-    """Runs last for each exposure: it deletes the VM. Its route (and Middleware) carry
+    """Runs last for each exposure: it deletes the VM. Its route carries
     ownerReferences to the VM, so the garbage collector removes them (Kyverno's synchronize would
     too); the Service and the BMC on the test host stay, so only the route stands between."""
     cp, host, credentials = phase.cp, phase.host(), phase.credentials()
@@ -610,8 +715,6 @@ def test_after_the_vm_is_deleted_its_route_is_gone_and_its_password_reaches_noth
     started = time.monotonic()
     cp.kubectl("delete", "virtualmachine", VM, "-n", phase.tenant, "--wait=true")
     generated = [(phase.route_kind(), f"{VM}-bmc")]
-    if phase.exposure == "gateway":
-        generated.append(("middleware.traefik.io", f"{VM}-bmc-allowlist"))
     wait_for(lambda: not any(exists(cp, kind, name, phase.tenant) for kind, name in generated), SETTLE,
              f"the VM's {generated} to be deleted", interval=0.5)
     assert exists(cp, "service", f"{VM}-virtbmc", phase.tenant)

@@ -309,7 +309,7 @@ def test_every_section_and_key_is_checked_after_a_problem():
     with pytest.raises(ValuesError) as raised:
         validate(values)
     assert raised.value.problems == [
-        "extra: unknown key; expected one of exposure, redfish, seed, smbios, kubernetes, ingress, gateway, maas, "
+        "extra: unknown key; expected one of exposure, redfish, seed, smbios, kubernetes, ingress, gateway, bmc_proxy, maas, "
         "reconciler",
         "redfish: expected a mapping, found 5",
         "kubernetes.system_namespace: expected a value, found nothing",
@@ -658,7 +658,7 @@ def test_exposure_gateway_needs_the_gateway_named(tmp_path):
         "gateway.name: expected the name of the site's Gateway the BMC routes attach to (exposure is gateway), "
         "found an empty string"]
     named = load_values(write(tmp_path, {"exposure": "gateway", "gateway": {"namespace": "gw", "name": "bmc"}}))
-    assert named["gateway"] == {"namespace": "gw", "name": "bmc", "section_name": "", "allowlist": "traefik",
+    assert named["gateway"] == {"namespace": "gw", "name": "bmc", "section_name": "", "allowlist": "traefik", "class_name": "maas-kubevirt-bmc",
                                 "route_kinds": []}
 
 

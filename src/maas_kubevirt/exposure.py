@@ -9,28 +9,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-# Each VM's route (Ingress or HTTPRoute) is <vm>-bmc, and its gateway allowlist object (Traefik
-# Middleware or Envoy Gateway SecurityPolicy) <vm>-bmc-allowlist, both in the VM's namespace.
+from maas_kubevirt import bmc_proxy
+
+# Each VM's route (Ingress or HTTPRoute) is <vm>-bmc, and its gateway allowlist object (an Envoy
+# Gateway SecurityPolicy) <vm>-bmc-allowlist, both in the VM's namespace.
 ROUTE_SUFFIX = "-bmc"
 ROUTE_ALLOWLIST_SUFFIX = "-bmc-allowlist"
 # The BMC policy's rule that generates the route, by exposure.
 ROUTE_RULES = {"ingress": "bmc-ingress", "gateway": "bmc-httproute"}
-# With ingress.allowlist traefik: the one ipAllowList Middleware on the controller's entry point,
-# since Traefik v3.6's NGINX provider does not read the allowlist annotation
-# (pkg/provider/kubernetes/ingress-nginx/annotations.go lists no allowlist-source-range).
-INGRESS_ALLOWLIST_FILE = "ingress-allowlist.yaml"
-INGRESS_ALLOWLIST_MIDDLEWARE = "maas-kubevirt-bmc-allowlist"
 GATEWAY_API_GROUP = "gateway.networking.k8s.io"
-# gateway.allowlist -> (apiGroup, resource, kind, apiVersion) of the per-VM allowlist object.
-# Traefik: pkg/provider/kubernetes/crd/traefikio/v1alpha1 (Middleware.spec.ipAllowList.sourceRange),
-# attached by an ExtensionRef filter. Envoy Gateway: api/v1alpha1 SecurityPolicy
-# (spec.authorization.rules[].principal.clientCIDRs), attached by its targetRefs.
+# gateway.allowlist -> (apiGroup, resource, kind, apiVersion) of the per-VM allowlist object:
+# Envoy Gateway's api/v1alpha1 SecurityPolicy (spec.authorization.rules[].principal.clientCIDRs),
+# attached by its targetRefs. With traefik, the BMC proxy's entry point holds the allowlist.
 GATEWAY_ALLOWLIST_KINDS = {
-    "traefik": ("traefik.io", "middlewares", "Middleware", "traefik.io/v1alpha1"),
     "envoy-gateway": ("gateway.envoyproxy.io", "securitypolicies", "SecurityPolicy", "gateway.envoyproxy.io/v1alpha1"),
 }
 _ROUTE_DESCRIPTIONS = {
-    "traefik": "a Gateway API HTTPRoute on Gateway {gateway} with a Traefik ipAllowList Middleware",
+    "traefik": "a Gateway API HTTPRoute on Gateway {gateway}, served by the BMC proxy",
     "envoy-gateway": "a Gateway API HTTPRoute on Gateway {gateway} with an Envoy Gateway SecurityPolicy",
     "external": "a Gateway API HTTPRoute on Gateway {gateway} (the allowlist enforced in front of it)",
 }
@@ -50,25 +45,19 @@ def route_objects(values: dict) -> list[tuple[str, str, str]]:
     return extra + [(f"{GATEWAY_API_GROUP}/v1", "HTTPRoute", ROUTE_SUFFIX)]
 
 
-def traefik_entrypoint_middleware(values: dict) -> str:
-    """The value of Traefik's --entryPoints.<name>.http.middlewares that attaches the Ingress allowlist."""
-    return f"{values['ingress']['controller_namespace']}-{INGRESS_ALLOWLIST_MIDDLEWARE}@kubernetescrd"
-
-
 def allowlist_mechanism(values: dict) -> str:
     """One sentence: what enforces ingress.source_ranges for this exposure (doctor and render say it)."""
     ranges = ", ".join(values["ingress"]["source_ranges"])
     if values["exposure"] == "gateway":
         allowlist = values["gateway"]["allowlist"]
         if allowlist == "traefik":
-            return f"a Traefik ipAllowList Middleware <vm>{ROUTE_ALLOWLIST_SUFFIX} on each HTTPRoute ({ranges})"
+            return f"the BMC proxy's entry point ({bmc_proxy.FILE}: {bmc_proxy.entry_point_middleware()}, {ranges})"
         if allowlist == "envoy-gateway":
             return f"an Envoy Gateway SecurityPolicy <vm>{ROUTE_ALLOWLIST_SUFFIX} on each HTTPRoute ({ranges})"
         return (f"nothing maas-kubevirt renders: gateway.allowlist is external, so whatever is in front of "
                 f"Gateway {gateway_ref(values)} must admit only {ranges}")
     if values["ingress"]["allowlist"] == "traefik":
-        return (f"Traefik Middleware {values['ingress']['controller_namespace']}/{INGRESS_ALLOWLIST_MIDDLEWARE} "
-                f"on the entry point that serves the BMC hosts ({ranges})")
+        return f"the BMC proxy's entry point ({bmc_proxy.FILE}: {bmc_proxy.entry_point_middleware()}, {ranges})"
     annotation = values["ingress"]["allowlist_annotation"] or "nginx.ingress.kubernetes.io/allowlist-source-range"
     return f"the annotation {annotation} on each Ingress, read by the controller of class {values['ingress']['class_name']} ({ranges})"
 
@@ -79,19 +68,16 @@ def exposure_context(values: dict) -> dict[str, Any]:
         description = _ROUTE_DESCRIPTIONS[values["gateway"]["allowlist"]].format(gateway=gateway_ref(values))
         allowlist = GATEWAY_ALLOWLIST_KINDS.get(values["gateway"]["allowlist"])
         generated = [(GATEWAY_API_GROUP, "httproutes")] + ([allowlist[:2]] if allowlist else [])
-        files: list[str] = []
     else:
         description = "an Ingress"
         generated = [("networking.k8s.io", "ingresses")]
-        files = [INGRESS_ALLOWLIST_FILE] if values["ingress"]["allowlist"] == "traefik" else []
     return {
         "route_description": description,
         "route_suffix": ROUTE_SUFFIX,
         "route_allowlist_suffix": ROUTE_ALLOWLIST_SUFFIX,
         "generated_route_rbac": generated,
-        "exposure_files": files,
-        "ingress_allowlist_middleware": INGRESS_ALLOWLIST_MIDDLEWARE,
-        "traefik_entrypoint": traefik_entrypoint_middleware(values),
+        "exposure_files": [bmc_proxy.FILE] if bmc_proxy.rendered(values) else [],
+        **bmc_proxy.context(values),
     }
 
 

@@ -171,6 +171,14 @@ class Cluster:
         found = self.get(f"/apis/gateway.networking.k8s.io/v1/namespaces/{namespace}/gateways/{name}")
         return found if isinstance(found, dict) else None
 
+    def gateways(self) -> list[dict]:
+        """The Gateways of every namespace."""
+        return list(self.items("/apis/gateway.networking.k8s.io/v1/gateways"))
+
+    def configmap(self, namespace: str, name: str) -> dict | None:
+        found = self.get(f"/api/v1/namespaces/{namespace}/configmaps/{name}")
+        return found if isinstance(found, dict) else None
+
     def httproutes(self, namespace: str) -> list[dict]:
         return list(self.items(f"/apis/gateway.networking.k8s.io/v1/namespaces/{namespace}/httproutes"))
 

@@ -27,7 +27,8 @@ import yaml
 
 from maas_kubevirt import identity
 from maas_kubevirt import exposure as exposure_module
-from maas_kubevirt.exposure import INGRESS_ALLOWLIST_FILE, exposure_context
+from maas_kubevirt import bmc_proxy
+from maas_kubevirt.exposure import exposure_context
 from maas_kubevirt.paths import data_dir, write_atomic
 from maas_kubevirt.values import NGINX_ALLOWLIST_ANNOTATIONS, NGINX_CLASS, ValuesError, nginx_allowlist_annotations
 
@@ -375,8 +376,8 @@ def _context(values: dict, seed: str | None) -> dict[str, Any]:
     annotations.update(ingress["annotations"])
     files = [name for name in FILES if (seed is not None or name != SEED_SECRET_FILE)
              and (kubernetes_example(values) or name != EXAMPLE_NAMESPACE_FILE)]
-    if INGRESS_ALLOWLIST_FILE in exposure_context(values)["exposure_files"]:
-        files.insert(files.index("policy-vm-identity.yaml"), INGRESS_ALLOWLIST_FILE)
+    if bmc_proxy.FILE in exposure_context(values)["exposure_files"]:
+        files.insert(files.index("policy-vm-identity.yaml"), bmc_proxy.FILE)
     domain = redfish["domain"]
     label = kubernetes["opt_in_label"]
     # The controller's --annotations-prefix: the snippet and alias rules read annotations under it.

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from maas_kubevirt import EXIT_OK, PROG, exposure, policies
+from maas_kubevirt import EXIT_OK, PROG, bmc_proxy, exposure, policies
 from maas_kubevirt.console import warn
 from maas_kubevirt import seed as seeds
 from maas_kubevirt.paths import SCRIPT_NAME, data_dir, write_atomic
@@ -180,10 +180,11 @@ def main(values: dict, args: Any) -> int:
             recreate = [name for name in recreate if name != bmc_policy]
         if recreate or retired:
             print(policies.recreate_procedure(recreate, retired, output / "kubernetes", previous))
-        if exposure.INGRESS_ALLOWLIST_FILE in exposure.exposure_context(values)["exposure_files"]:
-            print("ingress.allowlist is traefik: start Traefik with this flag on the entry point that serves the "
-                  "BMC hosts (the source ranges are enforced by it, not by the annotation):")
-            print(f"  --entryPoints.<name>.http.middlewares={exposure.traefik_entrypoint_middleware(values)}")
+        if bmc_proxy.rendered(values):
+            namespace = values["ingress"]["controller_namespace"]
+            print(f"The BMC proxy ({bmc_proxy.FILE}) serves the BMC hosts alone: point the DNS records "
+                  f"*.<ns>.{values['redfish']['domain']} at the address of Service {namespace}/{bmc_proxy.NAME}:")
+            print(f"  kubectl -n {namespace} get service {bmc_proxy.NAME} -o jsonpath='{{.status.loadBalancer.ingress[0].ip}}'")
         if generates:
             print(f"Generated a new site seed in {seed_file} (mode 0600): every BMC password derives from it.")
             print("  Back it up now, somewhere safe and private: it is in no repository, and a lost seed means "

@@ -280,6 +280,23 @@ def _annotation_prefix(value: Any) -> str | None:
     return "an annotation prefix (a DNS subdomain such as nginx.ingress.kubernetes.io)"
 
 
+# An OCI image reference as a pod's image takes it: registry/path:tag or @digest, no spaces.
+_IMAGE = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*(:[\w][\w.-]{0,127})?(@sha256:[0-9a-f]{64})?$")
+
+
+def _image(value: Any) -> str | None:
+    return None if isinstance(value, str) and _IMAGE.match(value) and ("@" in value or ":" in value.rsplit("/", 1)[-1]) else (
+        "a container image with a tag or digest (e.g. docker.io/library/traefik:v3.6.12)")
+
+
+def _ip_address(value: Any) -> str | None:
+    try:
+        ipaddress.ip_address(value)
+    except (TypeError, ValueError):
+        return "an IP address (the BMC proxy's load-balancer address)"
+    return None
+
+
 def _section_name(value: Any) -> str | None:
     # Gateway API's SectionName: a DNS-1123 subdomain of at most 253 characters.
     return None if isinstance(value, str) and _K8S_NAME.match(value) and len(value) <= 253 else (
@@ -352,6 +369,11 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "section_name": _optional(_section_name),
         "allowlist": _choice(*GATEWAY_ALLOWLISTS),
         "route_kinds": _route_kinds,
+        "class_name": _k8s_name,
+    },
+    "bmc_proxy": {
+        "image": _image,
+        "address": _optional(_ip_address),
     },
     "maas": {
         "url": _url,

@@ -13,6 +13,7 @@ SHA-256 digest) and never printed; the seed Secret's value never leaves :mod:`ku
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shlex
@@ -53,6 +54,17 @@ class Check:
 def _clean(text: Any) -> str:
     """One printable line: control characters escaped (text from MAAS or the cluster)."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in " ".join(str(text).split()))
+
+
+def _networks(items: Any) -> set[str]:
+    """CIDRs as a set of normal forms (10.0.0.1/8 and 10.0.0.0/8 are one range); text kept as is when not a CIDR."""
+    found = set()
+    for item in items if isinstance(items, list) else []:
+        try:
+            found.add(str(ipaddress.ip_network(str(item).strip(), strict=False)))
+        except ValueError:
+            found.add(_clean(item))
+    return found
 
 
 def _some(items: Sequence[str]) -> str:

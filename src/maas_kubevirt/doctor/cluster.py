@@ -470,9 +470,29 @@ def cluster_check_names(values: Mapping[str, Any]) -> list[str]:
     rows by their prefix): the Ingress allowlist row with exposure ingress, the exposure's rows."""
     from maas_kubevirt.doctor.gateway import check_names
 
+    from maas_kubevirt.doctor import bmc_proxy
+
     names = [n for n in CLUSTER_CHECKS if values["exposure"] == "ingress" or n != "cluster.ingress_allowlist"]
     at = names.index("cluster.network_policies")
-    return names[:at] + list(check_names(values)) + names[at:]
+    return names[:at] + list(check_names(values)) + names[at:] + list(bmc_proxy.check_names(values))
+
+
+def proxy_checks(values: Mapping[str, Any], cluster: Any, ingresses: list[dict] | None,
+                 inventories: Sequence[Inventory], fixes: _Fixes) -> list[Check]:
+    """The BMC proxy's rows from the live Gateways (exposure gateway), Ingresses, and its Deployment and ConfigMap."""
+    from maas_kubevirt import bmc_proxy
+    from maas_kubevirt.doctor.bmc_proxy import allowlist_check, isolation_check
+    from maas_kubevirt.doctor.gateway import GATEWAY_CRD, expected_routes
+
+    gateways = None
+    if values["exposure"] == "gateway":
+        gateways = _listed_or_none(cluster.gateways) if cluster.crd(GATEWAY_CRD) is not None else []
+    proxies = _listed_or_none(lambda: cluster.deployments(f"app.kubernetes.io/name={bmc_proxy.NAME}"))
+    checks = [isolation_check(values, gateways, ingresses, expected_routes(inventories), proxies)]
+    if bmc_proxy.rendered(dict(values)):
+        config = cluster.configmap(values["ingress"]["controller_namespace"], bmc_proxy.NAME)
+        checks.append(allowlist_check(values, config, proxies, fixes.apply))
+    return checks
 
 
 def _listed_or_none(read: Callable[[], list[dict]]) -> list[dict] | None:
@@ -533,8 +553,9 @@ def cluster_checks(values: Mapping[str, Any], cluster: Any, seed: str | None, fi
             {inventory.namespace: cluster.network_policies(inventory.namespace) for inventory in inventories},
             generated, fixes.apply))
         checks.append(cni_check(_listed_or_none(cluster.daemonsets)))
-        checks.append(catch_all_check(_listed_or_none(lambda: cluster.ingresses(None)),
-                                      values["ingress"]["class_name"], values["ingress"]["allow_catch_all"]))
+        every_ingress = _listed_or_none(lambda: cluster.ingresses(None))
+        checks.append(catch_all_check(every_ingress, values["ingress"]["class_name"], values["ingress"]["allow_catch_all"]))
+        checks.extend(proxy_checks(values, cluster, every_ingress, inventories, fixes))
     except KubeError as error:
         done = {c.name.split("/")[0] for c in checks}
         checks.append(Check("cluster.api", FAIL, _clean(error),

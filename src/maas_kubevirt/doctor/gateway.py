@@ -4,8 +4,9 @@ With ``exposure: gateway`` (four rows): the site's Gateway is Programmed with an
 for every opted-in namespace (``gateway.programmed``), that listener admits the opted-in
 namespaces' routes and says which others it admits (``gateway.allowed_routes``), each generated
 HTTPRoute is Accepted with ResolvedRefs by that Gateway (``gateway.routes``), and each route's
-allowlist object exists, holds the source ranges and is attached (``gateway.allowlist``). With
-``exposure: ingress``: which mechanism enforces the source ranges (``ingress.allowlist``).
+allowlist holds the source ranges (``gateway.allowlist``: the BMC proxy's entry point with
+``traefik``, each route's SecurityPolicy with ``envoy-gateway``). With ``exposure: ingress``: which
+mechanism enforces the source ranges (``ingress.allowlist``).
 
 Each check is a pure function over what the API server answers (dicts, as kube.Cluster returns
 them); :func:`exposure_checks` gathers those answers, read-only, for doctor's cluster section.
@@ -13,11 +14,10 @@ them); :func:`exposure_checks` gathers those answers, read-only, for doctor's cl
 
 from __future__ import annotations
 
-import ipaddress
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from maas_kubevirt import exposure, policies
-from maas_kubevirt.doctor import FAIL, OK, SKIP, WARN, Check, _clean, _some
+from maas_kubevirt import bmc_proxy, exposure, policies
+from maas_kubevirt.doctor import FAIL, OK, SKIP, WARN, Check, _clean, _networks, _some
 from maas_kubevirt.doctor.cluster import _selects
 from maas_kubevirt.exposure import hostname_covers, hostname_matches  # noqa: F401 (doctor re-exports both)
 
@@ -31,7 +31,6 @@ GROUP = exposure.GATEWAY_API_GROUP
 GATEWAY_CRD = f"gateways.{GROUP}"
 # gateway.allowlist -> the CRD of its per-route object (none for external).
 ALLOWLIST_CRDS = {mode: f"{kind[1]}.{kind[0]}" for mode, kind in exposure.GATEWAY_ALLOWLIST_KINDS.items()}
-TRAEFIK_MIDDLEWARE_CRD = ALLOWLIST_CRDS["traefik"]
 LISTENER_CONDITIONS = ("Accepted", "Programmed", "ResolvedRefs")
 
 
@@ -317,44 +316,6 @@ def routes_check(expected: Sequence[tuple[str, str]], routes: Mapping[str, Itera
 # --- the allowlist -------------------------------------------------------------------------------------
 
 
-def _networks(items: Any) -> set[str]:
-    """CIDRs as a set of normal forms (10.0.0.1/8 and 10.0.0.0/8 are one range); text kept as is when not a CIDR."""
-    found = set()
-    for item in items if isinstance(items, list) else []:
-        try:
-            found.add(str(ipaddress.ip_network(str(item).strip(), strict=False)))
-        except ValueError:
-            found.add(_clean(item))
-    return found
-
-
-def _middleware_problem(middleware: Mapping[str, Any] | None, ranges: set[str]) -> str | None:
-    """Why a Traefik Middleware does not hold the rendered ipAllowList, or None."""
-    if middleware is None:
-        return "no Middleware"
-    allow = (middleware.get("spec") or {}).get("ipAllowList")
-    if not isinstance(allow, Mapping):
-        return "its Middleware has no ipAllowList"
-    held = _networks(allow.get("sourceRange"))
-    if held != ranges:
-        return f"its Middleware admits {', '.join(sorted(held)) or 'nothing listed'}"
-    if allow.get("ipStrategy"):
-        return "its Middleware sets ipStrategy (the client address is then read from X-Forwarded-For, which a client sets)"
-    return None
-
-
-def _filters_name(route: Mapping[str, Any], middleware: str) -> bool:
-    """Every rule of the route has an ExtensionRef filter naming the Middleware."""
-    rules = (route.get("spec") or {}).get("rules") or []
-    return bool(rules) and all(
-        any(isinstance(f, Mapping) and f.get("type") == "ExtensionRef"
-            and (f.get("extensionRef") or {}).get("group") == "traefik.io"
-            and (f.get("extensionRef") or {}).get("kind") == "Middleware"
-            and (f.get("extensionRef") or {}).get("name") == middleware
-            for f in (rule or {}).get("filters") or [])
-        for rule in rules)
-
-
 def _targets(policy: Mapping[str, Any], route: str) -> bool:
     spec = policy.get("spec") or {}
     refs = list(spec.get("targetRefs") or []) + ([spec["targetRef"]] if isinstance(spec.get("targetRef"), Mapping) else [])
@@ -387,24 +348,23 @@ def _security_policy_problem(policy: Mapping[str, Any] | None, route: str, names
     return f"its SecurityPolicy has no status from Gateway {where}: not attached"
 
 
-def _mechanism(mode: str, shown: str) -> str:
-    if mode == "traefik":
-        return (f"its Traefik ipAllowList Middleware <vm>{exposure.ROUTE_ALLOWLIST_SUFFIX} ({shown}), named by the "
-                "route's ExtensionRef filter")
+def _mechanism(shown: str) -> str:
     return f"its Envoy Gateway SecurityPolicy <vm>{exposure.ROUTE_ALLOWLIST_SUFFIX} (Deny, but {shown}), Accepted"
 
 
 def allowlist_check(mode: str, expected: Sequence[tuple[str, str]], routes: Mapping[str, Iterable[Mapping[str, Any]]],
                     objects: Mapping[str, Iterable[Mapping[str, Any]]], source_ranges: Sequence[str], where: str,
                     crd_installed: bool, apply: str) -> Check:
-    """gateway.allowlist: traefik, each route's Middleware holds the source ranges and the route's
-    filter names it; envoy-gateway, each route's SecurityPolicy targets it, denies by default,
-    allows exactly the source ranges and is Accepted; external, a warning every run.
+    """gateway.allowlist: envoy-gateway, each route's SecurityPolicy targets it, denies by default,
+    allows exactly the source ranges and is Accepted; external, a warning every run (traefik: the
+    BMC proxy's row, doctor/bmc_proxy.py).
 
-    objects: namespace -> its Middlewares (traefik) or SecurityPolicies (envoy-gateway).
+    objects: namespace -> its SecurityPolicies.
     """
     name = "gateway.allowlist"
     shown = ", ".join(source_ranges)
+    if mode == "traefik":
+        return Check(name, OK, f"the BMC proxy's entry point holds every route to {shown} (proxy.allowlist checks it)")
     if mode == "external":
         return Check(name, WARN, f"the allowlist is enforced outside maas-kubevirt (gateway.allowlist: external): "
                      f"whatever is in front of Gateway {where} must admit only {shown}; doctor cannot check it",
@@ -414,29 +374,21 @@ def allowlist_check(mode: str, expected: Sequence[tuple[str, str]], routes: Mapp
     crd = ALLOWLIST_CRDS[mode]
     if not crd_installed:
         return Check(name, FAIL, f"the {kind} CRD ({crd}) is not installed: no route has its allowlist",
-                     f"install {'Traefik' if mode == 'traefik' else 'Envoy Gateway'} with its CRDs, or set "
-                     "gateway.allowlist to the implementation that serves Gateway " + where)
+                     "install Envoy Gateway with its CRDs, or set gateway.allowlist to the implementation that serves "
+                     "Gateway " + where)
     if not expected:
-        return Check(name, OK, f"no VM with a VirtualMachineBMC yet; each route will get {_mechanism(mode, shown)}")
+        return Check(name, OK, f"no VM with a VirtualMachineBMC yet; each route will get {_mechanism(shown)}")
     ranges = _networks(list(source_ranges))
     found = {namespace: _by_name(items) for namespace, items in objects.items()}
-    route_items = {namespace: _by_name(items) for namespace, items in routes.items()}
     broken = []
     for namespace, vm in expected:
         route, allow = f"{vm}{exposure.ROUTE_SUFFIX}", f"{vm}{exposure.ROUTE_ALLOWLIST_SUFFIX}"
-        held = found.get(namespace, {}).get(allow)
-        if mode == "traefik":
-            problem = _middleware_problem(held, ranges)
-            served = route_items.get(namespace, {}).get(route)
-            if problem is None and served is not None and not _filters_name(served, allow):
-                problem = f"HTTPRoute {route} does not name it in an ExtensionRef filter of every rule"
-        else:
-            problem = _security_policy_problem(held, route, namespace, where, ranges)
+        problem = _security_policy_problem(found.get(namespace, {}).get(allow), route, namespace, where, ranges)
         if problem:
             broken.append((f"{namespace}/{allow}", problem))
     if not broken:
-        return Check(name, OK, f"{len(expected)} route(s), each with {_mechanism(mode, shown)}")
-    plural = "middleware" if mode == "traefik" else "securitypolicy"
+        return Check(name, OK, f"{len(expected)} route(s), each with {_mechanism(shown)}")
+    plural = "securitypolicy"
     return Check(name, FAIL, f"{len(broken)} of {len(expected)} route(s) without their {kind} allowlist ({shown}): "
                  + _some([f"{allow} ({problem})" for allow, problem in broken]),
                  f"Kyverno generates and re-syncs each {kind}: `kubectl -n NAMESPACE delete {plural} NAME` to have it "
@@ -444,34 +396,11 @@ def allowlist_check(mode: str, expected: Sequence[tuple[str, str]], routes: Mapp
                  tuple(allow for allow, _ in broken))
 
 
-def ingress_allowlist_check(values: Mapping[str, Any], middleware: Mapping[str, Any] | None, crd_installed: bool,
-                            apply: str) -> Check:
-    """Which mechanism enforces ingress.source_ranges on the Ingress path. annotation: ok, naming it
-    (cluster.ingress_allowlist compares it on each Ingress). traefik: the entry-point Middleware
-    exists in ingress.controller_namespace with exactly the ranges, and a warning every run that
-    the entry-point flag doctor cannot see must be set."""
-    name = "ingress.allowlist"
-    mechanism = exposure.allowlist_mechanism(dict(values))
-    if values["ingress"]["allowlist"] != "traefik":
-        return Check(name, OK, f"enforced by {mechanism}; cluster.ingress_allowlist compares it on each BMC Ingress")
-    where = f"{values['ingress']['controller_namespace']}/{exposure.INGRESS_ALLOWLIST_MIDDLEWARE}"
-    flag = f"--entryPoints.<name>.http.middlewares={exposure.traefik_entrypoint_middleware(dict(values))}"
-    if middleware is None:
-        found = (f"the Middleware CRD ({TRAEFIK_MIDDLEWARE_CRD}) is not installed" if not crd_installed
-                 else f"Middleware {where} is missing")
-        return Check(name, FAIL, f"{found}: no mechanism holds the BMC Ingresses to the source ranges (Traefik's NGINX "
-                     "provider ignores the allowlist annotation)",
-                     ("install Traefik with its CRDs, then " if not crd_installed else "") + apply, (where,))
-    problem = _middleware_problem(middleware, _networks(list(values["ingress"]["source_ranges"])))
-    if problem:
-        return Check(name, FAIL, f"Middleware {where}: {problem.replace('its Middleware ', '')}, not "
-                     f"{', '.join(values['ingress']['source_ranges'])}", apply, (where,))
-    return Check(name, WARN, f"Middleware {where} holds the source ranges "
-                 f"({', '.join(values['ingress']['source_ranges'])}); doctor can check only that: it cannot see "
-                 "Traefik's flags, and only the entry point's flag attaches it (Traefik's NGINX provider ignores the "
-                 "allowlist annotation)",
-                 f"start Traefik with `{flag}` on the entry point that serves the BMC hosts (an entry point of their "
-                 "own: every router on it is held to these ranges)")
+def ingress_allowlist_check(values: Mapping[str, Any]) -> Check:
+    """Which mechanism enforces ingress.source_ranges: the annotation (cluster.ingress_allowlist compares
+    it on each Ingress), or the BMC proxy's entry point (proxy.allowlist checks it)."""
+    checked = "proxy.allowlist" if bmc_proxy.rendered(dict(values)) else "cluster.ingress_allowlist compares it on each BMC Ingress"
+    return Check("ingress.allowlist", OK, f"enforced by {exposure.allowlist_mechanism(dict(values))}; {checked}")
 
 
 # --- gathering -----------------------------------------------------------------------------------------
@@ -483,14 +412,7 @@ def exposure_checks(values: Mapping[str, Any], cluster: Any, opted_in: Sequence[
     from maas_kubevirt.doctor.cluster import _listed_or_none
 
     if values["exposure"] != "gateway":
-        ingress = values["ingress"]
-        middleware = None
-        crd_installed = True
-        if ingress["allowlist"] == "traefik":
-            crd_installed = cluster.crd(TRAEFIK_MIDDLEWARE_CRD) is not None
-            middleware = _by_name(cluster.middlewares(ingress["controller_namespace"])).get(
-                exposure.INGRESS_ALLOWLIST_MIDDLEWARE)
-        return [ingress_allowlist_check(values, middleware, crd_installed, fixes.apply)]
+        return [ingress_allowlist_check(values)]
     settings, domain = values["gateway"], values["redfish"]["domain"]
     where, section, mode = exposure.gateway_ref(dict(values)), settings["section_name"], settings["allowlist"]
     gateway = cluster.gateway(settings["namespace"], settings["name"])
@@ -510,8 +432,7 @@ def exposure_checks(values: Mapping[str, Any], cluster: Any, opted_in: Sequence[
     allowlist_crd = True
     if mode in ALLOWLIST_CRDS:
         allowlist_crd = cluster.crd(ALLOWLIST_CRDS[mode]) is not None
-        read = cluster.middlewares if mode == "traefik" else cluster.securitypolicies
-        objects = {namespace: read(namespace) for namespace in namespaces} if allowlist_crd else {}
+        objects = {namespace: cluster.securitypolicies(namespace) for namespace in namespaces} if allowlist_crd else {}
     checks.append(allowlist_check(mode, expected, routes, objects, values["ingress"]["source_ranges"], where,
                                   allowlist_crd, fixes.apply))
     return checks
