@@ -617,8 +617,9 @@ def doctor_json_rows_are_documented(page: Page, result) -> None:
 
 # --- docs/how-to/gateway.md --------------------------------------------------------------------
 
-GATEWAY_SITE = {"exposure": "gateway", "gateway": {"namespace": "bmc-gateway", "name": "bmc"},
-                "ingress": {"controller_namespace": "traefik"}}
+BMC_NAMESPACE = "maas-kubevirt-bmc"
+GATEWAY_SITE = {"exposure": "gateway", "gateway": {"namespace": BMC_NAMESPACE, "name": "bmc"},
+                "ingress": {"controller_namespace": BMC_NAMESPACE}}
 
 
 def gateway_values_edited(page: Page, result) -> None:
@@ -647,8 +648,14 @@ def route_beside_ingress(page: Page, result) -> None:
     policies_ready(page, result)
     route = eventually(lambda: get(page, "httproute", "web1-bmc", "tenant-a"), "HTTPRoute web1-bmc in tenant-a")
     assert route["spec"]["hostnames"] == ["web1.tenant-a.bmc.example.com"]
-    eventually(lambda: get(page, "middlewares.traefik.io", "web1-bmc-allowlist", "tenant-a"), "its Middleware")
+    eventually(lambda: get(page, "configmap", "maas-kubevirt-bmc-proxy", BMC_NAMESPACE), "the BMC proxy's allowlist")
     ingress_kept(page, result)
+
+
+def bmc_gateway_admitted(page: Page, result) -> None:
+    found = get(page, "gateway", "bmc", BMC_NAMESPACE)
+    assert found and found["spec"]["gatewayClassName"] == "maas-kubevirt-bmc"
+    assert get(page, "gatewayclass", "maas-kubevirt-bmc", None)["metadata"]["labels"]["maas-kubevirt.io/bmc-proxy"] == "true"
 
 
 def route_listed(page: Page, result) -> None:
@@ -676,7 +683,7 @@ def fresh_clone(page: Page) -> None:
     """The tutorial starts from a clone: no build/ yet (the quick start's render is undone), and a
     cluster with none of the bundle (another page's policies would refuse this render's)."""
     shutil.rmtree(page.repo / "build")
-    for namespace in ("tenant-a", "bmc-gateway"):
+    for namespace in ("tenant-a", BMC_NAMESPACE):
         kubectl(page, "delete", "namespace", namespace, "--ignore-not-found", "--wait=true", "--timeout=120s")
     kubectl(page, "delete", "clusterpolicy", "-l", "app.kubernetes.io/part-of=maas-kubevirt", "--wait=true")
 
@@ -710,9 +717,15 @@ def seed_backed_up(page: Page, result) -> None:
 
 
 def gateway_stored(page: Page, result) -> None:
-    found = get(page, "gateway", "bmc", "bmc-gateway")
+    found = get(page, "gateway", "bmc", BMC_NAMESPACE)
     assert found and found["spec"]["listeners"][0]["tls"]["certificateRefs"][0]["name"] == "tenant-a-bmc-tls"
-    assert get(page, "secret", "tenant-a-bmc-tls", "bmc-gateway")["type"] == "kubernetes.io/tls"
+    assert found["spec"]["gatewayClassName"] == "maas-kubevirt-bmc"
+    assert get(page, "secret", "tenant-a-bmc-tls", BMC_NAMESPACE)["type"] == "kubernetes.io/tls"
+
+
+def proxy_service_listed(page: Page, result) -> None:
+    """The BMC proxy's Service, which DNS points at: a LoadBalancer on 443 (no load balancer here to give it an address)."""
+    assert "maas-kubevirt-bmc-proxy" in result.stdout and "LoadBalancer" in result.stdout and "443" in result.stdout
 
 
 def copied_to_the_region(page: Page, result) -> None:
@@ -757,7 +770,7 @@ def web1_gets_its_gateway_bmc(page: Page, result) -> None:
                .get("spec", {}).get("domain", {}).get("firmware", {}).get("serial") == "web1.tenant-a",
                "web1 has the serial web1.tenant-a")
     for kind, name in (("secret", "web1-bmc"), ("virtualmachinebmc", "web1"), ("httproute", "web1-bmc"),
-                       ("middlewares.traefik.io", "web1-bmc-allowlist"), ("networkpolicy", "maas-kubevirt-bmc")):
+                       ("networkpolicy", "maas-kubevirt-bmc")):
         eventually(lambda: get(page, kind, name, "tenant-a"), f"{kind} {name} in tenant-a")
     route = get(page, "httproute", "web1-bmc", "tenant-a")
     domain = page_yaml(TUTORIAL)["redfish"]["domain"]
@@ -847,6 +860,7 @@ RUNNERS: dict[str, list[Step]] = {
         Step("make VALUES=site.yaml", RUN, before=ingress_site_running, after=switch_printed),
         Step("kubectl delete clusterpolicy maas-kubevirt-vm-bmc", CLUSTER, after=ingress_kept),
         Step("kubectl apply -k build/kubernetes/", CLUSTER, after=route_beside_ingress, retry="requires permissions"),
+        Step("kubectl apply -f examples/bmc-gateway.yaml", CLUSTER, after=bmc_gateway_admitted),
         Step("kubectl get httproute --all-namespaces -l app.kubernetes.io/part-of=maas-kubevirt", CLUSTER,
              after=route_listed),
         Step("kubectl delete ingress --all-namespaces -l app.kubernetes.io/part-of=maas-kubevirt", CLUSTER,
@@ -984,13 +998,13 @@ RUNNERS: dict[str, list[Step]] = {
         Step("kubectl create namespace tenant-a", CLUSTER),
         Step("kubectl label namespace tenant-a maas.io/kubevirt-bmc=enabled mutatevirtualmachines.kubemacpool.io=allocate",
              CLUSTER),
-        Step("kubectl create namespace bmc-gateway", CLUSTER),
         Step('openssl req -x509 -newkey rsa:2048 -nodes -days 825 -subj "/CN=*.tenant-a.bmc.example.com" '
              '-addext "subjectAltName=DNS:*.tenant-a.bmc.example.com" -keyout build/tenant-a-bmc.key '
              '-out build/tenant-a-bmc.crt', RUN),
-        Step("kubectl -n bmc-gateway create secret tls tenant-a-bmc-tls --cert build/tenant-a-bmc.crt "
+        Step("kubectl -n maas-kubevirt-bmc create secret tls tenant-a-bmc-tls --cert build/tenant-a-bmc.crt "
              "--key build/tenant-a-bmc.key", CLUSTER),
         Step("kubectl apply -f examples/bmc-gateway.yaml", CLUSTER, after=gateway_stored),
+        Step("kubectl -n maas-kubevirt-bmc get service maas-kubevirt-bmc-proxy", CLUSTER, after=proxy_service_listed),
         Step("sudo apt-get build-dep ./", SHIM),
         Step("make deb", RUN, after=built),   # DEB_BUILD_OPTIONS=nocheck: test_deb runs the package's tests
         Step("scp build/seed build/commissioning/31-kubevirt-bmc-config build/deb/maas-kubevirt_*_all.deb site.yaml "
@@ -1295,6 +1309,7 @@ def test_gateway(tmp_path, control_plane):
     finally:
         # Back to no policies: the next user of the control plane applies its own render afresh.
         without_tenant_a(page)
+        kubectl(page, "delete", "namespace", BMC_NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
         kubectl(page, "delete", "clusterpolicy", "-l", "app.kubernetes.io/part-of=maas-kubevirt", "--wait=true",
                 check=False)
 
@@ -1399,7 +1414,7 @@ def test_tutorial(tmp_path, double, control_plane):
         run_on_region_host(page)
     finally:
         # Back to no policies and none of the tutorial's namespaces, for the next user of the control plane.
-        for namespace in ("tenant-a", "bmc-gateway"):
+        for namespace in ("tenant-a", BMC_NAMESPACE):
             kubectl(page, "delete", "namespace", namespace, "--ignore-not-found", "--wait=false", check=False)
         kubectl(page, "delete", "clusterpolicy", "-l", "app.kubernetes.io/part-of=maas-kubevirt", "--wait=true",
                 check=False)
