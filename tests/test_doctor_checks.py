@@ -396,7 +396,7 @@ def test_cluster_section_over_a_healthy_cluster_and_one_with_each_failure():
     failed = {name for name, c in checks.items() if c.status == "fail"}
     assert failed == {"cluster.crds", "cluster.policies", "cluster.seed_secret", "cluster.kubemacpool", "cluster.vms/vms",
                       "cluster.network_policies", "cluster.catch_all", "proxy.isolation"}
-    assert checks["proxy.isolation"].subjects == ("Ingress shop/all uses class nginx",)
+    assert checks["proxy.isolation"].subjects == ("Ingress shop/all uses class maas-kubevirt-bmc",)
     assert checks["cluster.cni"].status == "warn"
 
 
