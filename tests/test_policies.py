@@ -927,8 +927,8 @@ def _off(phase: str = "Succeeded", **options) -> dict:
     return fx.instance("off", "tenant-a", phase, **options)
 
 
-def _off_vm(strategy: str = "RerunOnFailure", **options) -> dict:
-    return fx.run_strategy(fx.vm("off", "tenant-a"), strategy, **options)
+def _off_vm(strategy: str = "RerunOnFailure") -> dict:
+    return fx.run_strategy(fx.vm("off", "tenant-a"), strategy)
 
 
 @pytest.mark.parametrize("source", ["render", "committed"])
@@ -956,8 +956,8 @@ def test_the_power_off_rule_halts_only_on_the_instance_s_transition_into_succeed
                  id="stop-then-start"),
 ])
 def test_the_power_off_rule_never_halts_a_vm_with_a_pending_start(power_off, source, requests, halted):
-    """A start asked for (virtctl start, kubevirtBMC's On through the start subresource) wins over the
-    guest's own power-off, even on the update that ends the instance."""
+    """A start already asked for (virtctl start, KubeVirt's start subresource) wins over the guest's
+    own power-off, even on the update that ends the instance."""
     pol = power_off[source]
     vm = _off_vm()
     if requests:
@@ -996,4 +996,5 @@ def test_the_rendered_power_off_rule_decides_as_the_stand_in_s_model(power_off):
         case = (old_phase, new_phase, strategy, actions, deleting, owner, current)
         assert halts(power_off["render"], instance, old_phase, vm, uid) is expected, case
         halted += expected
-    assert halted == (len(PHASES) - 1) * 2 * 2   # any old phase but Succeeded, no Start asked, the instance gone or still this one
+    # Any old phase but Succeeded, with no Start asked, the instance gone or still this one.
+    assert halted == (len(PHASES) - 1) * 2 * 2
