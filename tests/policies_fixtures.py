@@ -682,6 +682,19 @@ def suites(values: dict) -> dict[str, str]:
                  operation="UPDATE")],
         targetResources=["targets.yaml"],
     )])
+    # guest-power-off-ended: the same instances and VMs on a later update of an instance already
+    # Succeeded (a label, a finalizer): nothing halts, not even the VM the suite above halts.
+    ended = _values_file([(pol, "halt-on-guest-power-off", {"currentInstance": ""})])
+    ended["globalValues"] = {"request.oldObject": {"status": {"phase": "Succeeded"}}}
+    files["guest-power-off-ended/resources.yaml"] = files["guest-power-off/resources.yaml"]
+    files["guest-power-off-ended/targets.yaml"] = files["guest-power-off/targets.yaml"]
+    files["guest-power-off-ended/values.yaml"] = _dump([ended])
+    files["guest-power-off-ended/kyverno-test.yaml"] = _dump([_test(
+        "guest-power-off-ended", "policy-guest-power-off.yaml",
+        [_result(pol, "halt-on-guest-power-off", [f"tenant-a/{case[0]}" for case in POWER_OFF_CASES], "skip",
+                 kind="VirtualMachineInstance", operation="UPDATE")],
+        targetResources=["targets.yaml"],
+    )])
     return files
 
 

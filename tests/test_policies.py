@@ -6,6 +6,7 @@ The Kyverno engine itself runs in test_policies_kyverno.py; here: structure, sch
 from __future__ import annotations
 
 import copy
+import itertools
 import string
 from pathlib import Path
 
@@ -14,7 +15,9 @@ import yaml
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
+import policies_fixtures as fx
 from conftest import require
+from kyverno_conditions import conditions_hold, load_context, substitute
 from maas_kubevirt import identity, policies
 from maas_kubevirt.values import ValuesError, load_values, validate
 from policies_fixtures import (
@@ -876,3 +879,119 @@ def test_the_upgrade_to_generations_prints_the_procedure(defaults):
     assert "upgrade to per-VM credential generations" in text and identity.ROTATIONS_CONFIGMAP in text
     assert "kubectl delete clusterpolicy maas-kubevirt-vm-bmc\n  kubectl apply -k out/kubernetes" in text
     assert "stay in place" in text
+
+
+# --- the guest power-off rule's decision, evaluated from the render ----------------------------
+#
+# The rule's context and conditions run in Python (kyverno_conditions: JMESPath and Kyverno's
+# operators) on an instance update and the VM it would halt, so a changed condition fails here
+# and not only in the Kyverno CLI and control-plane tiers.
+
+POWER_OFF_RULE = "halt-on-guest-power-off"
+PHASES = ["Pending", "Scheduled", "Running", "Succeeded", "Failed"]
+STRATEGIES = ["RerunOnFailure", "Always", "Halted", "Manual", "Once"]
+
+
+@pytest.fixture(scope="module")
+def power_off(defaults: dict) -> dict[str, dict]:
+    """The guest power-off policy as the templates render it and as kyverno/ commits it."""
+    name = policies.POLICY_NAMES["power_off"]
+    committed = yaml.safe_load((REFERENCE / "policy-guest-power-off.yaml").read_text(encoding="utf-8"))
+    return {"render": policy(policies.render_kubernetes(defaults, SEED), name), "committed": committed}
+
+
+def halts(pol: dict, instance: dict, old_phase: str, vm: dict, current_instance: str = "") -> bool:
+    """Does the rule set this VM's runStrategy to Halted on this update of the instance (its phase
+    old_phase before)? current_instance: the uid the VM's instance has when the rule acts ("" gone)."""
+    rule = rules(pol)[POWER_OFF_RULE]
+    old = copy.deepcopy(instance)
+    old["status"]["phase"] = old_phase
+    data = load_context(rule.get("context"), {"request": {"operation": "UPDATE", "object": instance,
+                                                          "oldObject": old}}, {})
+    if not conditions_hold(rule.get("preconditions"), data):
+        return False
+    (target,) = rule["mutate"]["targets"]
+    assert rule["mutate"]["patchStrategicMerge"] == {"spec": {"runStrategy": "Halted"}}
+    assert (target["apiVersion"], target["kind"]) == ("kubevirt.io/v1", "VirtualMachine")
+    if (substitute(target["namespace"], data), substitute(target["name"], data)) != \
+            (vm["metadata"]["namespace"], vm["metadata"]["name"]):
+        return False
+    data = load_context(target.get("context"), {**data, "target": vm}, {"currentInstance": current_instance})
+    return conditions_hold(target.get("preconditions"), data)
+
+
+def _off(phase: str = "Succeeded", **options) -> dict:
+    return fx.instance("off", "tenant-a", phase, **options)
+
+
+def _off_vm(strategy: str = "RerunOnFailure") -> dict:
+    return fx.run_strategy(fx.vm("off", "tenant-a"), strategy)
+
+
+@pytest.mark.parametrize("source", ["render", "committed"])
+@pytest.mark.parametrize("old_phase, new_phase, halted", [
+    ("Running", "Succeeded", True),       # the guest powered itself off
+    ("Scheduled", "Succeeded", True),
+    ("Succeeded", "Succeeded", False),    # a later update of the ended instance (a label, a finalizer)
+    ("Running", "Running", False),
+    ("Succeeded", "Running", False),
+])
+def test_the_power_off_rule_halts_only_on_the_instance_s_transition_into_succeeded(power_off, source, old_phase,
+                                                                                  new_phase, halted):
+    """Old phase not Succeeded, new one Succeeded: only that update halts the VM; a power-on written
+    after it is never undone by a later update of the same instance."""
+    pol = power_off[source]
+    assert halts(pol, _off(new_phase), old_phase, _off_vm()) is halted
+
+
+@pytest.mark.parametrize("source", ["render", "committed"])
+@pytest.mark.parametrize("requests, halted", [
+    pytest.param([], True, id="none"),
+    pytest.param([{"action": "Stop"}], True, id="stop"),
+    pytest.param([{"action": "Start"}], False, id="start"),
+    pytest.param([{"action": "Stop"}, {"action": "Start", "uid": "8f6c1c1e-0000-4000-8000-000000000002"}], False,
+                 id="stop-then-start"),
+])
+def test_the_power_off_rule_never_halts_a_vm_with_a_pending_start(power_off, source, requests, halted):
+    """A start already asked for (virtctl start, KubeVirt's start subresource) wins over the guest's
+    own power-off, even on the update that ends the instance."""
+    pol = power_off[source]
+    vm = _off_vm()
+    if requests:
+        vm["status"] = {"stateChangeRequests": requests}
+    assert halts(pol, _off(), "Running", vm) is halted
+
+
+def test_the_power_off_rule_decides_each_suite_case_as_the_suite_expects(power_off):
+    """The Kyverno CLI suite's cases (tests/kyverno/guest-power-off, old phase Running) judged here too."""
+    pol = power_off["render"]
+    for name, phase, options, changes, outcome in fx.POWER_OFF_CASES:
+        instance = fx.instance(name, "tenant-a", phase, **options)
+        vm = fx.run_strategy(fx.vm(name, "tenant-a"), changes["strategy"], changes.get("start_requested", False))
+        assert halts(pol, instance, "Running", vm) is (outcome == "pass"), name
+
+
+def test_the_rendered_power_off_rule_decides_as_the_stand_in_s_model(power_off):
+    """Every combination of phases, strategy, pending requests, deletion, owner and current instance:
+    the rendered rule agrees with kubevirt_bmc.halts_on_guest_power_off, the model the MAAS tiers
+    run, and never halts for another owner or a newer instance."""
+    from kubevirt_bmc import halts_on_guest_power_off
+
+    owners = {"own": "own", "another": "0e1c2a55-0000-4000-8000-000000000001", "none": None}
+    requests = [(), ("Stop",), ("Start",), ("Stop", "Start")]
+    halted = 0
+    for old_phase, new_phase, strategy, actions, deleting, owner, current in itertools.product(
+            PHASES, PHASES, STRATEGIES, requests, (False, True), owners, ("gone", "this", "newer")):
+        instance = _off(new_phase, owner_uid=owners[owner], deleting=deleting)
+        uid = {"gone": "", "this": instance["metadata"]["uid"], "newer": "0e1c2a55-0000-4000-8000-000000000003"}[current]
+        vm = _off_vm(strategy)
+        if actions:
+            vm["status"] = {"stateChangeRequests": [{"action": action} for action in actions]}
+        expected = (halts_on_guest_power_off(strategy, old_phase, new_phase, start_requested="Start" in actions,
+                                             deleting=deleting)
+                    and owner == "own" and current != "newer")
+        case = (old_phase, new_phase, strategy, actions, deleting, owner, current)
+        assert halts(power_off["render"], instance, old_phase, vm, uid) is expected, case
+        halted += expected
+    # Any old phase but Succeeded, with no Start asked, the instance gone or still this one.
+    assert halted == (len(PHASES) - 1) * 2 * 2

@@ -615,6 +615,16 @@ def test_the_guest_power_off_suite_judges_every_result(kyverno):
     assert [p["spec"]["runStrategy"] for p in patched] == ["Halted"]
 
 
+def test_the_guest_power_off_ended_suite_halts_nothing(kyverno):
+    """The same cases on a later update of an instance already Succeeded: every one is judged, and skipped."""
+    suite = fx.SUITES_DIR / "guest-power-off-ended"
+    output = run_tests(kyverno, suite)
+    test = yaml.safe_load((suite / "kyverno-test.yaml").read_text())
+    assert {r["result"] for r in test["results"]} == {"skip"}
+    assert "tenant-a/off" in test["results"][0]["resources"] and "tenant-a/starting" in test["results"][0]["resources"]
+    assert len(_judged_rows(output)) == sum(len(r["resources"]) for r in test["results"]), output
+
+
 @pytest.mark.parametrize("old_phase, new_phase", [("Succeeded", "Succeeded"), ("Running", "Running")])
 def test_only_the_update_that_ends_the_instance_halts_its_vm(kyverno, tmp_path, old_phase, new_phase):
     """An update of an instance already Succeeded (a label, a finalizer) or still Running leaves the

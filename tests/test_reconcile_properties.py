@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings as hypothesis_settings
+from hypothesis import HealthCheck, example, given, settings as hypothesis_settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -27,6 +27,7 @@ from maas_double import POWER_SETTINGS, MaasDouble  # noqa: E402
 from reconcile_helpers import GOOD_RECORD, SEED, Args, assert_no_secrets, derived, write_values  # noqa: E402
 
 from maas_kubevirt import cli, identity, maas  # noqa: E402
+from maas_kubevirt.audit import Audit  # noqa: E402
 from maas_kubevirt.maas import RetryPolicy  # noqa: E402
 from maas_kubevirt.reconcile import (  # noqa: E402
     pool_description,
@@ -39,11 +40,14 @@ from maas_kubevirt.reconcile import (  # noqa: E402
     RIGHT,
     SET_PASSWORD,
     RESET_PASSWORD,
+    ROTATE,
     SKIP,
     SUSPECT,
     Action,
     Match,
+    Passwords,
     Power,
+    Reconciler,
     Settings,
     assign_hostnames,
     in_default_pool,
@@ -711,3 +715,62 @@ class _Capture:
     def __exit__(self, *exc):
         sys.stdout, sys.stderr = self._saved
         self.text = self._buffer.getvalue()
+
+
+# --- a VM's credential generation: the audit log's highest against the rotations ConfigMap -------
+
+WEB1, WEB2 = ("web1", "vms"), ("web2", "vms")
+# What restore counts as a generation used: a password set (or maybe set), a rotation done.
+COUNTED = {(SET_PASSWORD, "ok"), (SET_PASSWORD, "unknown"), (ROTATE, "ok")}
+_audited = st.lists(st.tuples(st.sampled_from([(SET_PASSWORD, "ok"), (SET_PASSWORD, "unknown"), (ROTATE, "ok"),
+                                               (SET_PASSWORD, "failed"), (ROTATE, "failed")]),
+                              st.integers(0, 12)), max_size=6)
+
+
+class _SaidRotations:
+    """The rotations ConfigMap as Reconciler.read_generations reads it (a VM at 0 has no key)."""
+
+    def __init__(self, generations: dict[tuple[str, str], int]):
+        self.generations = {who: g for who, g in generations.items() if g}
+
+    def read(self) -> dict[tuple[str, str], int]:
+        return dict(self.generations)
+
+
+def _audit_records(vm: tuple[str, str], audited: list) -> list[dict]:
+    """The audit records apply.py and rotate write for these (kind, outcome) and generations, as read back."""
+    import json
+
+    log, serial, records = Audit(), identity.format_serial(*vm), []
+    for (kind, outcome), generation in audited:
+        if kind == SET_PASSWORD:
+            record = log.write(SET_PASSWORD, "abc123", f"{vm[0]}-{vm[1]}", "wrong", "derived", outcome,
+                               identity=serial, generation=generation)
+        else:
+            record = log.write(ROTATE, "abc123", None, str(max(generation - 1, 0)), str(generation), outcome,
+                               identity=serial)
+        records.append(json.loads(json.dumps(record)))
+    return records
+
+
+@example(audited=[((SET_PASSWORD, "ok"), 3), ((SET_PASSWORD, "ok"), 1)], said=2, other=0)
+@example(audited=[((ROTATE, "ok"), 5), ((SET_PASSWORD, "unknown"), 4)], said=1, other=9)
+@example(audited=[((SET_PASSWORD, "ok"), 3)], said=1, other=0)
+@example(audited=[((SET_PASSWORD, "ok"), 2)], said=0, other=0)
+@example(audited=[((SET_PASSWORD, "ok"), 1)], said=4, other=7)
+@given(audited=_audited, said=st.integers(0, 12), other=st.integers(0, 12))
+def test_the_generation_derived_is_the_higher_of_the_configmap_and_the_audit_log(audited, said, other):
+    """A ConfigMap generation below the highest the audit log records for the VM never wins: the
+    reconciler judges and derives at the highest (and notes the lower one); a higher one is followed."""
+    records = _audit_records(WEB1, audited) + _audit_records(WEB2, [((SET_PASSWORD, "ok"), other)])
+    reconciler = Reconciler(None, Settings(domain=DOMAIN, commission="never"), Audit(), passwords=Passwords(SEED))
+    reconciler.rotator = _SaidRotations({WEB1: said, WEB2: other})
+    with _Capture():
+        reconciler.restore(records)
+        reconciler.read_generations()
+    highest = max((g for kind, g in audited if kind in COUNTED), default=0)
+    assert reconciler.passwords.generation(*WEB1) == max(highest, said)
+    assert reconciler.passwords.password(*WEB1) == identity.bmc_password(SEED, "web1.vms", max(highest, said))
+    assert reconciler.passwords.user(*WEB1) == identity.bmc_user(SEED, "web1.vms", max(highest, said))
+    assert reconciler.lowered.get(WEB1) == (said if said < highest else None)
+    assert reconciler.passwords.generation(*WEB2) == other and WEB2 not in reconciler.lowered

@@ -164,6 +164,28 @@ def test_a_restart_remembers_what_still_needs_rotating(double, tmp_path):
     assert third.needing_rotation() == {} and sid
 
 
+def test_a_configmap_generation_below_the_audited_one_never_wins(double, tmp_path):
+    """The ConfigMap edited from 3 down to 1 while the reconciler was down: the restarted one still
+    knows generation 3's password (and takes it back from a re-pointed machine) and never sets 1's."""
+    rotations = Rotations()
+    rotations.generations[("web1", "vms")] = 3
+    sid = double.add_vm("web1", "vms", status="New", mac_addresses=[MAC])
+    reconciler_for(double, tmp_path, rotations, Clock()).cycle()
+    assert double.power[sid]["power_pass"] == password("web1", "vms", 3)
+    rotations.generations[("web1", "vms")] = 1
+    re_point(double)
+    restarted = reconciler_for(double, tmp_path, rotations, Clock())
+    restarted.restore(records(tmp_path))
+    restarted.cycle()
+    assert restarted.passwords.generation("web1", "vms") == 3 and restarted.lowered == {("web1", "vms"): 1}
+    assert double.power[sid]["power_pass"] == PLACEHOLDER          # generation 3's, recognised and taken back
+    re_enlist(double, sid)
+    restarted.cycle()
+    assert double.power[sid]["power_pass"] == PLACEHOLDER          # 1 is below 3: not derived
+    secrets = {password("web1", "vms", 1), user("web1", "vms", 1)}
+    assert not [w for w in double.writes if secrets & {v for v in w[2].values() if isinstance(v, str)}]
+
+
 def test_a_duplicate_claim_is_no_leak(double, tmp_path):
     """Every claimant's address is the VM's own BMC: the password is taken back, nothing rotated."""
     rotations = Rotations()
