@@ -81,6 +81,14 @@ SERIAL_KEY_REGEX = (
 )
 GENERATION_REGEX = "^(0|[1-9][0-9]{0,8})$"
 
+
+def generation_total_jmespath(obj: str, above: int | None = None) -> str:
+    """The sum of the canonical generations in obj's data (a JMESPath of the ConfigMap), or of those
+    above ``above``; 0 without any. Kyverno's sum wants one number at least: hence the 0."""
+    test = f"regex_match('{GENERATION_REGEX}', value)" + (f" && to_number(value) > `{above}`" if above is not None else "")
+    return f"sum([`0`, items({obj}.data || `{{}}`, 'key', 'value')[?{test}].to_number(value)][])"
+
+
 POLICY_NAMES = {
     "identity": "maas-kubevirt-vm-identity",
     "claims": "maas-kubevirt-identity-claims",
@@ -425,6 +433,8 @@ def _context(values: dict, seed: str | None) -> dict[str, Any]:
         "generation_annotation": GENERATION_ANNOTATION,
         "serial_key_regex": SERIAL_KEY_REGEX,
         "generation_regex": GENERATION_REGEX,
+        "reconciler_generation_max": identity.RECONCILER_GENERATION_MAX,
+        "generation_total": generation_total_jmespath,
         "target_generation_jmespath": 'request.object.data."{{ target.metadata.name }}.{{ target.metadata.namespace }}" || \'0\'',
         "ingress_annotations": annotations,
         "bmc_pod_label": BMC_POD_LABEL,
