@@ -199,6 +199,27 @@ def _source_ranges(value: Any) -> list[str]:
     return problems + _whole_family_unions(networks, whole)
 
 
+def _pod_cidrs(value: Any) -> list[str]:
+    """The cluster's pod networks (IPv4 CIDRs, host bits zero); empty: the pod-network rule is off."""
+    if not isinstance(value, list):
+        return ["a list of IPv4 CIDRs such as 10.244.0.0/16 (the cluster's pod networks; [] for none)"]
+    problems: list[str] = []
+    for index, item in enumerate(value):
+        try:
+            if not isinstance(item, str):
+                raise TypeError(item)
+            network = ipaddress.ip_network(item, strict=True)
+        except (TypeError, ValueError):
+            problems.append(f"[{index}]: expected an IPv4 CIDR such as 10.244.0.0/16, found {_found(item)}")
+            continue
+        if network.version != 4:
+            problems.append(f"[{index}]: expected an IPv4 CIDR such as 10.244.0.0/16 (IPv6 pod networks are "
+                            f"not checked yet), found {item!r}")
+        elif network.prefixlen == 0:
+            problems.append(f"[{index}]: expected the pod network, narrower than /0, found {item!r}")
+    return problems
+
+
 def _whole_family_unions(networks: list, already_whole: set[int]) -> list[str]:
     """A problem for each IP version whose ranges together cover all of it, as /0 would."""
     problems = []
@@ -332,6 +353,7 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "opt_in_value": _label_value,
         "kyverno_namespace": _namespace,
         "example_namespace": _boolean,
+        "pod_cidrs": _pod_cidrs,
     },
     "ingress": {
         "class_name": _k8s_name,
