@@ -275,3 +275,27 @@ def test_the_ingress_rules_follow_the_controllers_prefix_and_its_class_less_ingr
     expected = _write_suite(plain, validate(values), TENANT, classless, policies.POLICY_NAMES["isolation"],
                             "policy-bmc-isolation.yaml")
     assert _passed(run_tests(kyverno, plain)) >= expected
+
+
+# Issue 41 item 5: with kubernetes.pod_cidrs, no address in the pod network from a tenant, whether
+# or not a BMC pod holds it yet (BMC_POD_IP is in 10.244.0.0/16; 10.244.9.9 is held by no pod).
+POD_NETWORK_CASES = [
+    (endpoint_slice("seeded-abcde", "tenant-a", "seeded", ["10.244.9.9"]), "fail"),
+    (endpoint_slice("held-abcde", "tenant-a", "held", [BMC_POD_IP]), "fail"),
+    (endpoint_slice("zeros-abcde", "tenant-a", "zeros", ["010.244.009.009"]), "fail"),
+    (endpoint_slice("mapped-abcde", "tenant-a", "mapped", ["::ffff:10.244.9.9"]), "fail"),
+    (endpoint_slice("mixed-abcde", "tenant-a", "mixed", ["198.51.100.7", "10.96.0.1", "10.244.255.255"]), "fail"),
+    (endpoints("seeded-endpoints", "tenant-a", ["10.244.0.1"]), "fail"),
+    (endpoint_slice("outside-abcde", "tenant-a", "outside", ["10.245.0.1", "10.243.255.255", "198.51.100.7"]), "pass"),
+    (endpoints("outside-endpoints", "tenant-a", ["198.51.100.9"]), "pass"),
+]
+
+
+def test_with_pod_cidrs_no_tenant_endpoint_names_the_pod_network(kyverno, tmp_path):
+    values = copy.deepcopy(load_values(None))
+    values["kubernetes"]["pod_cidrs"] = ["10.244.0.0/16"]
+    rule = "endpoints-not-into-the-pod-network"
+    expected = _write_suite(tmp_path, validate(values), TENANT, [(o, {rule: e}) for o, e in POD_NETWORK_CASES])
+    output = run_tests(kyverno, tmp_path)
+    assert _passed(output) >= expected, output
+    assert "Excluded" not in output, output

@@ -136,3 +136,74 @@ def test_with_the_ingress_exposure_the_detours_around_the_ingress_are_refused(co
     assert "bmc-endpoints-only-from-the-endpoint-controllers" in refused(
         cp, slice_of("web1-virtbmc-1", victim, "web1-virtbmc", "198.51.100.98"), *TENANT)
     admitted(cp, slice_of("web1-virtbmc-2", victim, "web1-virtbmc", "198.51.100.42"), *ENDPOINT_CONTROLLER)
+
+
+# Issue 41 item 5: a selectorless Service seeded with a pod-network address before any BMC pod holds
+# it. endpoints-not-to-a-bmc-pod compares with the pods of the moment; with kubernetes.pod_cidrs,
+# endpoints-not-into-the-pod-network refuses the address itself, from anyone but the controllers.
+POD_CIDRS = ["10.244.0.0/16"]
+SEEDED = "10.244.7.7"
+MIRRORING_CONTROLLER = ("--as", "system:serviceaccount:kube-system:endpointslicemirroring-controller",
+                        "--as-group", "system:masters")
+
+
+@pytest.fixture
+def pod_network_bundle(control_plane, site, bundle):
+    """The default render with kubernetes.pod_cidrs set, applied and Ready."""
+    directory, values, seed = site
+    rendered = render_bundle(directory, merged(values, {"kubernetes": {"pod_cidrs": POD_CIDRS}}), seed,
+                             name="build-pod-cidrs")
+    install(control_plane, rendered)
+    yield rendered
+    # Back to the default render for the next test (its bundle fixture starts the policies afresh).
+    control_plane.kubectl("delete", "clusterpolicy", "-l", PART_OF, "--wait=true")
+
+
+def slice_in(name: str, namespace: str, service: str, addresses: list[str], family: str = "IPv4",
+             labels: dict | None = None) -> dict:
+    obj = slice_of(name, namespace, service, addresses[0])
+    obj["addressType"] = family
+    obj["endpoints"] = [{"addresses": addresses}]
+    obj["metadata"]["labels"].update(labels or {})
+    return obj
+
+
+def test_a_selectorless_service_cannot_be_seeded_with_a_pod_network_address(control_plane, pod_network_bundle,
+                                                                          make_namespace):
+    cp, victim, tenant = control_plane, make_namespace(), make_namespace(labelled=False)
+    rule = "endpoints-not-into-the-pod-network"
+    admitted(cp, {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "seed", "namespace": tenant},
+                  "spec": {"ports": [{"port": 80, "targetPort": 10080}]}}, *TENANT)
+    # No pod holds the address yet: endpoints-not-to-a-bmc-pod has nothing to compare with.
+    assert not [p for p in json.loads(cp.kubectl("get", "pods", "-A", "-o", "json").stdout)["items"]
+                if SEEDED in [a.get("ip") for a in p.get("status", {}).get("podIPs") or []]]
+    assert rule in refused(cp, slice_in("seed-1", tenant, "seed", [SEEDED]), *TENANT)
+    assert rule in refused(cp, {"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "seed", "namespace": tenant},
+                                "subsets": [{"notReadyAddresses": [{"ip": SEEDED}], "ports": [{"port": 10080}]}]}, *TENANT)
+    # Dressed up: beside an outside address, as the controller's slice, with leading zeros, as IPv4
+    # after IPv6 text, as an FQDN slice; each refused (by the policy, or by the API server itself).
+    for name, addresses, family, labels in (
+            ("seed-2", ["198.51.100.7", SEEDED], "IPv4", None),
+            ("seed-3", [SEEDED], "IPv4", {"endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}),
+            ("seed-4", ["010.244.007.007"], "IPv4", None),
+            ("seed-5", ["::ffff:10.244.7.7"], "IPv6", None),
+            ("seed-6", ["::ffff:af4:707"], "IPv6", None),
+            ("seed-7", [SEEDED], "FQDN", None)):
+        refused(cp, slice_in(name, tenant, "seed", addresses, family, labels), *TENANT)
+    # An update that moves an admitted slice into the pod network is refused the same way.
+    admitted(cp, slice_in("seed-8", tenant, "seed", ["198.51.100.7"]), *TENANT)
+    moved = cp.kubectl(*TENANT, "-n", tenant, "patch", "endpointslice", "seed-8", "--type", "json", "-p",
+                       json.dumps([{"op": "replace", "path": "/endpoints/0/addresses/0", "value": SEEDED}]), check=False)
+    assert moved.returncode != 0 and rule in moved.stderr, moved.stderr
+    # The BMC pod takes the address later: nothing of the tenant's leads there.
+    bmc_pod(cp, "web1", victim, SEEDED)
+    slices = json.loads(cp.kubectl("get", "endpointslices", "-n", tenant, "-o", "json").stdout)["items"]
+    assert [s["metadata"]["name"] for s in slices] == ["seed-8"]
+    assert all(a != SEEDED for s in slices for e in s.get("endpoints") or [] for a in e["addresses"])
+    assert get(cp, "endpoints", "seed", tenant) is None
+    # The endpoint controllers' slices and mirrors still work, for pod addresses too.
+    admitted(cp, slice_in("web1-virtbmc-1", victim, "web1-virtbmc", [SEEDED]), *ENDPOINT_CONTROLLER)
+    admitted(cp, slice_in("app-1", tenant, "app", ["10.244.9.9"]), *ENDPOINT_CONTROLLER)
+    admitted(cp, slice_in("mirror-1", tenant, "external", ["10.244.9.10"]), *MIRRORING_CONTROLLER)
+    # Outside the pod network a tenant's selectorless Service is its own business.
+    admitted(cp, slice_in("db-1", tenant, "db", ["10.245.0.7", "198.51.100.8"]), *TENANT)

@@ -247,9 +247,9 @@ def test_generate_rules_synchronise_existing_vms_and_never_use_random(defaults):
         "urlPath": "/api/v1/namespaces/maas-kubevirt/configmaps/maas-kubevirt-rotations", "jmesPath": "data || `{}`"}}
     assert generation == {"name": "generation", "variable": {"jmesPath": policies.GENERATION_JMESPATH}}
     rotation_rules = rules(policy(manifests, policies.POLICY_NAMES["rotations"]))
-    assert list(rotation_rules) == ["generations-are-canonical", "generations-never-decrease", *ROTATIONS_GUARDS,
-                                    "annotate-rotated-vms"]
-    for name in ("generations-are-canonical", "generations-never-decrease", *ROTATIONS_GUARDS):
+    assert list(rotation_rules) == ["generations-are-canonical", "generations-never-decrease", *ROTATIONS_BOUNDS,
+                                    *ROTATIONS_GUARDS, "annotate-rotated-vms"]
+    for name in ("generations-are-canonical", "generations-never-decrease", *ROTATIONS_BOUNDS, *ROTATIONS_GUARDS):
         assert rotation_rules[name]["validate"]["failureAction"] == "Enforce"
         assert rotation_rules[name]["validate"]["allowExistingViolations"] is False
         assert rotation_rules[name]["validate"]["message"].startswith(name + ": ")
@@ -731,12 +731,13 @@ def test_the_reconciler_may_get_create_and_update_its_lease_and_the_rotations_an
                                                                     policies.KUSTOMIZATION_FILE)
               for o in policies.parse(text)]
     assert not [o for o in others if o["kind"] in ("Role", "RoleBinding", "ClusterRoleBinding", "ServiceAccount")]
-    # The rotations policy names it in one rule: the user the label rule refuses (issue 29).
+    # The rotations policy names it in three rules: the user the label rule refuses (issue 29) and the
+    # user the two bounds of issue 41 hold to one raise by one, below the ceiling.
     assert "maas-kubevirt-reconciler" not in "".join(t for n, t in manifests.items()
                                                      if n not in (policies.RECONCILER_RBAC_FILE, ROTATIONS_POLICY_FILE))
     (rotations_policy,) = policies.parse(manifests[ROTATIONS_POLICY_FILE])
     rotations_policy["spec"]["rules"] = [r for r in rotations_policy["spec"]["rules"]
-                                         if r["name"] != "reconciler-cannot-allow-delete"]
+                                         if r["name"] not in ("reconciler-cannot-allow-delete", *ROTATIONS_BOUNDS)]
     assert "maas-kubevirt-reconciler" not in yaml.safe_dump(rotations_policy)
     assert policies.RECONCILER_RBAC_FILE in yaml.safe_load(manifests["kustomization.yaml"])["resources"]
 
@@ -777,6 +778,29 @@ def test_the_rotations_configmap_is_rendered_without_data(defaults):
 ROTATIONS_GUARDS = ["configmap-not-immutable", "configmap-no-owner-references", "configmap-no-finalizers",
                     "configmap-no-delete", "reconciler-cannot-allow-delete"]
 ROTATIONS_POLICY_FILE = "policy-credential-rotations.yaml"
+# The lease kubeconfig's bound (issue 41 item 4), in their order in the policy.
+ROTATIONS_BOUNDS = ["reconciler-raises-one-generation-by-one", "reconciler-stays-below-the-ceiling"]
+
+
+def test_the_lease_kubeconfig_may_raise_one_generation_by_one_below_its_ceiling(defaults):
+    """Both bounds judge the reconciler's ServiceAccount alone, on every write, from the sums of the
+    canonical generations before and after; the ceiling is far below the largest generation."""
+    bounds = rules(policy(policies.render_kubernetes(defaults, SEED), policies.POLICY_NAMES["rotations"]))
+    reconciler = "system:serviceaccount:maas-kubevirt:maas-kubevirt-reconciler"
+    assert identity.RECONCILER_GENERATION_MAX * 1000 < identity.GENERATION_MAX
+    for name, (after, before), limit in (
+            ("reconciler-raises-one-generation-by-one", ("totalAfter", "totalBefore"), 1),
+            ("reconciler-stays-below-the-ceiling", ("aboveAfter", "aboveBefore"), 0)):
+        rule = bounds[name]
+        assert _operations(rule) == ["CREATE", "UPDATE"], name
+        assert rule["preconditions"] == {"all": [{"key": "{{ request.userInfo.username || '' }}",
+                                                  "operator": "Equals", "value": reconciler}]}
+        above = identity.RECONCILER_GENERATION_MAX if limit == 0 else None
+        assert rule["context"] == [
+            {"name": after, "variable": {"jmesPath": policies.generation_total_jmespath("request.object", above)}},
+            {"name": before, "variable": {"jmesPath": policies.generation_total_jmespath("request.oldObject", above)}}]
+        assert rule["validate"]["deny"]["conditions"] == {"any": [
+            {"key": f"{{{{ subtract({after}, {before}) }}}}", "operator": "GreaterThan", "value": limit}]}
 
 
 def _operations(rule: dict) -> list[str] | None:
@@ -995,3 +1019,40 @@ def test_the_rendered_power_off_rule_decides_as_the_stand_in_s_model(power_off):
         halted += expected
     # Any old phase but Succeeded, with no Start asked, the instance gone or still this one.
     assert halted == (len(PHASES) - 1) * 2 * 2
+
+
+# Issue 41 item 5: the pod-network rule's pattern against Python's reading of the same addresses.
+_octet_text = st.integers(0, 255).flatmap(lambda n: st.sampled_from([str(n), f"0{n}", f"00{n}"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(cidrs=st.lists(st.tuples(st.integers(0, 2 ** 32 - 1), st.integers(1, 32)), min_size=1, max_size=3),
+       octets=st.lists(_octet_text, min_size=4, max_size=4), inside=st.booleans(),
+       prefix=st.sampled_from(["", "::ffff:", "::FFFF:", "0:0:0:0:0:ffff:", "::"]))
+def test_the_pod_network_pattern_matches_exactly_the_addresses_in_the_networks(cidrs, octets, inside, prefix):
+    import ipaddress
+    import re
+
+    networks = [ipaddress.IPv4Network((address, length), strict=False) for address, length in cidrs]
+    if inside:  # an address drawn inside the first network, written with the drawn leading zeros
+        net = networks[0]
+        value = int(net.network_address) + sum(int(o.lstrip("0") or "0") for o in octets) % net.num_addresses
+        octets = [("0" if o.startswith("0") and o != "0" else "") + str(b)
+                  for o, b in zip(octets, ipaddress.IPv4Address(value).packed)]
+    address = ipaddress.IPv4Address(".".join(str(int(o)) for o in octets))
+    pattern = policies.ipv4_networks_regex([str(n) for n in networks])
+    expected = any(address in n for n in networks)
+    assert bool(re.match(pattern, prefix + ".".join(octets))) is expected
+    # Never a longer or shorter dotted text, nor an address with more text after it.
+    assert not re.match(pattern, prefix + ".".join(octets) + ".1")
+    assert not re.match(pattern, prefix + ".".join(octets[:3]))
+
+
+def test_the_pod_network_rule_is_rendered_only_with_pod_cidrs():
+    values = copy.deepcopy(load_values(None))
+    rules = lambda v: [r["name"] for r in policies.parse(policies.render_kubernetes(validate(v), None)[  # noqa: E731
+        "policy-route-isolation.yaml"])[0]["spec"]["rules"]]
+    assert "endpoints-not-into-the-pod-network" not in rules(values)
+    values["kubernetes"]["pod_cidrs"] = ["10.244.0.0/16"]
+    assert "endpoints-not-into-the-pod-network" in rules(values)
+    assert policies.ipv4_networks_regex([]) == ""

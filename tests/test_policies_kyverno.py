@@ -128,6 +128,18 @@ def _lowers(old: dict, new: dict) -> bool:
     return False
 
 
+def _total(configmap: dict | None, above: int = -1) -> int:
+    """The sum of configmap's canonical generations (identity's reading) above ``above``."""
+    total = 0
+    for value in ((configmap or {}).get("data") or {}).values():
+        try:
+            generation = identity.parse_generation(value)
+        except identity.IdentityError:
+            continue
+        total += generation if generation > above else 0
+    return total
+
+
 def guard_outcomes(new: dict, old: dict | None, operation: str, username: str, reconciler: str) -> dict[str, str]:
     """What each ConfigMap rule of the rotations policy must decide for one request."""
     if operation == "DELETE":
@@ -143,6 +155,13 @@ def guard_outcomes(new: dict, old: dict | None, operation: str, username: str, r
     }
     if operation == "UPDATE":
         outcomes["generations-never-decrease"] = "fail" if _lowers(old, new) else "pass"
+    # The lease kubeconfig's bound: one VM raised by one (with generations-never-decrease), never
+    # above identity.RECONCILER_GENERATION_MAX; anyone else is not bounded by these two.
+    cap = identity.RECONCILER_GENERATION_MAX
+    outcomes["reconciler-raises-one-generation-by-one"] = "skip" if username != reconciler else (
+        "fail" if _total(new) - _total(old) > 1 else "pass")
+    outcomes["reconciler-stays-below-the-ceiling"] = "skip" if username != reconciler else (
+        "fail" if _total(new, cap) > _total(old, cap) else "pass")
     return outcomes
 
 
@@ -172,6 +191,21 @@ def _guard_cases(system: str) -> list[tuple[str, dict, list[str], dict | None, s
         # The reconciler's bump of a ConfigMap an administrator has labelled: it keeps the label.
         ("raise", cm({"web1.tenant-a": "3", "web9.tenant-b": "1"}, labels=allowed), ["UPDATE"],
          {"data": {"web1.tenant-a": "2"}}, "reconciler"),
+        # The lease kubeconfig's bound (issue 41 item 4): one VM, by one, below the ceiling.
+        ("reconciler-raises-two", cm({"web1.tenant-a": "3", "web2.tenant-a": "5"}), ["UPDATE"],
+         {"data": {"web1.tenant-a": "2", "web2.tenant-a": "4"}}, "reconciler"),
+        ("reconciler-jumps", cm({"web1.tenant-a": "4"}), ["UPDATE"], {"data": {"web1.tenant-a": "2"}}, "reconciler"),
+        ("reconciler-new-key-at-the-largest", cm({"web1.tenant-a": "2", "web9.tenant-b": str(identity.GENERATION_MAX)}),
+         ["UPDATE"], {"data": {"web9.tenant-b": "0"}}, "reconciler"),
+        ("reconciler-past-its-ceiling", cm({"web1.tenant-a": str(identity.RECONCILER_GENERATION_MAX + 1)}), ["UPDATE"],
+         {"data": {"web1.tenant-a": str(identity.RECONCILER_GENERATION_MAX)}}, "reconciler"),
+        ("reconciler-to-its-ceiling", cm({"web1.tenant-a": str(identity.RECONCILER_GENERATION_MAX)}), ["UPDATE"],
+         {"data": {"web1.tenant-a": str(identity.RECONCILER_GENERATION_MAX - 1)}}, "reconciler"),
+        # An administrator's VM above the ceiling stays; the reconciler bumps another VM beside it.
+        ("reconciler-beside-a-high-one", cm({"web1.tenant-a": "5000000", "web2.tenant-a": "3"}), ["UPDATE"],
+         {"data": {"web2.tenant-a": "2"}}, "reconciler"),
+        ("admin-jumps", cm({"web1.tenant-a": str(identity.GENERATION_MAX), "web2.tenant-a": "9"}), ["UPDATE"],
+         {"data": {"web1.tenant-a": "2", "web2.tenant-a": "4"}}, "admin"),
         ("clean", cm(), both, None, "admin"),
         ("delete", cm(), ["DELETE"], None, "admin"),
         ("delete-label-false", cm(labels={ALLOW_DELETE_LABEL: "false"}), ["DELETE"], None, "admin"),

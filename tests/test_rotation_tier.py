@@ -182,6 +182,47 @@ def test_a_generation_never_goes_down(control_plane, bundle, make_namespace, rec
 
 
 
+def test_the_lease_kubeconfig_raises_one_vm_by_one_below_its_ceiling(control_plane, bundle, make_namespace,
+                                                                        reconciler_api, admin_api):
+    """Issue 41 item 4: a stolen lease kubeconfig (the reconciler's token) may bump one VM by one per
+    update and never past identity.RECONCILER_GENERATION_MAX, so it cannot push every VM to the
+    largest generation; `rotate`'s own bump goes through, and an administrator is not bounded."""
+    system = system_namespace(bundle)
+    tenant = make_namespace(labelled=False)
+    one, two, three = (identity.format_serial(name, tenant) for name in ("one", "two", "three"))
+    for key in (one, two):
+        assert rotations.bump(reconciler_api, *identity.parse_serial(key), system_namespace=system) == 1
+
+    def data(changes: dict):
+        return lambda c: setattr(c, "data", {**(c.data or {}), **changes})
+
+    cap, largest = identity.RECONCILER_GENERATION_MAX, identity.GENERATION_MAX
+    for changes in ({one: "2", two: "2"}, {one: "3"}, {three: str(largest)}, {three: "2"},
+                    # every VM at once, the attack of the finding
+                    {key: str(largest) for key in (one, two, three)}):
+        body = refused_for_the_reconciler(reconciler_api, system, data(changes))
+        assert "reconciler-raises-one-generation-by-one" in body, (changes, body)
+    # Lowering one to raise another keeps the sum: generations-never-decrease refuses it.
+    assert "generations-never-decrease" in refused_for_the_reconciler(reconciler_api, system, data({one: "0", two: "2"}))
+    # No other verb: a patch or a create is the Role's to refuse.
+    with pytest.raises(Exception) as forbidden:
+        reconciler_api.patch_namespaced_config_map(identity.ROTATIONS_CONFIGMAP, system, {"data": {one: str(largest)}})
+    assert getattr(forbidden.value, "status", None) == 403, forbidden.value
+    assert {k: v for k, v in rotations.read(reconciler_api, system).items()
+            if k[1] == tenant} == {identity.parse_serial(one): 1, identity.parse_serial(two): 1}
+    # Up to the ceiling one bump at a time (an administrator put it one short), then no further.
+    admin_api.patch_namespaced_config_map(identity.ROTATIONS_CONFIGMAP, system, {"data": {one: str(cap - 1)}})
+    assert rotations.bump(reconciler_api, *identity.parse_serial(one), system_namespace=system) == cap
+    with pytest.raises(rotations.RotationsError) as refused:
+        rotations.bump(reconciler_api, *identity.parse_serial(one), system_namespace=system)
+    assert "reconciler-stays-below-the-ceiling" in str(refused.value) and "--kubeconfig" in str(refused.value)
+    # The administrator's own credentials rotate it on; beside it, the reconciler still bumps the others.
+    assert rotations.bump(admin_api, *identity.parse_serial(one), system_namespace=system) == cap + 1
+    assert rotations.bump(reconciler_api, *identity.parse_serial(two), system_namespace=system) == 2
+    assert {k: v for k, v in rotations.read(admin_api, system).items()
+            if k[1] == tenant} == {identity.parse_serial(one): cap + 1, identity.parse_serial(two): 2}
+
+
 # Issue 29: the ConfigMap's own life. What each refusal could break is in the rotations policy.
 GHOST_OWNER = {"apiVersion": "v1", "kind": "ConfigMap", "name": "gone", "uid": "00000000-0000-4000-8000-000000000029"}
 

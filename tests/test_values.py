@@ -57,6 +57,13 @@ def test_bare_off_means_off(tmp_path):
         ({"kubernetes": {"system_namespace": "Kube_System"}}, "kubernetes.system_namespace: expected a Kubernetes namespace name"),
         ({"ingress": {"source_ranges": ["10.0.0.1/8"]}}, "ingress.source_ranges[0]: expected a CIDR such as 10.0.0.0/8, found '10.0.0.1/8'"),
         ({"ingress": {"source_ranges": "10.0.0.0/8"}}, "ingress.source_ranges: expected a list of CIDRs"),
+        ({"kubernetes": {"pod_cidrs": ["10.244.0.1/16"]}},
+         "kubernetes.pod_cidrs[0]: expected an IPv4 CIDR such as 10.244.0.0/16, found '10.244.0.1/16'"),
+        ({"kubernetes": {"pod_cidrs": ["fd00:10:244::/56"]}},
+         "kubernetes.pod_cidrs[0]: expected an IPv4 CIDR such as 10.244.0.0/16 (IPv6 pod networks are not checked yet)"),
+        ({"kubernetes": {"pod_cidrs": ["0.0.0.0/0"]}}, "kubernetes.pod_cidrs[0]: expected the pod network, narrower than /0"),
+        ({"kubernetes": {"pod_cidrs": "10.244.0.0/16"}}, "kubernetes.pod_cidrs: expected a list of IPv4 CIDRs"),
+        ({"kubernetes": {"pod_cidrs": [16]}}, "kubernetes.pod_cidrs[0]: expected an IPv4 CIDR such as 10.244.0.0/16, found 16"),
         ({"ingress": {"annotations": {"a/b": 5}}}, "ingress.annotations['a/b']: expected a string value (quote it), found 5"),
         ({"maas": {"interval": 0}}, "maas.interval: expected a whole number of seconds from 1 to 86400, found 0"),
         ({"maas": {"timeout": "30"}}, "maas.timeout: expected a whole number of seconds from 1 to 600, found '30'"),
@@ -107,6 +114,16 @@ def test_a_values_file_setting_a_retired_key_exits_2(tmp_path, capsys, line):
     assert code == 2 and not output.exists()
     key = line.split(":")[0]
     assert f"redfish.{key}: no longer supported" in capsys.readouterr().err
+
+
+def test_a_bad_pod_cidr_exits_2_with_one_line(tmp_path, capsys):
+    output = tmp_path / "out"
+    code = cli.main(["--values", write(tmp_path, "kubernetes:\n  pod_cidrs: [10.244.0.0/33]\n"),
+                     "render", "--output", str(output)])
+    err = capsys.readouterr().err
+    assert code == 2 and not output.exists()
+    assert [line for line in err.splitlines() if "pod_cidrs" in line] == [
+        "maas-kubevirt: error: kubernetes.pod_cidrs[0]: expected an IPv4 CIDR such as 10.244.0.0/16, found '10.244.0.0/33'"], err
 
 
 def test_invalid_yaml_names_the_line(tmp_path):
@@ -384,6 +401,9 @@ def test_length_limits_and_accepted_forms(section, key, value, accepted):
         ("maas", "max_response_mib", True, False),
         ("maas", "max_response_mib", 2.5, False),
         ("ingress", "source_ranges", ["0.0.0.0/1", "::/1"], True),
+        ("kubernetes", "pod_cidrs", [], True),
+        ("kubernetes", "pod_cidrs", ["10.244.0.0/16", "10.96.0.0/12", "192.168.5.128/25", "10.1.2.3/32"], True),
+        ("kubernetes", "pod_cidrs", None, False),
         ("ingress", "tls_secret", "wildcard-tls", True),
         ("ingress", "cluster_issuer", "letsencrypt", True),
         ("maas", "audit_log", "/var/log/maas-kubevirt/audit.log", True),

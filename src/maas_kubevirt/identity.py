@@ -225,6 +225,11 @@ PLACEHOLDER_PASSWORD = "maas-kubevirt-placeholder"
 # ... Kept in the ConfigMap ROTATIONS_CONFIGMAP of the system namespace, one key per serial.
 ROTATIONS_CONFIGMAP = "maas-kubevirt-rotations"
 GENERATION_MAX = 999_999_999
+# The highest generation the reconciler's ServiceAccount (the lease kubeconfig) may write: each of
+# its updates raises one VM's generation by one at most, and never above this, so a stolen lease
+# kubeconfig cannot push a VM to GENERATION_MAX, past which nobody could rotate it again; above
+# it, only an administrator's own credentials rotate (the rotations policy enforces both).
+RECONCILER_GENERATION_MAX = 999_999
 _GENERATION = re.compile(r"(0|[1-9][0-9]{0,8})\Z")
 
 

@@ -82,6 +82,14 @@ SERIAL_KEY_REGEX = (
 )
 GENERATION_REGEX = "^(0|[1-9][0-9]{0,8})$"
 
+
+def generation_total_jmespath(obj: str, above: int | None = None) -> str:
+    """The sum of the canonical generations in obj's data (a JMESPath of the ConfigMap), or of those
+    above ``above``; 0 without any. Kyverno's sum wants one number at least: hence the 0."""
+    test = f"regex_match('{GENERATION_REGEX}', value)" + (f" && to_number(value) > `{above}`" if above is not None else "")
+    return f"sum([`0`, items({obj}.data || `{{}}`, 'key', 'value')[?{test}].to_number(value)][])"
+
+
 POLICY_NAMES = {
     "identity": "maas-kubevirt-vm-identity",
     "claims": "maas-kubevirt-identity-claims",
@@ -302,6 +310,31 @@ def own_alias_regex_jmespath(domain: str) -> str:
 # --use-service-account-credentials (pkg/controller/.../*, the names in cmd/kube-controller-manager/names).
 ENDPOINT_CONTROLLER_ACCOUNTS = ("endpoint-controller", "endpointslice-controller", "endpointslicemirroring-controller")
 VIRTBMC_SUFFIX = "-virtbmc"
+_OCTET = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+
+
+def _octets(low: int, high: int) -> str:
+    """An RE2 group for the decimal octets low..high, after any leading zeros."""
+    if (low, high) == (0, 255):
+        return "0*" + _OCTET
+    return "0*(" + "|".join(str(n) for n in range(low, high + 1)) + ")"
+
+
+def ipv4_networks_regex(cidrs: list[str]) -> str:
+    """An RE2 pattern (Python's re too) for an address, as an Endpoints or EndpointSlice may hold it,
+    in any of the IPv4 networks ``cidrs``; "" without any. As the API server reads an address when it
+    is lenient (netutils.ParseIPSloppy): leading zeros in an octet are decimal, and an IPv4 address
+    may follow IPv6 text ("::ffff:10.244.1.5", which Go's proxies dial as IPv4), so both match."""
+    import ipaddress
+
+    alternatives = []
+    for cidr in cidrs:
+        network = ipaddress.IPv4Network(cidr)
+        first, last = network.network_address.packed, network.broadcast_address.packed
+        alternatives.append("[.]".join(_octets(first[i], last[i]) for i in range(4)))
+    if not alternatives:
+        return ""
+    return "^([0-9A-Fa-f:]*:)?(" + "|".join(alternatives) + ")$"
 
 
 def zone_claim_jmespath(hostname: str, domain: str) -> str:
@@ -340,6 +373,7 @@ def _route_isolation_context(values: dict) -> dict[str, Any]:
         "listener_set_kinds": [matches[k][0] for k in kinds if matches[k][1] is None],
         "gateway_api_group": exposure_module.GATEWAY_API_GROUP,
         "endpoint_controller_accounts": ENDPOINT_CONTROLLER_ACCOUNTS,
+        "pod_network_regex": ipv4_networks_regex(values["kubernetes"]["pod_cidrs"]),
         "bmc_pod_ips_jmespath": f'items[?metadata.labels."{BMC_POD_LABEL}"].status.podIPs[].ip || `[]`',
         "externalname_to_virtbmc": "{{ regex_match('(?i)^[^.]+" + VIRTBMC_SUFFIX + "([.]|$)', "
                                    "request.object.spec.externalName || '') }}",
@@ -419,6 +453,8 @@ def _context(values: dict, seed: str | None) -> dict[str, Any]:
         "generation_annotation": GENERATION_ANNOTATION,
         "serial_key_regex": SERIAL_KEY_REGEX,
         "generation_regex": GENERATION_REGEX,
+        "reconciler_generation_max": identity.RECONCILER_GENERATION_MAX,
+        "generation_total": generation_total_jmespath,
         "target_generation_jmespath": 'request.object.data."{{ target.metadata.name }}.{{ target.metadata.namespace }}" || \'0\'',
         "ingress_annotations": annotations,
         "bmc_pod_label": BMC_POD_LABEL,

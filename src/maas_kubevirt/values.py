@@ -173,6 +173,14 @@ def _maas_tag(value: Any) -> str | None:
     return "a MAAS tag name (letters, digits, '_' and '-')"
 
 
+def _cidr(item: Any) -> Any:
+    """item as an ipaddress network (host bits zero), or None when it is not one."""
+    try:
+        return ipaddress.ip_network(item, strict=True) if isinstance(item, str) else None
+    except ValueError:
+        return None
+
+
 def _source_ranges(value: Any) -> list[str]:
     """The BMC allowlist: at least one CIDR; neither one of them nor their union the whole space (/0)."""
     if not isinstance(value, list):
@@ -183,11 +191,8 @@ def _source_ranges(value: Any) -> list[str]:
     networks: list = []
     whole: set[int] = set()  # IP versions already refused for a /0 item
     for index, item in enumerate(value):
-        try:
-            if not isinstance(item, str):
-                raise TypeError(item)
-            network = ipaddress.ip_network(item, strict=True)
-        except (TypeError, ValueError):
+        network = _cidr(item)
+        if network is None:
             problems.append(f"[{index}]: expected a CIDR such as 10.0.0.0/8, found {_found(item)}")
             continue
         if network.prefixlen == 0:
@@ -197,6 +202,23 @@ def _source_ranges(value: Any) -> list[str]:
             continue
         networks.append(network)
     return problems + _whole_family_unions(networks, whole)
+
+
+def _pod_cidrs(value: Any) -> list[str]:
+    """The cluster's pod networks (IPv4 CIDRs, host bits zero); empty: the pod-network rule is off."""
+    if not isinstance(value, list):
+        return ["a list of IPv4 CIDRs such as 10.244.0.0/16 (the cluster's pod networks; [] for none)"]
+    problems: list[str] = []
+    for index, item in enumerate(value):
+        network = _cidr(item)
+        if network is None:
+            problems.append(f"[{index}]: expected an IPv4 CIDR such as 10.244.0.0/16, found {_found(item)}")
+        elif network.version != 4:
+            problems.append(f"[{index}]: expected an IPv4 CIDR such as 10.244.0.0/16 (IPv6 pod networks are "
+                            f"not checked yet), found {item!r}")
+        elif network.prefixlen == 0:
+            problems.append(f"[{index}]: expected the pod network, narrower than /0, found {item!r}")
+    return problems
 
 
 def _whole_family_unions(networks: list, already_whole: set[int]) -> list[str]:
@@ -349,6 +371,7 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "opt_in_value": _label_value,
         "kyverno_namespace": _namespace,
         "example_namespace": _boolean,
+        "pod_cidrs": _pod_cidrs,
     },
     "ingress": {
         "class_name": _k8s_name,
