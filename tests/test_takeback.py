@@ -21,7 +21,10 @@ from test_power_type import SWITCHES, holders, switch  # noqa: E402
 from test_reconcile_security import Clock, double, fast_retries  # noqa: E402,F401  (fixtures)
 from test_rotation import MAC, PLACEHOLDER, password, re_point, reconciler_for, records, user  # noqa: E402
 
-from maas_kubevirt import identity  # noqa: E402
+from reconcile_helpers import Args, write_values  # noqa: E402
+
+from maas_kubevirt import identity, lease, loop  # noqa: E402
+from maas_kubevirt.values import load_values  # noqa: E402
 
 SECRETS = (password("web1", "vms"), user("web1", "vms"))
 FALLBACK = identity.fallback_hostname("web1", "vms")
@@ -123,3 +126,22 @@ def test_another_sites_credentials_are_left_alone(double, tmp_path):
     fresh(double, tmp_path, "only").cycle()
     assert double.power[foreign]["power_pass"] == identity.bmc_password(other_seed, "web1.vms")
     assert records(tmp_path / "only") == []
+
+
+@pytest.mark.parametrize("audit_log", [False, True], ids=["no-audit-log", "audit-log"])
+def test_the_reconciler_warns_at_start_when_a_lease_has_no_audit_log(double, tmp_path, monkeypatch, capsys,
+                                                                      audit_log):
+    values = load_values(write_values(tmp_path, double, **({} if audit_log else {"audit_log": ""})))
+    values["reconciler"]["lease"]["kubeconfig"] = str(tmp_path / "kubeconfig")
+
+    def no_candidate(values, *args, **kwargs):   # the warning comes before the election
+        raise lease.LeaseConfigError("stopped here by the test")
+
+    monkeypatch.setattr(lease, "candidate_from_values", no_candidate)
+    capsys.readouterr()
+    loop.main(values, Args(once=True))
+    err = capsys.readouterr().err
+    assert ("maas.audit_log is not set" in err) != audit_log
+    if not audit_log:
+        assert "a standby that takes the lease over has none of the holder's records" in err
+        assert "one audit log that every host's reconciler appends to (shared or replicated storage" in err
