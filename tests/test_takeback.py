@@ -145,3 +145,50 @@ def test_the_reconciler_warns_at_start_when_a_lease_has_no_audit_log(double, tmp
     if not audit_log:
         assert "a standby that takes the lease over has none of the holder's records" in err
         assert "one audit log that every host's reconciler appends to (shared or replicated storage" in err
+
+
+def test_a_resync_reads_every_machines_power_in_bulk_and_an_idle_cycle_stays_at_two_requests(double, tmp_path):
+    """The cost of knowing credentials by their value: a resync reads every machine's power
+    parameters (200 a request), whatever its type; an idle cycle reads none."""
+    from maas_kubevirt.maas import POWER_PARAMETERS_CHUNK
+
+    for i in range(950):
+        double.add_machine(power_type="ipmi", power_pass=f"S3CRET{i}", status="Deployed")
+    for i in range(50):
+        double.add_vm(f"vm{i}", "vms", status="Deployed")
+    reconciler = fresh(double, tmp_path, "cost")
+    reconciler.cycle()
+    reconciler.cycle()
+    double.reset_counts()
+    assert reconciler.cycle().actions == [] and double.request_count <= 2
+    assert ("GET", "machines/?op=power_parameters") not in double.counts
+    reconciler.log.request_resync("the test asks for one")
+    double.reset_counts()
+    reconciler.cycle()
+    assert double.counts[("GET", "machines/?op=power_parameters")] == -(-1000 // POWER_PARAMETERS_CHUNK)
+    assert all("S3CRET" not in str(v) for v in reconciler.known.values())
+    assert len(reconciler.known) == 50     # the others' parameters are judged and dropped
+
+
+def test_without_the_event_log_every_machine_is_swept_every_power_check_interval(double):
+    from maas_kubevirt.audit import Audit
+    from maas_kubevirt.maas import MAASClient, Signer
+    from maas_kubevirt.reconcile import Passwords, Reconciler, Settings
+    from reconcile_helpers import DOMAIN, SEED
+
+    ipmi = double.add_machine(power_type="ipmi", status="Deployed")
+    double.add_vm("web1", "vms", status="Deployed")
+    clock = Clock()
+    reconciler = Reconciler(MAASClient(double.url, Signer(*double.api_key), timeout=5),
+                            Settings(domain=DOMAIN, resync_interval=None), Audit(""), passwords=Passwords(SEED),
+                            clock=clock)
+
+    def swept() -> bool:
+        double.reset_counts()
+        reconciler.cycle()
+        return any(ipmi in url for url in double.urls if "op=power_parameters" in url)
+
+    assert swept()
+    assert not swept()
+    clock.now += reconciler.settings.power_check_interval
+    assert swept()
