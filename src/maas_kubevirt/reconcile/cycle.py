@@ -105,8 +105,10 @@ class Reconciler:
     With ``settings.resync_interval`` (the default) a cycle follows MAAS's event log
     (``events.EventLog``) and reads only the machines named in new events, those it planned
     changes for in the last cycle and those it watches (``watched``); it lists every machine
-    at start, every resync_interval seconds and whenever the log cannot be trusted. Without it
-    every cycle lists every machine and reads every redfish machine's power parameters.
+    at start, every resync_interval seconds and whenever the log cannot be trusted, and then
+    reads every machine's power parameters, of every type (a sweep: ``Owners``). Without it every
+    cycle lists every machine and reads every redfish machine's power parameters, and every
+    machine's every power_check_interval seconds.
     """
 
     def __init__(self, client: MAASClient, settings: Settings, audit: Audit | None = None,
@@ -473,7 +475,7 @@ class Reconciler:
         return self.resync(reason)
 
     def resync(self, reason: str) -> list[Action]:
-        """List every machine and re-read every redfish machine's power parameters."""
+        """List every machine and re-read every machine's power parameters (a sweep)."""
         assert self.log is not None
         if self.log.reason:  # beyond the schedule: worth a line in the journal
             note(f"full resync: {reason}")
