@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from maas_kubevirt import identity
 
@@ -37,27 +37,28 @@ def _readings(text: str) -> Iterable[tuple[str, str]]:
                 yield "".join(chars), namespace
 
 
+def _whose(text: str, rule: Callable[[str, str], str], name: str) -> set[tuple[str, str]]:
+    """The readings of text whose hostname by rule is name."""
+    found = set()
+    for vm, namespace in _readings(text):
+        try:
+            if rule(vm, namespace) == name:
+                found.add((vm, namespace))
+        except identity.IdentityError:
+            pass
+    return found
+
+
 def named(hostname: Any) -> frozenset[tuple[str, str]]:
     """The identities whose MAAS hostname, primary or fallback, this is (any pool: an operator may
     have moved it). A fallback whose ``<vm>-<ns>`` was cut to fit names none: its hash alone is left."""
     if not isinstance(hostname, str) or not hostname.isascii():
         return frozenset()
     name = hostname.lower()
-    found = set()
-    for vm, namespace in _readings(name):
-        try:
-            if identity.maas_hostname(vm, namespace) == name:
-                found.add((vm, namespace))
-        except identity.IdentityError:
-            pass
+    found = _whose(name, identity.maas_hostname, name)
     base, dash, suffix = name.rpartition("-")
     if dash and len(suffix) == identity.HASH_SUFFIX and all(c in "0123456789abcdef" for c in suffix):
-        for vm, namespace in _readings(base):
-            try:
-                if identity.fallback_hostname(vm, namespace) == name:
-                    found.add((vm, namespace))
-            except identity.IdentityError:
-                pass
+        found |= _whose(base, identity.fallback_hostname, name)
     return frozenset(found)
 
 
