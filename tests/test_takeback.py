@@ -168,6 +168,7 @@ def test_a_resync_reads_every_machines_power_in_bulk_and_an_idle_cycle_stays_at_
     assert double.counts[("GET", "machines/?op=power_parameters")] == -(-1000 // POWER_PARAMETERS_CHUNK)
     assert all("S3CRET" not in str(v) for v in reconciler.known.values())
     assert len(reconciler.known) == 50     # the others' parameters are judged and dropped
+    assert len(reconciler.owners) == 0     # no value needed looking up: nothing was hashed for it
 
 
 def test_without_the_event_log_every_machine_is_swept_every_power_check_interval(double):

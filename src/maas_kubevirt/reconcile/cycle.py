@@ -266,7 +266,7 @@ class Reconciler:
         power = self.passwords.judge(parameters, self.settings.domain, previous)
         if power.derived or power.password == RIGHT:
             return power
-        owner = self.owners.owner(parameters)
+        owner = self.owners.owner(parameters, self.candidates)
         if owner is None or owner == previous:
             return power
         return self.passwords.judge(parameters, self.settings.domain, owner)
@@ -301,7 +301,7 @@ class Reconciler:
             before = before or self.credited.get(system_id)
             if before is not None:
                 hints[system_id] = before
-        self.owners.index(self.candidates())
+        self.owners.stale()
         fetched = self.client.power_parameters(system_ids, self._judge, hints)
         for system_id, power in fetched.items():
             claimed, canonical = claim_of(power.address, self.settings.domain)

@@ -88,6 +88,7 @@ class Owners:
         # digest of a derived user or password -> its identity; identity -> (generation, digests).
         self._index: dict[bytes, tuple[str, str]] = {}
         self._indexed: dict[tuple[str, str], tuple[int, tuple[bytes, bytes]]] = {}
+        self._current = False   # whether the index follows the last listing and generations
 
     def listed(self, machines: Iterable[Mapping[str, Any]], complete: bool) -> None:
         """Note what the names of these machines could be; complete: they are every machine."""
@@ -96,9 +97,14 @@ class Owners:
         fresh = {h: named(h) for h in seen if h not in self.hostnames}
         self.hostnames = {**({} if complete else self.hostnames), **kept, **fresh}
 
+    def stale(self) -> None:
+        """Names, addresses or generations may have changed: index again before the next lookup."""
+        self._current = False
+
     def index(self, others: Iterable[tuple[str, str]]) -> None:
         """Make the index hold exactly the candidates: every listed name's identities and others,
         each at its current generation (a derived value is hashed again only when that changes)."""
+        self._current = True
         wanted = set(others)
         for names in self.hostnames.values():
             wanted |= names
@@ -124,10 +130,15 @@ class Owners:
             if self._index.get(digest) == who:
                 del self._index[digest]
 
-    def owner(self, parameters: Mapping[str, Any]) -> tuple[str, str] | None:
-        """The candidate whose derived user or password one of these parameters holds, else None."""
+    def owner(self, parameters: Mapping[str, Any],
+              others: Callable[[], Iterable[tuple[str, str]]] = tuple) -> tuple[str, str] | None:
+        """The candidate whose derived user or password one of these parameters holds, else None.
+        The index is brought up to date (``others``: the candidates besides the listed names) only
+        when a value of a derived one's shape is there: most machines hold none."""
         for value in parameters.values():
             if identity.derived_shape(value):
+                if not self._current:
+                    self.index(others())
                 who = self._index.get(_digest(value))
                 if who is not None:
                     return who
