@@ -656,3 +656,22 @@ def test_a_token_near_its_end_is_a_warning_and_an_ended_one_a_failure(site):
         assert check.status == expected, (left, check)
     assert "the kubeconfig's token expires" in lease_check(
         site.values, [], record=held, token_expires=now + timedelta(days=30), now=now).found
+
+
+def test_a_lease_without_an_audit_log_is_a_warning_that_says_it_must_be_shared(site):
+    """A standby that takes the lease over restores nothing without the holder's records (issue 41)."""
+    from datetime import datetime, timedelta, timezone
+
+    from maas_kubevirt.doctor.lease import lease_check
+    from maas_kubevirt.lease import Record, micro_time
+
+    now = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+    site.values["reconciler"]["lease"]["kubeconfig"] = "/etc/maas-kubevirt/kubeconfig"
+    held = Record("region-1_5", 15, micro_time(now - timedelta(hours=1)), micro_time(now - timedelta(seconds=1)))
+    assert lease_check(site.values, [{"hostname": "region-1"}], record=held, now=now).status == "ok"
+    site.values["maas"]["audit_log"] = ""
+    check = lease_check(site.values, [{"hostname": "region-1"}], record=held, now=now)
+    assert check.status == "warn" and "maas.audit_log is not set" in check.found
+    assert "every host's reconciler appends to" in check.fix and "shared or replicated" in check.fix
+    site.values["reconciler"]["lease"]["kubeconfig"] = ""        # one host, no lease: nothing to share
+    assert lease_check(site.values, [{"hostname": "region-1"}]).status == "ok"

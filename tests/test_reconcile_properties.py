@@ -627,14 +627,16 @@ def run_cycles(tmp_path, inventory, echo):
                          for sid in ours)
         twice = {sid for sid in ours
                  if claims[identity.parse_redfish_address(double.power[sid]["power_address"], DOMAIN)] > 1}
-        # Another power type, filed as <vm>-<ns> in the pool <ns> and still holding that identity's
-        # derived user or password: MAAS kept them across a switch of type, so they are taken back.
-        # The identities judged are the filed one and the one its address names (as a suspect too).
+        # Another power type still holding a VM's derived user or password: MAAS kept them across a
+        # switch of type, so they are taken back (every --once is a full resync, which reads every
+        # machine of every type). The identities judged are the one its name and pool say it was
+        # filed as and the one its address names (as a suspect too): the only ones whose derived
+        # values the inventory stores.
         switched: dict[str, tuple[set[str], set[str]]] = {}
         for machine in machines:
             sid, filed = machine["system_id"], filed_identity(machine)
             stored = double.power[sid]
-            if machine["power_type"] == "redfish" or filed is None:
+            if machine["power_type"] == "redfish":
                 continue
             address = stored.get("power_address")
             named = identity.parse_redfish_address(address, DOMAIN) or identity.suspect_identity(address, DOMAIN)

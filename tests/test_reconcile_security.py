@@ -451,7 +451,7 @@ def test_a_mac_re_point_holds_no_derived_password_after_one_cycle(double, status
 def test_a_reconciler_without_the_audit_log_still_takes_back_a_password_its_name_and_pool_tell():
     """A new lease holder on another host has none of the old one's audit records: a machine the
     old one filed as web1-vms in pool vms, moved since, still gets its derived password taken back."""
-    from maas_kubevirt.reconcile.cycle import filed_as
+    from maas_kubevirt.reconcile.owners import filed_as
 
     assert filed_as({"hostname": "web1-vms", "pool": {"name": "vms"}}) == ("web1", "vms")
     assert filed_as({"hostname": "web1-vms", "pool": {"name": "default"}}) is None

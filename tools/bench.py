@@ -75,7 +75,7 @@ class FullList(Reconciler):
 class PerMachine(FullList):
     """The peer's approach: per-machine power parameters, twice per cycle, nothing remembered."""
 
-    def power_facts(self, machines, complete=True, everything=False):  # noqa: ANN001
+    def power_facts(self, machines, complete=True, everything=False, sweep=False):  # noqa: ANN001
         found = {}
         for machine in machines:
             if machine.get("power_type") == "redfish":

@@ -297,3 +297,13 @@ def bmc_user(seed: str, serial: str, generation: int = 0) -> str:
         raise IdentityError("seed: must be a non-empty string")
     parse_serial(serial)
     return BMC_USER_PREFIX + _sha256_hex(f"{seed}:user:{serial}{_generation_suffix(generation)}")[:32]
+
+
+# What bmc_user and bmc_password produce, whatever the seed: a value of neither shape is no VM's
+# derived credential, so nothing else is hashed to find whose it is.
+_DERIVED_SHAPE = re.compile(rf"({re.escape(BMC_USER_PREFIX)})?[0-9a-f]{{32}}\Z")
+
+
+def derived_shape(value: object) -> bool:
+    """Whether a value has the shape of a derived BMC user or password (not whether it is one)."""
+    return isinstance(value, str) and _DERIVED_SHAPE.match(value) is not None

@@ -225,6 +225,8 @@ def main(values: dict, args: Any) -> int:
     # What a restart would forget (commission backoffs, suspects reported), from maas.audit_log.
     reconciler.restore(Audit.read_file(values["maas"].get("audit_log", "")))
     reconciler.values_path = getattr(args, "values", None)
+    if not dry_run and lease.audit_unshared(values):
+        warn(f"{lease.audit_unshared(values)}: {lease.AUDIT_SHARED_FIX}")
     try:
         candidate = None if dry_run else lease.candidate_from_values(values)
         # Every VM's credential generation, and its bump after a possible leak, on the same access.

@@ -64,6 +64,8 @@ def lease_check(values: Mapping[str, Any], regions: Sequence[Any] | None, region
                      "`systemctl restart maas-kubevirt && journalctl -u maas-kubevirt`")
     if token_expires is not None and token_expires - now < TOKEN_WARNING:
         return Check(NAME, WARN, found, f"renew the token before it expires ({HA_PAGE})")
+    if lease.audit_unshared(values):
+        return Check(NAME, WARN, f"{found}; {lease.audit_unshared(values)}", lease.AUDIT_SHARED_FIX)
     return Check(NAME, OK, found)
 
 

@@ -13,15 +13,15 @@ loses the lease. One module per stage:
 
 from maas_kubevirt.lease.candidate import JITTER_FACTOR, POLL, Candidate
 from maas_kubevirt.lease.config import (
-    LeaseConfigError, candidate_from_values, configured, coordination_api, holder_identity, host_of,
+    AUDIT_SHARED_FIX, LeaseConfigError, audit_unshared, candidate_from_values, configured, coordination_api, holder_identity, host_of,
     kubeconfig_path, lease_values, namespace_of,
 )
 from maas_kubevirt.lease.record import API_VERSION, Record, _sendable, _utc_now, micro_time, parse_time, record_of
 from maas_kubevirt.lease.report import describe, expired, read_record, token_expiry
 
 __all__ = [
-    "API_VERSION", "JITTER_FACTOR", "POLL", "Candidate", "LeaseConfigError", "Record", "_sendable", "_utc_now",
-    "candidate_from_values", "configured", "coordination_api", "describe", "expired", "holder_identity",
+    "API_VERSION", "AUDIT_SHARED_FIX", "JITTER_FACTOR", "POLL", "Candidate", "LeaseConfigError", "Record", "_sendable", "_utc_now",
+    "audit_unshared", "candidate_from_values", "configured", "coordination_api", "describe", "expired", "holder_identity",
     "host_of", "kubeconfig_path", "lease_values", "micro_time", "namespace_of", "parse_time", "read_record",
     "record_of", "token_expiry",
 ]

@@ -36,6 +36,24 @@ def configured(values: Mapping[str, Any]) -> bool:
     return bool(lease_values(values)["kubeconfig"])
 
 
+# Why a standby needs the holder's audit records (reconciler.restore), said where it may lack them.
+AUDIT_UNSHARED = (
+    "reconciler.lease is configured but maas.audit_log is not set: a standby that takes the lease over "
+    "has none of the holder's records (commission backoffs, suspects reported, which machines hold a "
+    "derived credential, which VMs wait for a rotation), so it repeats refused commissions and warnings, "
+    "and finds a derived credential left on a moved or switched machine only by its value, at its first "
+    "full resync")
+AUDIT_SHARED_FIX = (
+    "set maas.audit_log on every region host to one audit log that every host's reconciler appends to "
+    "(shared or replicated storage, docs/how-to/ha.md): a log of each host's own leaves a standby "
+    "without the holder's records")
+
+
+def audit_unshared(values: Mapping[str, Any]) -> str:
+    """AUDIT_UNSHARED when the lease is configured and maas.audit_log is not set, else ""."""
+    return AUDIT_UNSHARED if configured(values) and not values["maas"].get("audit_log") else ""
+
+
 def namespace_of(values: Mapping[str, Any]) -> str:
     return lease_values(values)["namespace"] or values["kubernetes"]["system_namespace"]
 

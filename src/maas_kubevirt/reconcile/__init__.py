@@ -19,8 +19,9 @@ place, commissioned.
 - ``Reconciler`` runs cycles. A cycle asks MAAS's event log what happened since the last one
   (``events.py``: two small requests when nothing did) and reads only the machines named there,
   ours in Commissioning or Testing and those whose backoff ended (``GET machines/?id=``), with
-  their power parameters in one bulk request; a full resync (one ``GET machines/``, every redfish
-  machine's power parameters) runs at start, every ``maas.resync_interval`` and when the log
+  their power parameters in one bulk request; a full resync (one ``GET machines/``, every
+  machine's power parameters, of every type, so that a derived credential is found by its value
+  without an audit record: ``owners``) runs at start, every ``maas.resync_interval`` and when the log
   cannot be trusted, and every ``maas.power_check_interval`` one bulk read of our machines' power
   parameters catches an address edited without an event. The pools are read only when a machine
   may need moving, ``nodes/?hostname=`` only when a rename may happen; then, only when
@@ -30,7 +31,8 @@ place, commissioned.
 - Two or more machines claiming one ``<vm>.<namespace>``: none of them gets anything, and one
   audit record names them all each time that set changes; a suspect likewise, once per address.
 
-One module per stage: ``plan`` (pure), ``apply``, ``backoff``, ``cycle`` (the Reconciler). The
+One module per stage: ``plan`` (pure), ``apply``, ``backoff``, ``owners`` (whose derived
+credential a value is), ``cycle`` (the Reconciler). The
 commands that run it live elsewhere: ``loop`` (reconcile), ``status``.
 """
 

@@ -15,25 +15,12 @@ from maas_kubevirt.console import error, note, warn
 from maas_kubevirt.maas import MAASAuthError, MAASClient, MAASError, MAASVersionError, check_version, valid_system_id
 from maas_kubevirt.reconcile.apply import Outcome, apply
 from maas_kubevirt.reconcile.backoff import Backoff, Wait
+from maas_kubevirt.reconcile.owners import Owners, filed_as
 from maas_kubevirt.reconcile.plan import (
     COMMISSION, COMMISSIONING, DUPLICATE, NEW, OTHER, PASSWORD_KEY, PLACEHOLDER, REDFISH, REREAD_STATUSES,
     RESET_PASSWORD, RIGHT, SET_PASSWORD, SKIP, SUSPECT, USER_KEY, Action, Match, Passwords, Power, Settings, claim_of,
     machine_problem, matching, names_to_check, needs_pools, plan, pool_of,
 )
-
-
-def filed_as(machine: Mapping[str, Any]) -> tuple[str, str] | None:
-    """The identity a machine's name and pool say the reconciler gave it: ``<vm>-<ns>`` in the pool
-    ``<ns>``. Another host's reconciler (a new lease holder) has no audit record of it, and a hint
-    costs nothing when wrong: only a stored password equal to that identity's derived one counts."""
-    pool, hostname = pool_of(machine)[0], machine.get("hostname")
-    if not isinstance(pool, str) or not isinstance(hostname, str) or not hostname.endswith("-" + pool):
-        return None
-    try:
-        vm, namespace = identity.parse_serial(f"{hostname[: -len(pool) - 1]}.{pool}")
-    except identity.IdentityError:
-        return None
-    return (vm, namespace) if identity.maas_hostname(vm, namespace) == hostname else None
 
 
 # How long a new credential generation waits before its password goes to MAAS: Kyverno's
@@ -118,8 +105,10 @@ class Reconciler:
     With ``settings.resync_interval`` (the default) a cycle follows MAAS's event log
     (``events.EventLog``) and reads only the machines named in new events, those it planned
     changes for in the last cycle and those it watches (``watched``); it lists every machine
-    at start, every resync_interval seconds and whenever the log cannot be trusted. Without it
-    every cycle lists every machine and reads every redfish machine's power parameters.
+    at start, every resync_interval seconds and whenever the log cannot be trusted, and then
+    reads every machine's power parameters, of every type (a sweep: ``Owners``). Without it every
+    cycle lists every machine and reads every redfish machine's power parameters, and every
+    machine's every power_check_interval seconds.
     """
 
     def __init__(self, client: MAASClient, settings: Settings, audit: Audit | None = None,
@@ -178,6 +167,10 @@ class Reconciler:
         # taken back because an enlistment switched its power type: it has no power control of the
         # VM until the VM enlists again (``Switched``), which status and doctor say.
         self.switched: dict[str, Switched] = {}
+        # Whose derived credentials a machine holds when no record of this process says: the
+        # identities every machine's name and address could be, indexed by their derived values.
+        self.owners = Owners(passwords)
+        self.last_sweep: float | None = None   # without the event log: when every machine was read
 
     def restore(self, records: Iterable[Mapping[str, Any]]) -> None:
         """Take back, from earlier audit records (oldest first), what a restart would forget: the
@@ -268,7 +261,23 @@ class Reconciler:
             self.version = version
 
     def _judge(self, parameters: Mapping[str, Any], previous: tuple[str, str] | None = None) -> Power:
-        return self.passwords.judge(parameters, self.settings.domain, previous)
+        """Judged against the identity its address names and ``previous``; when neither's derived
+        credential is there, against the candidate whose derived user or password it holds."""
+        power = self.passwords.judge(parameters, self.settings.domain, previous)
+        if power.derived or power.password == RIGHT:
+            return power
+        owner = self.owners.owner(parameters, self.candidates)
+        if owner is None or owner == previous:
+            return power
+        return self.passwords.judge(parameters, self.settings.domain, owner)
+
+    def candidates(self) -> set[tuple[str, str]]:
+        """The identities besides the listed names' that a credential found may be: those any
+        machine's address named when read, those the audit log credits, those the cluster rotated."""
+        claimed = {claim_of(power.address, self.settings.domain)[0] for _, power in self.known.values()}
+        held = {power.held for _, power in self.known.values()}
+        return ((claimed | held) - {None}) | set(self.credited.values()) | set(self.highest) | {  # type: ignore[operator]
+            who for who, generation in self.passwords.generations.items() if generation}
 
     def _ours(self, power: Power) -> bool:
         """Whether a machine concerns the reconciler: its address names an identity, or it holds a
@@ -276,11 +285,10 @@ class Reconciler:
         return (claim_of(power.address, self.settings.domain)[0] is not None or power.held is not None
                 or bool(power.derived))
 
-    def read_power(self, system_ids: Iterable[str],
-                   records: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Power]:
+    def read_power(self, system_ids: Iterable[str]) -> dict[str, Power]:
         """Power of these machines in bulk, each judged against the identity it named before too
         (so a derived password left behind an address that changed is recognised): as last read,
-        from the audit log, or else as its record's name and pool say the reconciler filed it."""
+        or from the audit log; without either, by the candidate whose derived value it holds."""
         system_ids = list(system_ids)
         hints = {}
         for system_id in system_ids:
@@ -291,10 +299,9 @@ class Reconciler:
                 claimed, canonical = claim_of(power.address, self.settings.domain)
                 before = claimed if canonical and power.password == RIGHT else power.held
             before = before or self.credited.get(system_id)
-            if before is None and records is not None and system_id in records:
-                before = filed_as(records[system_id])
             if before is not None:
                 hints[system_id] = before
+        self.owners.stale()
         fetched = self.client.power_parameters(system_ids, self._judge, hints)
         for system_id, power in fetched.items():
             claimed, canonical = claim_of(power.address, self.settings.domain)
@@ -305,9 +312,9 @@ class Reconciler:
         return fetched
 
     def tracked(self, machine: Mapping[str, Any]) -> bool:
-        """Whether a machine's power parameters are read: every redfish machine, and one of any other
-        type that the reconciler knows as its own (it gave it a derived credential, by the audit
-        log, or its name and pool say it filed it), because MAAS keeps the user and password
+        """Whether a machine's power parameters are read between sweeps: every redfish machine, and
+        one of any other type that the reconciler knows as its own (it gave it a derived credential,
+        by the audit log, or its name says it filed it), because MAAS keeps the user and password
         across a switch of power type (AdminMachineForm, src/maasserver/forms/__init__.py)."""
         system_id = machine["system_id"]
         if machine.get("power_type") == REDFISH or system_id in self.credited:
@@ -316,19 +323,22 @@ class Reconciler:
         return (entry is not None and self._ours(entry[1])) or filed_as(machine) is not None
 
     def power_facts(self, machines: Sequence[Mapping[str, Any]], complete: bool = True,
-                    everything: bool = False) -> dict[str, Power]:
+                    everything: bool = False, sweep: bool = False) -> dict[str, Power]:
         """Power of every tracked machine. One bulk request for those not seen before, whose
         status changed, or that are ours and in Commissioning or Testing.
 
         complete: machines is every machine (the others are forgotten). Otherwise they are the
         few an event-driven cycle is about to plan for: all of them are read (an edit of the
-        power address alone is no event) and the others are kept.
+        power address alone is no event) and the others are kept. sweep: every machine of every
+        power type is read, so that one holding a derived credential under any name, in any pool
+        and of any type is found without a record of it (``Owners``).
         """
+        self.owners.listed(machines, complete)
         current: dict[str, tuple[Any, Power]] = {}
         wanted: list[str] = []
         statuses: dict[str, Any] = {}
         for machine in machines:
-            if not self.tracked(machine):
+            if not (sweep or self.tracked(machine)):
                 continue
             system_id = machine["system_id"]  # a string: every caller passes well_formed records
             status = statuses[system_id] = machine.get("status_name")
@@ -340,7 +350,7 @@ class Reconciler:
                 wanted.append(system_id)
         if wanted:
             records = {m["system_id"]: m for m in machines}
-            fetched = self.read_power(wanted, records)  # bulk: one op=power_parameters
+            fetched = self.read_power(wanted)  # bulk: one op=power_parameters per 200 machines
             for system_id in wanted:
                 # Another type holding nothing of a VM's is no longer the reconciler's concern.
                 if system_id in fetched and (records[system_id].get("power_type") == REDFISH
@@ -371,10 +381,11 @@ class Reconciler:
                 warn(f"machine {name}: skipped, MAAS sent a malformed record ({problem})")
         return usable
 
-    def observe(self, everything: bool = False) -> tuple[list[dict], dict[str, Power], list[Match]]:
-        """Every machine; the power parameters of those new, changed or (everything) all redfish."""
+    def observe(self, everything: bool = False, sweep: bool = False) -> tuple[list[dict], dict[str, Power], list[Match]]:
+        """Every machine; the power parameters of those new, changed, (everything) all tracked, or
+        (sweep) all."""
         machines = self.well_formed(self.client.machines())
-        power = self.power_facts(machines, everything=everything)
+        power = self.power_facts(machines, everything=everything or sweep, sweep=sweep)
         return machines, power, matching(machines, power, self.settings.domain)
 
     def watched(self) -> set[str]:
@@ -413,6 +424,15 @@ class Reconciler:
         fresh = self.read_power(wanted)
         return {sid for sid in wanted if sid not in fresh or fresh[sid] != self.known[sid][1]}
 
+    def sweep_due(self) -> bool:
+        """Without the event log: whether this cycle reads every machine's power parameters (the
+        first cycle, then every maas.power_check_interval); with it, each resync does."""
+        now = self.clock()
+        if self.last_sweep is not None and now - self.last_sweep < self.settings.power_check_interval:
+            return False
+        self.last_sweep = now
+        return True
+
     def power_check_due(self) -> bool:
         if self.last_power_check is None:
             self.last_power_check = self.clock()
@@ -434,7 +454,7 @@ class Reconciler:
     def make_plan(self) -> list[Action]:
         self.partial = False
         if self.log is None:  # no event log to follow, nor power checks: every cycle reads it all
-            return self.plan_for(*self.observe(everything=True))
+            return self.plan_for(*self.observe(everything=True, sweep=self.sweep_due()))
         reason = self.log.resync_due()
         if not reason:
             try:
@@ -455,12 +475,12 @@ class Reconciler:
         return self.resync(reason)
 
     def resync(self, reason: str) -> list[Action]:
-        """List every machine and re-read every redfish machine's power parameters."""
+        """List every machine and re-read every machine's power parameters (a sweep)."""
         assert self.log is not None
         if self.log.reason:  # beyond the schedule: worth a line in the journal
             note(f"full resync: {reason}")
         self.log.begin_resync(self.log.newest(self.client.events))  # before listing: no gap
-        actions = self.plan_for(*self.observe(everything=True))
+        actions = self.plan_for(*self.observe(sweep=True))
         self.last_power_check = self.clock()
         self.log.end_resync()
         self.resyncs += 1
