@@ -129,6 +129,7 @@ RANK = {
     "maas": 2, "kube": 2, "audit": 2, "seed": 2, "events": 2,
     "values": 1, "console": 1,
     "exposure": 1,                # how a BMC host is published (Ingress or HTTPRoute): the policies, render and doctor
+    "bmc_proxy": 0,               # the BMC proxy render writes and doctor checks: exposure, policies, render, doctor
     "metrics": 1, "notify": 1,    # what the service tells Prometheus and systemd
     "upstream": 1,                # the releases proven, read from upstream.lock.yaml (doctor compares)
     "identity": 0, "paths": 0,
