@@ -652,8 +652,8 @@ def test_a_tenants_own_gateway_ingressroute_and_wildcard_ingress_catch_nothing_o
 
 
 def test_doctor_reads_the_live_exposure(phase):
-    """doctor's exposure rows (docs/reference/doctor.md) against the Gateway, routes and Middlewares
-    Traefik is serving: every one ok. Other tiers share the cluster, so doctor sees this phase's
+    """doctor's exposure and proxy rows (docs/reference/doctor.md) against the Gateway, routes, and
+    the BMC proxy's Deployment and ConfigMap: every one ok. Other tiers share the cluster, so doctor sees this phase's
     namespaces only."""
     from maas_kubevirt import doctor, kube
     from maas_kubevirt.values import load_values
@@ -669,30 +669,26 @@ def test_doctor_reads_the_live_exposure(phase):
 
     cluster = ThisPhase(str(phase.cp.kubeconfig))
 
+    names = [*doctor.gateway.check_names(values), *doctor.bmc_proxy.check_names(values)]
+
     def rows() -> dict:
         found = doctor.cluster_checks(values, cluster, phase.proxy.seed, doctor._Fixes("maas-kubevirt", values),
                                       doctor.Reach())
-        return {check.name: check for check in found if check.name in doctor.gateway.check_names(values)}
+        return {check.name: check for check in found if check.name in names}
 
-    # With the ingress exposure and Traefik, only an entry-point flag attaches the Middleware, and
-    # doctor cannot read a proxy's flags: it names the mechanism and warns that it checked the object.
-    expected = {name: doctor.OK for name in doctor.gateway.check_names(values)}
-    if phase.exposure == "ingress":
-        expected["ingress.allowlist"] = doctor.WARN
+    expected = dict.fromkeys(names, doctor.OK)
 
     def settled() -> dict:
         found = rows()
         return found if {name: check.status for name, check in found.items()} == expected else {}
 
     try:
-        found = wait_for(settled, 30, "doctor's exposure rows to settle", interval=1)
+        found = wait_for(settled, 30, "doctor's exposure and proxy rows to settle", interval=1)
     except TimeoutError:
         raise AssertionError({name: (c.status, c.found) for name, c in rows().items()}) from None
-    if phase.exposure == "ingress":
-        allowlist = found["ingress.allowlist"].found
-        assert f"Middleware {INGRESS_CONTROLLER_NAMESPACE}/maas-kubevirt-bmc-allowlist" in allowlist, allowlist
-        assert ", ".join(SOURCE_RANGES) in allowlist, allowlist
-    else:
+    assert ", ".join(SOURCE_RANGES) in found["proxy.allowlist"].found, found["proxy.allowlist"].found
+    assert "serves only it" in found["proxy.isolation"].found, found["proxy.isolation"].found
+    if phase.exposure == "gateway":
         # Both VMs' routes were read from their status, not "no VM yet".
         assert found["gateway.routes"].found.startswith("2 HTTPRoute(s)"), found["gateway.routes"].found
 

@@ -3,7 +3,7 @@
 Each check gives one row: its name, ok / warn / fail / skip, what it found and the exact fix.
 The checks themselves are pure functions over what MAAS, the API server and the local system
 answer, one module per family (:mod:`.maas`, :mod:`.cluster` with the exposure's rows in
-:mod:`.gateway`, :mod:`.network`); ``run``
+:mod:`.gateway`, the BMC proxy's in :mod:`.bmc_proxy`, :mod:`.network`); ``run``
 gathers those answers (read-only everywhere) and ``main`` prints them as a table or as JSON.
 Exit status: 0 when nothing fails, 1 otherwise, 2 for usage or configuration errors.
 
@@ -102,6 +102,7 @@ from maas_kubevirt.doctor.gateway import (  # noqa: E402
     hostname_matches, ingress_allowlist_check, programmed_check, route_problem, routes_check,
 )
 from maas_kubevirt.doctor.gateway import allowlist_check as gateway_allowlist_check  # noqa: E402
+from maas_kubevirt.doctor import bmc_proxy  # noqa: E402
 
 # What callers and tests use from the families, under one name: maas_kubevirt.doctor.
 __all__ = [
@@ -119,7 +120,7 @@ __all__ = [
     "lease_check", "lease_checks", "cluster_check_names",
     "GATEWAY_CHECKS", "INGRESS_CHECKS", "admits", "allowed_routes_check", "exposure_checks", "gateway_allowlist_check",
     "hostname_covers", "hostname_matches", "ingress_allowlist_check", "programmed_check", "route_problem",
-    "routes_check",
+    "routes_check", "bmc_proxy",
 ]
 
 
