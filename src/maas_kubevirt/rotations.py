@@ -80,7 +80,10 @@ def _host(api: Any) -> str:
 
 
 def _status_message(error: BaseException) -> str:
-    """The Status message of an ApiException's body (an admission refusal), one line, short."""
+    """The Status message of an ApiException's body (an admission refusal), one line.
+
+    Kyverno puts about 220 characters (the webhook, the object, the policy) before the rule's own message.
+    """
     import json
 
     body = getattr(error, "body", None)
@@ -88,7 +91,7 @@ def _status_message(error: BaseException) -> str:
         message = json.loads(body).get("message", "") if body else ""
     except (ValueError, TypeError, AttributeError):
         message = ""
-    return " ".join(str(message).split())[:300] or "(no message)"
+    return " ".join(str(message).split())[:600] or "(no message)"
 
 
 def _get(api: Any, namespace: str, action: str) -> Any:
