@@ -53,6 +53,7 @@ def test_the_proxy_serves_one_class_through_one_provider_with_the_allowlist_on_i
     if exposure == "gateway":
         assert objects["GatewayClass"]["metadata"]["name"] == values["gateway"]["class_name"]
         assert objects["GatewayClass"]["metadata"]["labels"][bmc_proxy.LABEL] == bmc_proxy.LABEL_VALUE
+        assert len(objects["GatewayClass"]["spec"]["description"].encode()) <= 64   # Gateway API's CRD limit
         assert f"--providers.kubernetesGateway.labelSelector={bmc_proxy.LABEL}={bmc_proxy.LABEL_VALUE}" in args
     else:
         assert objects["IngressClass"]["spec"]["controller"] == bmc_proxy.INGRESS_CONTROLLER
