@@ -160,6 +160,12 @@ class Phase:
     other: str                              # another opted-in namespace, with OTHER_VM
     certificates: dict = field(default_factory=dict)   # namespace -> DER served for *.<ns>.<domain>
     timings: dict = field(default_factory=dict)
+    attacker_user: str = ""                 # kubectl --as: may do anything in the attacker's namespace
+
+    @property
+    def attacker(self) -> str:
+        """A tenant that is not opted in, with the attacks of issue 41 item 7 (tenant_attacks)."""
+        return f"{self.tenant}-b"
 
     def host(self, vm: str = VM, ns: str | None = None) -> str:
         return identity.redfish_host(vm, ns or self.tenant, DOMAIN)
@@ -335,7 +341,16 @@ def phase(request, proxy):
     bmc_proxy = None
     state = Phase(exposure, cp, proxy, values, output, None, tenant, other,
                   {ns: der for ns, (der, _) in certificates.items()})
+    made.append(state.attacker)
     try:
+        # The tenant's attacks, made before the policies exist: what admission would now refuse, or
+        # once missed, is there all the same, and must still catch nothing of MAAS's.
+        state.attacker_user = tenant_namespace(cp, state.attacker, values)
+        backend(cp, "catcher", state.attacker, proxy.host.address, CATCHER_PORT, {"app": "catcher"}, "catcher")
+        cert, key = certificate(proxy.work, f"{state.attacker}-grab", f"grab.{state.attacker}.apps.example.org")
+        apply(cp, tls_secret("grab-tls", state.attacker, cert, key))
+        for kind, attack in tenant_attacks(state, state.attacker, "grab-tls").items():
+            cp.kubectl("create", "--as", state.attacker_user, "-f", "-", input=json.dumps(attack))
         cp.apply_bundle(output)
         cp.kubectl("wait", "--for=condition=Ready", "clusterpolicy", "-l", PART_OF, "--timeout=120s")
         # The BMC proxy as bmc-proxy.yaml deploys it, with its own ServiceAccount's rights.
@@ -594,7 +609,8 @@ def tenant_attacks(phase: Phase, ns: str, tls: str) -> dict[str, dict]:
                                           "backendRefs": to_catcher}]}},
         "ingressroute": {"apiVersion": "traefik.io/v1alpha1", "kind": "IngressRoute",
                          "metadata": {"name": "grab", "namespace": ns},
-                         "spec": {"entryPoints": ["web"], "tls": {},
+                         # No entryPoints: every default entry point, whatever proxy reads it.
+                         "spec": {"tls": {},
                                   "routes": [{"kind": "Rule", "match": "PathPrefix(`/redfish`)", "priority": 100000,
                                               "services": [{"name": "catcher", "port": 80}]}]}},
         "ingress": {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
@@ -607,48 +623,39 @@ def tenant_attacks(phase: Phase, ns: str, tls: str) -> dict[str, dict]:
 
 
 def test_a_tenants_own_gateway_ingressroute_and_wildcard_ingress_catch_nothing_of_maas(phase):
-    """Issue 41 item 7. A tenant (not opted in; anything in its own namespace) publishes on the shared
-    proxy everything that once outranked the BMC routes. They serve there (the tenant's catcher
-    answers through the tenants' proxy), yet MAAS's requests, with no SNI and Basic credentials, for
-    a live VM and for one with no route (deleted, or never made), go to the BMC proxy, which serves
-    no tenant object: the catcher receives none of them, and the BMC receives the live VM's."""
-    cp = phase.cp
-    ns = f"{phase.tenant}-b"
-    user = tenant_namespace(cp, ns, phase.values)
-    try:
-        backend(cp, "catcher", ns, phase.proxy.host.address, CATCHER_PORT, {"app": "catcher"}, "catcher")
-        cert, key = certificate(phase.proxy.work, f"{ns}-grab", f"grab.{ns}.apps.example.org")
-        apply(cp, tls_secret("grab-tls", ns, cert, key))
-        for kind, attack in tenant_attacks(phase, ns, "grab-tls").items():
-            created = cp.kubectl("create", "--as", user, "-f", "-", input=json.dumps(attack), check=False)
-            assert created.returncode == 0, (kind, created.stderr)
-        tenant_port = phase.proxy.tenant_traefik.ports["web"]
-        # Each attack is live on the tenants' proxy: its catcher answers a BMC host's Redfish path there.
-        probe = phase.host(OTHER_VM, phase.other)
+    """Issue 41 item 7. A tenant (not opted in; anything in its own namespace) has published, on the
+    tenants' own proxy, everything that once outranked the BMC routes (made before the policies, so
+    as if admission had missed them). They serve there: the tenant's catcher answers a BMC host's
+    Redfish path through that proxy. Yet MAAS's requests, with no SNI and Basic credentials, for a
+    live VM and for one with no route (deleted, or never made), go to the BMC proxy, which serves no
+    tenant object: the catcher receives none of them, and the live VM's BMC receives its own."""
+    from realmaas import cache_dir
 
-        def caught() -> bool:
-            https(tenant_port, probe, "/redfish/v1/Systems/1", auth=phase.credentials(OTHER_VM, phase.other))
-            return bool(phase.proxy.catcher.seen(probe))
+    cp, tenant_port = phase.cp, phase.proxy.tenant_traefik.ports["web"]
+    for attack in tenant_attacks(phase, phase.attacker, "grab-tls").values():
+        kind = f"{attack['kind'].lower()}.{attack['apiVersion'].split('/')[0]}" if "." in attack["apiVersion"] \
+            else attack["kind"].lower()
+        assert exists(cp, kind, "grab", phase.attacker), kind
+    probe = phase.host(OTHER_VM, phase.other)
 
-        wait_for(caught, SETTLE, "the tenants' proxy to serve the attacks", interval=0.5)
-        catcher_before = sum(len(phase.proxy.catcher.seen(h)) for h in (phase.host(), phase.host("gone")))
-        live, gone = phase.host(), phase.host("gone")
-        bmc_before = phase.proxy.reached(live)
-        from realmaas import cache_dir
+    def caught() -> bool:
+        https(tenant_port, probe, "/redfish/v1/Systems/1", auth=phase.credentials(OTHER_VM, phase.other))
+        return bool(phase.proxy.catcher.seen(probe))
 
-        region_python = cache_dir() / "venv" / "bin" / "python"
-        user_name, password = phase.credentials()
-        query = run_power(region_python, POWER, "query", live, user_name, password, DOMAIN, phase.port)
-        assert query.returncode == 0, query.stderr
-        assert json.loads(query.stdout)["state"] in ("on", "off")
-        assert phase.proxy.reached(live) > bmc_before, "MAAS's query for the live VM did not reach its BMC"
-        ghost = https(phase.port, gone, "/redfish/v1/Systems/1", auth=phase.credentials("gone"))
-        assert ghost.status == 404, (ghost.status, ghost.body)
-        assert sum(len(phase.proxy.catcher.seen(h)) for h in (live, gone)) == catcher_before, \
-            "a request MAAS sent to the BMC proxy reached the tenant's catcher"
-        assert phase.proxy.reached(gone) == 0
-    finally:
-        cp.kubectl("delete", "namespace", ns, "--wait=true", "--timeout=120s", check=False)
+    wait_for(caught, SETTLE, "the tenants' proxy to serve the attacks", interval=0.5)
+    live, gone = phase.host(), phase.host("gone")
+    caught_before = sum(len(phase.proxy.catcher.seen(host)) for host in (live, gone))
+    bmc_before = phase.proxy.reached(live)
+    user, password = phase.credentials()
+    query = run_power(cache_dir() / "venv" / "bin" / "python", POWER, "query", live, user, password, DOMAIN, phase.port)
+    assert query.returncode == 0, query.stderr
+    assert json.loads(query.stdout)["state"] in ("on", "off")
+    assert phase.proxy.reached(live) > bmc_before, "MAAS's query for the live VM did not reach its BMC"
+    ghost = https(phase.port, gone, "/redfish/v1/Systems/1", auth=phase.credentials("gone"))
+    assert ghost.status == 404, (ghost.status, ghost.body)
+    assert phase.proxy.reached(gone) == 0
+    assert sum(len(phase.proxy.catcher.seen(host)) for host in (live, gone)) == caught_before, \
+        "a request MAAS sent to the BMC proxy reached the tenant's catcher"
 
 
 def test_doctor_reads_the_live_exposure(phase):
