@@ -742,8 +742,9 @@ def test_a_catch_all_ingress_of_the_bmc_class_is_refused(control_plane, bundle, 
     for where in (make_namespace(), make_namespace(labelled=False)):
         assert_denied(create(cp, catch_all_ingress("hostless", where, hosts=["www.example.org", None])), "ingress-no-catch-all")
         assert_denied(create(cp, catch_all_ingress("default", where, hosts=["www.example.org"], default_backend=True)), "ingress-no-catch-all")
-        assert_denied(create(cp, catch_all_ingress("legacy", where, class_name=None, legacy_class="nginx", hosts=["www.example.org", None])),
-                      "ingress-no-catch-all")
+        legacy = catch_all_ingress("legacy", where, class_name=None, legacy_class=bundle.values["ingress"]["class_name"],
+                                   hosts=["www.example.org", None])
+        assert_denied(create(cp, legacy), "ingress-no-catch-all")
         # Another class, or every rule with a host, is admitted.
         for admitted in (catch_all_ingress("other", where, class_name="traefik", hosts=["www.example.org", None], default_backend=True),
                          catch_all_ingress("named", where, hosts=["www.example.org"])):

@@ -384,7 +384,7 @@ def test_cluster_section_over_a_healthy_cluster_and_one_with_each_failure():
     cluster.namespace_list[0]["metadata"]["labels"].pop(policies.KUBEMACPOOL_LABEL)
     cluster.inventory.vms[0]["spec"]["template"]["spec"]["domain"]["devices"]["interfaces"][0].pop("macAddress")
     cluster.policies_of.clear()
-    cluster.elsewhere.append(catch_all_ingress("all", "shop", class_name="nginx", default_backend=True))
+    cluster.elsewhere.append(catch_all_ingress("all", "shop", class_name=VALUES["ingress"]["class_name"], default_backend=True))
     cluster.daemonset_list.clear()
     checks = {c.name: c for c in doctor.cluster_checks(VALUES, cluster, seed, fixes, doctor.Reach())}
     failed = {name for name, c in checks.items() if c.status == "fail"}

@@ -294,10 +294,6 @@ def _policies_of(manifests: dict[str, str]) -> dict[str, dict]:
 @pytest.mark.parametrize("key, value", list(_IN_PLACE.items()) + [("ingress__cluster_issuer", "letsencrypt")])
 def test_a_values_change_touches_only_what_kyverno_lets_change(defaults, key, value):
     changes = {key: value}
-    if key == "ingress__class_name":
-        changes["ingress__allowlist_annotation"] = "haproxy.org/allow-list"
-    if key == "ingress__allowlist_annotation":   # class nginx takes only ingress-nginx's names
-        changes["ingress__class_name"] = "haproxy"
     before = _policies_of(policies.render_kubernetes(defaults, SEED))
     after = _policies_of(policies.render_kubernetes(values_with(defaults, **changes), SEED))
     assert policies.policies_to_recreate(before, after) == []
@@ -422,7 +418,7 @@ def test_the_catch_all_rule_follows_the_values(defaults):
     rule = isolation["ingress-no-catch-all"]
     assert rule["validate"]["failureAction"] == "Enforce" and rule["validate"]["allowExistingViolations"] is False
     assert rule["validate"]["message"].startswith("ingress-no-catch-all: ") and "Fix: " in rule["validate"]["message"]
-    assert [c["value"] for c in rule["preconditions"]["any"]] == ["nginx", "nginx"]
+    assert [c["value"] for c in rule["preconditions"]["any"]] == ["maas-kubevirt-bmc", "maas-kubevirt-bmc"]
     other = rules(policy(policies.render_kubernetes(values_with(
         defaults, ingress__class_name="haproxy", ingress__allowlist_annotation="haproxy.org/allow-list"), SEED),
         policies.POLICY_NAMES["isolation"]))
@@ -433,7 +429,7 @@ def test_the_catch_all_rule_follows_the_values(defaults):
     assert list(allowed) == ["bmc-network-policy"] + INGRESS_CLASS_RULES[1:]
 
 
-@pytest.mark.parametrize("class_name, domain", [("nginx", "bmc.example.com"), ("internal-nginx", "BMC.Lab.Example.NET")])
+@pytest.mark.parametrize("class_name, domain", [("maas-kubevirt-bmc", "bmc.example.com"), ("internal-nginx", "BMC.Lab.Example.NET")])
 def test_the_annotation_rules_check_the_bmc_class_and_the_domain(defaults, class_name, domain):
     values = values_with(defaults, ingress__class_name=class_name, redfish__domain=domain,
                          ingress__allowlist_annotation=policies.ALLOWLIST_ANNOTATION)
@@ -516,7 +512,8 @@ def test_the_validator_catches_a_broken_policy(defaults, module_dir):
         ({"ingress__annotations": {"nginx.ingress.kubernetes.io/allowlist-source-range": "10.0.0.0/8"}}, "ingress.annotations"),
         ({"ingress__class_name": "haproxy", "ingress__allowlist_annotation": "example.org/allow",
           "ingress__annotations": {"example.org/allow": "0.0.0.0/0"}}, "ingress.annotations"),
-        ({"ingress__class_name": "traefik"}, "ingress.allowlist_annotation"),
+        ({"ingress__allowlist_annotation": "nginx.ingress.kubernetes.io/allowlist-source-ranges"},
+         "ingress.allowlist_annotation"),
         ({"redfish__domain": ("a" * 62 + ".") * 2 + "example.com"}, "redfish.domain"),
         ({"ingress__annotations": {"cert-manager.io/cluster-issuer": "other"}}, "ingress.annotations"),
         ({"ingress__annotations": {"example.org/x": "{{ request.object }}"}}, "ingress.annotations"),

@@ -519,7 +519,7 @@ _rule_host = st.one_of(st.none(), st.sampled_from(["www.example.org", f"web1.ten
 @settings(max_examples=25 if os.environ.get("HYPOTHESIS_PROFILE") == "ci" else 3, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(shapes=st.lists(st.tuples(st.lists(_rule_host, max_size=3), st.booleans(),
-                                 st.sampled_from(["nginx", "traefik", None]), st.sampled_from(["nginx", "traefik", None])),
+                                 st.sampled_from([fx.BMC_CLASS, "traefik", None]), st.sampled_from([fx.BMC_CLASS, "traefik", None])),
                        min_size=1, max_size=8))
 def test_engine_refuses_exactly_the_catch_alls_doctor_sees(kyverno, tmp_path_factory, shapes):
     """Random Ingress shapes through `kyverno test`: the Enforce rule and doctor's catch_all agree."""
@@ -533,7 +533,7 @@ def test_engine_refuses_exactly_the_catch_alls_doctor_sees(kyverno, tmp_path_fac
         ingress = fx.catch_all_ingress(f"ing{index}", "tenant-a", class_name=class_name, legacy_class=legacy,
                                        hosts=hosts, default_backend=default_backend)
         objects.append(ingress)
-        ours = "nginx" in doctor.ingress_classes(ingress)
+        ours = fx.BMC_CLASS in doctor.ingress_classes(ingress)
         outcome = ("fail" if doctor.catch_all(ingress) else "pass") if ours else "skip"
         results.append({"policy": policies.POLICY_NAMES["isolation"], "rule": "ingress-no-catch-all",
                         "resources": [f"tenant-a/ing{index}"], "kind": "Ingress", "result": outcome})

@@ -247,6 +247,8 @@ def test_boundaries_types_and_control_characters(section, key, value, accepted):
         ("kubernetes", "opt_in_value", "",
          "expected a non-empty Kubernetes label value (1-63 letters, digits, '-', '_', '.'), found an empty string"),
         ("ingress", "class_name", None, "expected a Kubernetes object name (DNS-1123 subdomain), found nothing"),
+        ("gateway", "class_name", "Traefik", "expected a Kubernetes object name (DNS-1123 subdomain), found 'Traefik'"),
+        ("gateway", "class_name", "", "expected a Kubernetes object name (DNS-1123 subdomain), found an empty string"),
         ("ingress", "tls_secret", "A",
          "expected a Kubernetes object name (DNS-1123 subdomain), or an empty string, found 'A'"),
         ("ingress", "annotations", [], "expected a mapping of annotation keys to string values, found a list"),
@@ -409,8 +411,7 @@ def test_source_ranges_refuse_nothing_and_everything():
 
 def test_allowlist_annotation_is_an_annotation_key_or_empty():
     values = copy.deepcopy(DEFAULTS)
-    values["ingress"]["class_name"] = "haproxy"
-    for accepted in ("", "nginx.ingress.kubernetes.io/whitelist-source-range", "allowlist"):
+    for accepted in ("", "nginx.ingress.kubernetes.io/whitelist-source-range", "allowlist", "haproxy.org/allow-list"):
         values["ingress"]["allowlist_annotation"] = accepted
         assert validate(copy.deepcopy(values))["ingress"]["allowlist_annotation"] == accepted
     values["ingress"]["allowlist_annotation"] = "bad key"
@@ -430,21 +431,42 @@ NGINX_NAMES = ["nginx.ingress.kubernetes.io/allowlist-source-range", "nginx.ingr
                  st.from_regex(r"[a-z]([a-z0-9-]{0,10}[a-z0-9])?(\.[a-z]([a-z0-9-]{0,10}[a-z0-9])?){0,2}"
                                r"/[a-z]([a-z0-9-]{0,20}[a-z0-9])?", fullmatch=True)))
 @example("nginx.ingress.kubernetes.io/allow-list-source-range")
+@example("nginx.ingress.kubernetes.io.example.org/allowlist")
 @example("haproxy.org/allow-list")
-def test_class_nginx_takes_only_ingress_nginx_allowlist_names(name):
-    """ingress-nginx ignores any other annotation: a misspelt one would leave every BMC open."""
+@example("allowlist-source-range")
+def test_under_the_nginx_prefix_only_ingress_nginx_allowlist_names(name):
+    """Under ingress.annotation_prefix ingress-nginx ignores any other annotation: a misspelt one would
+    leave every BMC open. Whatever the class is called: its name no longer says which controller serves it."""
     values = copy.deepcopy(DEFAULTS)
     values["ingress"]["allowlist_annotation"] = name
-    if name in NGINX_NAMES + [""]:
+    if name in NGINX_NAMES + [""] or not name.startswith("nginx.ingress.kubernetes.io/"):
         assert validate(copy.deepcopy(values))["ingress"]["allowlist_annotation"] == name
     else:
-        with pytest.raises(ValuesError) as raised:
-            validate(copy.deepcopy(values))
-        assert raised.value.problems == [
-            f"ingress.allowlist_annotation: expected {NGINX_NAMES[0]}, {NGINX_NAMES[1]} or an empty string (the "
-            f"only allowlists ingress-nginx reads, for class_name nginx), found {name!r}"]
-        values["ingress"]["class_name"] = "haproxy"      # another controller names its own
-        assert validate(values)["ingress"]["allowlist_annotation"] == name
+        for class_name in ("maas-kubevirt-bmc", "nginx", "haproxy"):
+            values["ingress"]["class_name"] = class_name
+            with pytest.raises(ValuesError) as raised:
+                validate(copy.deepcopy(values))
+            assert raised.value.problems == [
+                f"ingress.allowlist_annotation: expected {NGINX_NAMES[0]}, {NGINX_NAMES[1]}, an empty string, or "
+                "another controller's annotation (the only allowlists ingress-nginx reads under "
+                f"ingress.annotation_prefix nginx.ingress.kubernetes.io), found {name!r}"]
+
+
+def test_the_typo_check_follows_the_annotation_prefix():
+    """A controller run with --annotations-prefix example.io reads example.io/allowlist-source-range."""
+    values = copy.deepcopy(DEFAULTS)
+    values["ingress"].update(annotation_prefix="example.io", allowlist_annotation="example.io/allowlist-source-range")
+    assert validate(copy.deepcopy(values))["ingress"]["allowlist_annotation"] == "example.io/allowlist-source-range"
+    values["ingress"]["allowlist_annotation"] = "example.io/allowlist-source-ranges"
+    with pytest.raises(ValuesError) as raised:
+        validate(copy.deepcopy(values))
+    assert raised.value.problems[0].endswith("ingress.annotation_prefix example.io), found 'example.io/allowlist-source-ranges'")
+    values["ingress"]["allowlist_annotation"] = "nginx.ingress.kubernetes.io/anything"   # now another controller's
+    assert validate(values)["ingress"]["allowlist_annotation"] == "nginx.ingress.kubernetes.io/anything"
+
+
+def test_the_bmc_classes_are_classes_of_their_own_by_default():
+    assert DEFAULTS["ingress"]["class_name"] == DEFAULTS["gateway"]["class_name"] == "maas-kubevirt-bmc"
 
 
 def _ranges_problems(ranges: list[str]) -> list[str]:
@@ -658,8 +680,8 @@ def test_exposure_gateway_needs_the_gateway_named(tmp_path):
         "gateway.name: expected the name of the site's Gateway the BMC routes attach to (exposure is gateway), "
         "found an empty string"]
     named = load_values(write(tmp_path, {"exposure": "gateway", "gateway": {"namespace": "gw", "name": "bmc"}}))
-    assert named["gateway"] == {"namespace": "gw", "name": "bmc", "section_name": "", "allowlist": "traefik",
-                                "route_kinds": []}
+    assert named["gateway"] == {"namespace": "gw", "name": "bmc", "section_name": "", "class_name": "maas-kubevirt-bmc",
+                                "allowlist": "traefik", "route_kinds": []}
 
 
 @pytest.mark.parametrize("values, problem", [

@@ -29,7 +29,7 @@ from maas_kubevirt import identity
 from maas_kubevirt import exposure as exposure_module
 from maas_kubevirt.exposure import INGRESS_ALLOWLIST_FILE, exposure_context
 from maas_kubevirt.paths import data_dir, write_atomic
-from maas_kubevirt.values import NGINX_ALLOWLIST_ANNOTATIONS, NGINX_CLASS, ValuesError, nginx_allowlist_annotations
+from maas_kubevirt.values import NGINX_ALLOWLIST_ANNOTATIONS, ValuesError, nginx_allowlist_annotations
 
 # Oldest Kyverno the policies are written for (rule-level generateExisting, failureAction,
 # mutateExistingOnPolicyUpdate); tests run them with the CLI built by tools/build-kyverno.
@@ -261,13 +261,6 @@ def check_values(values: dict) -> None:
         problems.append(
             "ingress.cluster_issuer: expected an empty string when ingress.tls_secret is set "
             f"(one source of TLS certificates), found {ingress['cluster_issuer']!r}"
-        )
-    if (values["exposure"] == "ingress" and ingress["allowlist"] == "annotation"
-            and ingress["class_name"] != NGINX_CLASS and not ingress["allowlist_annotation"]):
-        problems.append(
-            "ingress.allowlist_annotation: expected the annotation through which Ingress class "
-            f"{ingress['class_name']!r} restricts source ranges (set to the comma-separated "
-            "ingress.source_ranges), found an empty string"
         )
     managed = {ALLOWLIST_ANNOTATION, DEPRECATED_ALLOWLIST_ANNOTATION, *nginx_allowlist_annotations(ingress),
                allowlist_annotation(ingress), CLUSTER_ISSUER_ANNOTATION}

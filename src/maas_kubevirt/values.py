@@ -20,8 +20,8 @@ _URL = re.compile(r"https?://[^\s/?#]+(/[^\s?#]*)?\Z")
 _K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 _MAAS_TAG = re.compile(r"[\w-]+\Z")
 # ingress-nginx reads a source allowlist from these annotations only (the second is the
-# deprecated name it still honours); any other name on class nginx would leave the BMC open.
-NGINX_CLASS = "nginx"
+# deprecated name it still honours), under its --annotations-prefix: any other name under that
+# prefix would leave the BMC open.
 NGINX_ALLOWLIST_ANNOTATIONS = (
     "nginx.ingress.kubernetes.io/allowlist-source-range",
     "nginx.ingress.kubernetes.io/whitelist-source-range",
@@ -350,6 +350,7 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "namespace": _optional(_namespace),
         "name": _optional(_k8s_name),
         "section_name": _optional(_section_name),
+        "class_name": _k8s_name,
         "allowlist": _choice(*GATEWAY_ALLOWLISTS),
         "route_kinds": _route_kinds,
     },
@@ -491,13 +492,16 @@ def nginx_allowlist_annotations(ingress: dict) -> tuple[str, ...]:
 
 
 def _check_nginx_allowlist(ingress: dict) -> None:
-    """On class nginx, the allowlist annotation is one ingress-nginx reads: a typo would open every BMC."""
+    """An allowlist annotation under the controller's prefix is one ingress-nginx reads: a typo there
+    would open every BMC. One under another prefix is another controller's, taken as it is."""
     name = ingress["allowlist_annotation"]
     read = nginx_allowlist_annotations(ingress)
-    if ingress["class_name"] == NGINX_CLASS and name and name not in read:
+    prefix = ingress["annotation_prefix"].rstrip("/") + "/"
+    if name.startswith(prefix) and name not in read:
         raise ValuesError([
-            f"ingress.allowlist_annotation: expected {', '.join(read)} or an empty "
-            f"string (the only allowlists ingress-nginx reads, for class_name {NGINX_CLASS}), found {name!r}"])
+            f"ingress.allowlist_annotation: expected {', '.join(read)}, an empty string, or another "
+            f"controller's annotation (the only allowlists ingress-nginx reads under ingress.annotation_prefix "
+            f"{prefix.rstrip('/')}), found {name!r}"])
 
 
 def _check_gateway(values: dict) -> None:
