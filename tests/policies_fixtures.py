@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from maas_kubevirt import identity, policies
+from maas_kubevirt import exposure, identity, policies
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITES_DIR = ROOT / "tests" / "kyverno"
@@ -464,12 +464,19 @@ INGRESS_CASES = [
     ("squat-namespace", ["tenant-a." + DOMAIN], []),
     ("squat-tls", ["www.example.org"], ["web1.tenant-b." + DOMAIN]),
     ("mixed", ["web1.tenant-a." + DOMAIN, "web2.tenant-b." + DOMAIN], []),
+    # nginx's leading wildcard matches any depth: one above the domain catches every BMC host.
+    ("squat-wildcard-above", ["*.example.com"], []),
+    ("squat-wildcard-tld", ["*.com"], []),
+    ("squat-wildcard-tls", ["www.example.org"], ["*.example.com"]),
+    ("wildcard-elsewhere", ["*.example.org", "*.xbmc.example.com"], []),
 ]
 
 
 def ingress_outcome(namespace_: str, hosts: list[str]) -> str:
     """"fail" when any host is under DOMAIN but not <vm>.<namespace>.DOMAIN (identity rules)."""
     for host in hosts:
+        if host.startswith("*.") and exposure.hostname_covers(host, DOMAIN):
+            return "fail"
         if host == DOMAIN or host.endswith("." + DOMAIN):
             claimed = host[: -len("." + DOMAIN)] if host != DOMAIN else ""
             vm_part, dot, ns = claimed.rpartition(".")

@@ -26,6 +26,10 @@ BMC_POD_IP = "10.244.1.7"
 POLICY = policies.POLICY_NAMES["route_isolation"]
 BACKGROUND = "system:serviceaccount:kyverno:kyverno-background-controller"
 TENANT = "system:serviceaccount:tenant-a:deployer"
+ADMIN = "site-admin"
+BMC_CLASS = "maas-kubevirt-bmc"
+HOST_ROUTE = "Host(`app.example.org`) && PathPrefix(`/api`)"
+TO_BMC = [{"name": "web1-virtbmc", "namespace": "tenant-b", "port": 80}]
 
 
 def site_values() -> dict:
@@ -63,12 +67,27 @@ def endpoints(name: str, namespace: str, addresses: list[str]) -> dict:
             "subsets": [{"addresses": [{"ip": a} for a in addresses], "ports": [{"port": 10080}]}]}
 
 
-def gateway(name: str, namespace: str, hostnames: list[str | None]) -> dict:
+def gateway(name: str, namespace: str, hostnames: list[str | None], class_name: str = "traefik") -> dict:
     listeners = [{"name": f"l{i}", "port": 443, "protocol": "HTTPS", **({"hostname": h} if h else {})}
                  for i, h in enumerate(hostnames)]
     return {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
             "metadata": {"name": name, "namespace": namespace},
-            "spec": {"gatewayClassName": "traefik", "listeners": listeners}}
+            "spec": {"gatewayClassName": class_name, "listeners": listeners}}
+
+
+def ingress_route(name: str, namespace: str, matches: list[str], services: list[dict] | None = None,
+                  kind: str = "IngressRoute", priority: int | None = None) -> dict:
+    """A Traefik IngressRoute (or IngressRouteTCP) with one route per match."""
+    routes = [{"match": m, **({"kind": "Rule"} if kind == "IngressRoute" else {}),
+               **({"priority": priority} if priority is not None else {}),
+               "services": services or [{"name": "web", "port": 80}]} for m in matches]
+    return {"apiVersion": "traefik.io/v1alpha1", "kind": kind, "metadata": {"name": name, "namespace": namespace},
+            "spec": {"entryPoints": ["websecure"], "routes": routes}}
+
+
+def traefik_service(name: str, namespace: str, spec: dict) -> dict:
+    return {"apiVersion": "traefik.io/v1alpha1", "kind": "TraefikService",
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
 
 
 def listener_set(name: str, namespace: str, hostnames: list[str | None], parent: str = GATEWAY[1]) -> dict:
@@ -127,17 +146,73 @@ CASES = [
     (TENANT, route("HTTPRoute", "catch-all-local", GATEWAY[0], None, [{"name": GATEWAY[1]}]), {"route-no-catch-all-on-the-bmc-gateway": "fail"}),
     (TENANT, route("TCPRoute", "tcp", "tenant-a", None), {"route-no-catch-all-on-the-bmc-gateway": "fail"}),
     (TENANT, route("UDPRoute", "udp", "tenant-a", None), {"route-no-catch-all-on-the-bmc-gateway": "fail"}),
+    # Every listener of the BMC Gateway serves BMC hosts, whatever gateway.section_name names.
     (TENANT, route("HTTPRoute", "other-listener", "tenant-a", None,
-                   [{"namespace": GATEWAY[0], "name": GATEWAY[1], "sectionName": "web"}]), {"route-no-catch-all-on-the-bmc-gateway": "pass"}),
+                   [{"namespace": GATEWAY[0], "name": GATEWAY[1], "sectionName": "web"}]), {"route-no-catch-all-on-the-bmc-gateway": "fail"}),
     (TENANT, route("HTTPRoute", "other-gateway", "tenant-a", None, [{"namespace": "apps", "name": "public"}]),
      {"route-no-catch-all-on-the-bmc-gateway": "pass"}),
     # Listeners: a ListenerSet's or another Gateway's, under the domain; a hostless one on the BMC Gateway.
     (TENANT, listener_set("listener-claim", "tenant-a", [f"*.tenant-b.{DOMAIN}"]), {"listenerset-outside-the-bmc-domain": "fail"}),
     (TENANT, listener_set("hostless", "tenant-a", [None]), {"listenerset-outside-the-bmc-domain": "fail"}),
     (TENANT, listener_set("listener-elsewhere", "tenant-a", [None], parent="public"), {"listenerset-outside-the-bmc-domain": "pass"}),
-    (TENANT, listener_set("apps", "tenant-a", ["apps.example.org"]), {"listenerset-outside-the-bmc-domain": "pass"}),
+    # No ListenerSet adds a listener to the BMC Gateway, even one outside the domain.
+    (TENANT, listener_set("apps", "tenant-a", ["apps.example.org"]), {"listenerset-outside-the-bmc-domain": "fail"}),
+    (TENANT, listener_set("apps-public", "tenant-a", ["apps.example.org"], parent="public"),
+     {"listenerset-outside-the-bmc-domain": "pass"}),
     (TENANT, gateway("rogue", "tenant-a", ["apps.example.org", f"*.{DOMAIN}"]), {"gateway-listeners-outside-the-bmc-domain": "fail"}),
-    (TENANT, gateway("public", "apps", ["apps.example.org"]), {"gateway-listeners-outside-the-bmc-domain": "pass"}),
+    (TENANT, gateway("public", "apps", ["apps.example.org"]),
+     {"gateway-listeners-outside-the-bmc-domain": "pass", "gateway-class-only-for-the-bmc-gateway": "pass",
+      "bmc-gateway-listeners-in-the-bmc-domain": "skip"}),
+    # The BMC class is the BMC Gateway's alone (issue 41): a tenant's own Gateway of it, hostless
+    # listener and all, in any namespace, even one named like the BMC Gateway.
+    (TENANT, gateway("tenant-gateway", "tenant-b", [None], BMC_CLASS), {"gateway-class-only-for-the-bmc-gateway": "fail"}),
+    (TENANT, gateway(GATEWAY[1], "tenant-b", [f"*.tenant-b.{DOMAIN}"], BMC_CLASS),
+     {"gateway-class-only-for-the-bmc-gateway": "fail"}),
+    (TENANT, gateway("second", GATEWAY[0], [f"*.tenant-b.{DOMAIN}"], BMC_CLASS), {"gateway-class-only-for-the-bmc-gateway": "fail"}),
+    # The BMC Gateway itself: its class, and listeners for hosts under the domain only.
+    (ADMIN, gateway(GATEWAY[1], GATEWAY[0], [f"*.tenant-a.{DOMAIN}", f"*.{DOMAIN}"], BMC_CLASS),
+     {"gateway-class-only-for-the-bmc-gateway": "pass", "bmc-gateway-listeners-in-the-bmc-domain": "pass"}),
+    (TENANT, gateway(GATEWAY[1], GATEWAY[0], [f"*.tenant-a.{DOMAIN}", None], BMC_CLASS),
+     {"bmc-gateway-listeners-in-the-bmc-domain": "fail"}),
+    (BACKGROUND, gateway(GATEWAY[1], GATEWAY[0], ["*.example.com"], BMC_CLASS), {"bmc-gateway-listeners-in-the-bmc-domain": "fail"}),
+    (ADMIN, gateway("bmc-elsewhere", GATEWAY[0], ["apps.example.org"], BMC_CLASS),
+     {"gateway-class-only-for-the-bmc-gateway": "fail", "bmc-gateway-listeners-in-the-bmc-domain": "skip"}),
+    # Traefik's IngressRoute (its CRD provider is on with gateway.allowlist traefik): a match must name
+    # hosts outside the domain, and nothing Kyverno cannot read may reopen them.
+    (TENANT, ingress_route("redfish", "tenant-b", ["PathPrefix(`/redfish`)"], priority=100000),
+     {"traefik-routes-name-hosts-outside-the-bmc-domain": "fail", "traefik-services-not-to-another-namespaces-bmc": "pass"}),
+    (TENANT, ingress_route("bmc-host", "tenant-a", [f"Host(`web1.tenant-b.{DOMAIN}`)"]),
+     {"traefik-routes-name-hosts-outside-the-bmc-domain": "fail"}),
+    (TENANT, ingress_route("bmc-host-upper", "tenant-a", [HOST_ROUTE, f"HOST(`WEB1.TENANT-B.{DOMAIN.upper()}`) && PathPrefix(`/`)"]),
+     {"traefik-routes-name-hosts-outside-the-bmc-domain": "fail"}),
+    (TENANT, ingress_route("or-path", "tenant-a", ["Host(`app.example.org`) || PathPrefix(`/redfish`)"]),
+     {"traefik-routes-name-hosts-outside-the-bmc-domain": "fail"}),
+    (TENANT, ingress_route("negated", "tenant-a", ["!Host(`app.example.org`)"]), {"traefik-routes-name-hosts-outside-the-bmc-domain": "fail"}),
+    (TENANT, ingress_route("regexp", "tenant-a", ["HostRegexp(`^.+[.]example[.]com$`)"]),
+     {"traefik-routes-name-hosts-outside-the-bmc-domain": "fail"}),
+    (TENANT, ingress_route("escaped", "tenant-a", ['Host("web1.tenant-b.bmc\\x2eexample.com")']),
+     {"traefik-routes-name-hosts-outside-the-bmc-domain": "fail"}),
+    (TENANT, ingress_route("wildcard-sni", "tenant-a", ["HostSNI(`*`)"], kind="IngressRouteTCP"),
+     {"traefik-routes-name-hosts-outside-the-bmc-domain": "fail"}),
+    (TENANT, ingress_route("traefik-app", "tenant-a", [HOST_ROUTE, "host(`www.example.org`)"], priority=100000),
+     {"traefik-routes-name-hosts-outside-the-bmc-domain": "pass", "traefik-services-not-to-another-namespaces-bmc": "pass"}),
+    (TENANT, ingress_route("db", "tenant-a", ["HostSNI(`db.example.org`)"], kind="IngressRouteTCP"),
+     {"traefik-routes-name-hosts-outside-the-bmc-domain": "pass"}),
+    # ... and no service of another namespace's BMC, from a route or a TraefikService.
+    (TENANT, ingress_route("to-bmc", "tenant-a", [HOST_ROUTE], services=TO_BMC),
+     {"traefik-routes-name-hosts-outside-the-bmc-domain": "pass", "traefik-services-not-to-another-namespaces-bmc": "fail"}),
+    (TENANT, ingress_route("to-bmc-tcp", "tenant-a", ["HostSNI(`db.example.org`)"], services=TO_BMC, kind="IngressRouteTCP"),
+     {"traefik-services-not-to-another-namespaces-bmc": "fail"}),
+    (TENANT, ingress_route("to-own-bmc", "tenant-b", [HOST_ROUTE], services=[{"name": "web1-virtbmc", "port": 80}]),
+     {"traefik-services-not-to-another-namespaces-bmc": "pass"}),
+    (TENANT, traefik_service("weighted", "tenant-a", {"weighted": {"services": [{"name": "web", "port": 80}, *TO_BMC]}}),
+     {"traefik-services-not-to-another-namespaces-bmc": "fail"}),
+    (TENANT, traefik_service("mirrored", "tenant-a", {"mirroring": {"name": "web", "port": 80, "mirrors": TO_BMC}}),
+     {"traefik-services-not-to-another-namespaces-bmc": "fail"}),
+    (TENANT, traefik_service("mirror-main", "tenant-a", {"mirroring": {**TO_BMC[0], "mirrors": []}}),
+     {"traefik-services-not-to-another-namespaces-bmc": "fail"}),
+    (TENANT, traefik_service("own", "tenant-a", {"weighted": {"services": [{"name": "web", "port": 80, "weight": 1}]}}),
+     {"traefik-services-not-to-another-namespaces-bmc": "pass"}),
     # ReferenceGrants that let other namespaces' routes reach a BMC Service.
     (TENANT, grant("to-bmc", "tenant-b", [{"group": "", "kind": "Service", "name": "web1-virtbmc"}]), {"referencegrant-not-to-a-bmc": "fail"}),
     (TENANT, grant("to-all", "tenant-b", [{"group": "", "kind": "Service"}]), {"referencegrant-not-to-a-bmc": "fail"}),
@@ -184,7 +259,7 @@ def _passed(output: str) -> int:
 def test_every_detour_is_refused_and_the_generated_route_admitted(kyverno, tmp_path):
     values = site_values()
     expected = 0
-    for username in (TENANT, BACKGROUND):
+    for username in (TENANT, BACKGROUND, ADMIN):
         suite = tmp_path / username.rsplit(":", 1)[-1]
         suite.mkdir()
         expected += _write_suite(suite, values, username, [(o, e) for u, o, e in CASES if u == username])
@@ -236,7 +311,8 @@ def test_the_zone_rule_covers_the_domain_its_hosts_and_every_wildcard_above_it(h
 def test_the_ingress_site_renders_no_gateway_api_rule():
     rendered = policies.parse(policies.render_kubernetes(load_values(None), None)["policy-route-isolation.yaml"])[0]
     assert [r["name"] for r in rendered["spec"]["rules"]] == [
-        "service-externalname-not-to-a-bmc", "bmc-endpoints-only-from-the-endpoint-controllers", "endpoints-not-to-a-bmc-pod"]
+        "service-externalname-not-to-a-bmc", "bmc-endpoints-only-from-the-endpoint-controllers", "endpoints-not-to-a-bmc-pod",
+        "ingress-class-only-for-the-bmc-ingresses"]
     kinds = {k for r in rendered["spec"]["rules"] for a in r["match"]["any"] for k in a["resources"]["kinds"]}
     assert not any("gateway.networking" in k for k in kinds)
 
@@ -299,3 +375,32 @@ def test_with_pod_cidrs_no_tenant_endpoint_names_the_pod_network(kyverno, tmp_pa
     output = run_tests(kyverno, tmp_path)
     assert _passed(output) >= expected, output
     assert "Excluded" not in output, output
+
+
+def test_only_the_generated_ingresses_take_the_bmc_class(kyverno, tmp_path):
+    """Issue 41: the BMC Ingress class is the generated Ingresses' alone, by class, by the older
+    annotation, or (watch_without_class) by having none; another class is not the rule's."""
+    from policies_fixtures import catch_all_ingress, expected_ingress
+
+    values = validate(copy.deepcopy(load_values(None)))
+    rule = "ingress-class-only-for-the-bmc-ingresses"
+    tenant = [
+        (catch_all_ingress("tenant-class", "tenant-a", hosts=["www.example.org"]), {rule: "fail"}),
+        (catch_all_ingress("tenant-own-host", "tenant-a", hosts=[f"web1.tenant-a.{DOMAIN}"]), {rule: "fail"}),
+        (catch_all_ingress("tenant-legacy", "tenant-a", class_name=None, legacy_class=BMC_CLASS, hosts=["www.example.org"]),
+         {rule: "fail"}),
+        (catch_all_ingress("other-class", "tenant-a", class_name="traefik", hosts=[None]), {rule: "skip"}),
+        (catch_all_ingress("classless", "tenant-a", class_name=None, hosts=["www.example.org"]), {rule: "skip"}),
+    ]
+    generated = [(expected_ingress("web1", "tenant-a", values), {rule: "pass"})]
+    expected = 0
+    for name, username, cases in (("tenant", TENANT, tenant), ("background", BACKGROUND, generated)):
+        (tmp_path / name).mkdir()
+        expected += _write_suite(tmp_path / name, values, username, cases)
+    values["ingress"]["watch_without_class"] = True
+    (tmp_path / "classless").mkdir()
+    expected += _write_suite(tmp_path / "classless", values, TENANT, [
+        (catch_all_ingress("classless", "tenant-a", class_name=None, hosts=["www.example.org"]), {rule: "fail"})])
+    output = run_tests(kyverno, tmp_path)
+    assert _passed(output) >= expected, output
+

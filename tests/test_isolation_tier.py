@@ -14,7 +14,7 @@ import pytest
 
 from conftest import require
 from test_controlplane import (  # noqa: F401  (fixtures: bundle, site, make_namespace)
-    PART_OF, SETTLE, apply, bundle, eventually, get, install, make_namespace, merged, render_bundle, site, vm,
+    PART_OF, SETTLE, apply, bundle, eventually, get, install, make_namespace, merged, render_bundle, site, tenant_user, vm,
 )
 
 GATEWAY_NAMESPACE, GATEWAY_NAME = "bmc-gateway", "bmc"
@@ -120,6 +120,58 @@ def test_no_tenant_route_reaches_another_namespaces_bmc(control_plane, gateway_b
     # What the endpoint controller writes for the BMC's own Service is its business.
     admitted(cp, slice_of("web1-virtbmc-2", victim, "web1-virtbmc", "198.51.100.41"), *ENDPOINT_CONTROLLER)
     admitted(cp, slice_of("db-1", tenant, "db", "198.51.100.7"), *TENANT)
+
+
+def test_a_tenant_cannot_reach_into_the_bmc_gateway(control_plane, gateway_bundle, make_namespace):
+    """Issue 41, as a tenant user (not an administrator) who may write Gateway API objects and
+    Traefik's in its own namespace, and Gateways in the BMC Gateway's: its own Gateway of the BMC
+    class, a hostless listener on the BMC Gateway, a route with a wildcard above the domain, and an
+    IngressRoute matching PathPrefix(`/redfish`) at priority 100000 are each refused."""
+    cp, tenant = control_plane, make_namespace(labelled=False)
+    domain, bmc_class = gateway_bundle.domain, gateway_bundle.values["gateway"]["class_name"]
+    require(cp.kubectl("get", "crd", "ingressroutes.traefik.io", check=False).returncode == 0,
+            "the control plane has no Traefik CRDs (TRAEFIK unset: tools/build-traefik)")
+    apply(cp, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": GATEWAY_NAMESPACE}})
+    listener = {"name": "tenant-a", "hostname": f"*.tenant-a.{domain}", "port": 8443, "protocol": "HTTPS",
+                "tls": {"certificateRefs": [{"name": "tenant-a-bmc-tls"}]}}
+    apply(cp, {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+               "metadata": {"name": GATEWAY_NAME, "namespace": GATEWAY_NAMESPACE},
+               "spec": {"gatewayClassName": bmc_class, "listeners": [listener]}})
+    gateway_api = {"gateway.networking.k8s.io": ["gateways", "httproutes"], "traefik.io": ["ingressroutes"]}
+    as_tenant = tenant_user(cp, tenant, gateway_api)
+    tenant_user(cp, GATEWAY_NAMESPACE, {"gateway.networking.k8s.io": ["gateways"]})
+    hostless = {"name": "rogue", "port": 8443, "protocol": "HTTPS", "tls": {"certificateRefs": [{"name": "rogue-tls"}]}}
+    # Its own Gateway of the BMC class, with a hostless listener on the BMC listener's port.
+    assert "gateway-class-only-for-the-bmc-gateway" in refused(cp, {
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": {"name": "own", "namespace": tenant},
+        "spec": {"gatewayClassName": bmc_class, "listeners": [hostless]}}, *as_tenant)
+    # A hostless listener, or one above the domain, on the BMC Gateway.
+    for extra in (hostless, {**hostless, "name": "above", "hostname": "*." + domain.split(".", 1)[1]}):
+        result = cp.kubectl(*as_tenant, "-n", GATEWAY_NAMESPACE, "patch", "gateway", GATEWAY_NAME, "--type=json", "-p",
+                            json.dumps([{"op": "add", "path": "/spec/listeners/-", "value": extra}]), check=False)
+        assert result.returncode != 0 and "bmc-gateway-listeners-in-the-bmc-domain" in result.stderr, result.stderr
+    # A route with a wildcard above the domain, on a Gateway of its own of another class.
+    route = http_route("above", tenant, ["*." + domain.split(".", 1)[1]])
+    route["spec"]["parentRefs"] = [{"name": "public"}]
+    assert "route-hostnames-outside-the-bmc-domain" in refused(cp, route, *as_tenant)
+    # Traefik's IngressRoute with no host and a priority above every BMC route.
+    assert "traefik-routes-name-hosts-outside-the-bmc-domain" in refused(cp, {
+        "apiVersion": "traefik.io/v1alpha1", "kind": "IngressRoute", "metadata": {"name": "redfish", "namespace": tenant},
+        "spec": {"entryPoints": ["websecure"], "routes": [{
+            "match": "PathPrefix(`/redfish`)", "kind": "Rule", "priority": 100000,
+            "services": [{"name": "web", "port": 80}]}]}}, *as_tenant)
+    # What the tenant may do: its own Gateway of another class, routes and IngressRoutes for its hosts.
+    admitted(cp, {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+                  "metadata": {"name": "public", "namespace": tenant},
+                  "spec": {"gatewayClassName": "traefik", "listeners": [{**hostless, "hostname": "app.example.org"}]}},
+             *as_tenant)
+    admitted(cp, {"apiVersion": "traefik.io/v1alpha1", "kind": "IngressRoute", "metadata": {"name": "app", "namespace": tenant},
+                  "spec": {"entryPoints": ["websecure"], "routes": [{
+                      "match": "Host(`app.example.org`) && PathPrefix(`/redfish`)", "kind": "Rule", "priority": 100000,
+                      "services": [{"name": "web", "port": 80}]}]}}, *as_tenant)
+    # Not left for the other tests: the BMC Gateway and the tenant's rights beside it.
+    for kind in ("gateway", "rolebinding", "role"):
+        cp.kubectl("-n", GATEWAY_NAMESPACE, "delete", kind, GATEWAY_NAME if kind == "gateway" else "tenant", check=False)
 
 
 def test_with_the_ingress_exposure_the_detours_around_the_ingress_are_refused(control_plane, bundle, make_namespace):

@@ -1056,3 +1056,146 @@ def test_the_pod_network_rule_is_rendered_only_with_pod_cidrs():
     values["kubernetes"]["pod_cidrs"] = ["10.244.0.0/16"]
     assert "endpoints-not-into-the-pod-network" in rules(values)
     assert policies.ipv4_networks_regex([]) == ""
+
+
+# --- issue 41: the BMC classes are the bundle's alone; Traefik's kinds; wildcards above the domain -----
+
+def _route_isolation(values: dict) -> dict[str, dict]:
+    return rules(policy(policies.render_kubernetes(values, SEED), policies.POLICY_NAMES["route_isolation"]))
+
+
+def _gateway_site(defaults: dict, **more) -> dict:
+    """The defaults with exposure gateway on the Gateway bmc-gateway/bmc, and gateway.* keys changed."""
+    values = copy.deepcopy(defaults)
+    values["exposure"] = "gateway"
+    values["gateway"].update(namespace="bmc-gateway", name="bmc", **more)
+    return validate(values)
+
+
+def test_only_the_bmc_gateway_takes_the_bmc_gateway_class(defaults):
+    isolation = _route_isolation(_gateway_site(defaults, class_name="site-bmc"))
+    rule = isolation["gateway-class-only-for-the-bmc-gateway"]
+    assert rule["match"]["any"][0]["resources"]["kinds"] == ["gateway.networking.k8s.io/*/Gateway"]
+    assert rule["match"]["any"][0]["resources"]["operations"] == ["CREATE", "UPDATE"]
+    assert "exclude" not in rule and "preconditions" not in rule      # every namespace, every requester
+    assert rule["validate"]["failureAction"] == "Enforce" and rule["validate"]["allowExistingViolations"] is False
+    (by_class, not_the_bmc_gateway) = rule["validate"]["deny"]["conditions"]["all"]
+    assert (by_class["operator"], by_class["value"]) == ("Equals", "site-bmc")
+    assert "spec.gatewayClassName" in by_class["key"]
+    assert (not_the_bmc_gateway["operator"], not_the_bmc_gateway["value"]) == ("NotEquals", "bmc-gateway/bmc")
+    message = rule["validate"]["message"]
+    assert message.startswith("gateway-class-only-for-the-bmc-gateway: ") and "site-bmc" in message and "Fix: " in message
+
+
+def test_the_bmc_gateway_has_listeners_for_bmc_hosts_only(defaults):
+    values = _gateway_site(defaults)
+    rule = _route_isolation(values)["bmc-gateway-listeners-in-the-bmc-domain"]
+    (which,) = rule["preconditions"]["all"]
+    assert (which["operator"], which["value"]) == ("Equals", "bmc-gateway/bmc")
+    (each,) = rule["validate"]["foreach"]
+    assert each["list"] == "request.object.spec.listeners || `[]`"
+    (condition,) = each["deny"]["conditions"]["any"]
+    # Hostless (''), outside, or a wildcard above the domain: none ends with .<domain>.
+    assert condition == {"key": "{{ ends_with(to_lower(element.hostname || ''), '.bmc.example.com') }}",
+                         "operator": "Equals", "value": False}
+
+
+def test_no_route_catches_all_on_any_listener_of_the_bmc_gateway(defaults):
+    """gateway.section_name no longer narrows the catch-all rule: every listener of the BMC Gateway serves BMC hosts."""
+    for section in ("", "bmc-https"):
+        isolation = _route_isolation(_gateway_site(defaults, section_name=section))
+        rule = isolation["route-no-catch-all-on-the-bmc-gateway"]
+        (condition,) = rule["validate"]["foreach"][0]["deny"]["conditions"]["all"]
+        assert "sectionName" not in condition["key"] and "'bmc-gateway'" in condition["key"]
+        assert "another" not in rule["validate"]["message"].lower(), rule["validate"]["message"]
+        listener_sets = _route_isolation(_gateway_site(defaults, section_name=section, route_kinds=["HTTPRoute", "XListenerSet"]))
+        keys = [c["key"] for c in listener_sets["listenerset-outside-the-bmc-domain"]["validate"]["foreach"][0]["deny"]["conditions"]["any"]]
+        assert keys[1] == "{{ " + policies.gateway_ref_jmespath("request.object.spec.parentRef", _gateway_site(defaults), listener=False) + " }}"
+
+
+def test_the_class_rules_follow_the_exposure(defaults):
+    gateway_rules = _route_isolation(_gateway_site(defaults))
+    ingress_rules = _route_isolation(defaults)
+    assert {"gateway-class-only-for-the-bmc-gateway", "bmc-gateway-listeners-in-the-bmc-domain"} <= set(gateway_rules)
+    assert "ingress-class-only-for-the-bmc-ingresses" not in gateway_rules
+    assert "ingress-class-only-for-the-bmc-ingresses" in ingress_rules
+    assert not {"gateway-class-only-for-the-bmc-gateway", "bmc-gateway-listeners-in-the-bmc-domain"} & set(ingress_rules)
+
+
+@pytest.mark.parametrize("changes", [{}, {"ingress__class_name": "bmc-only", "kubernetes__kyverno_namespace": "policy-engine"},
+                                     {"ingress__watch_without_class": True}])
+def test_only_the_generated_ingresses_take_the_bmc_ingress_class(defaults, changes):
+    values = values_with(defaults, **changes)
+    rule = _route_isolation(values)["ingress-class-only-for-the-bmc-ingresses"]
+    isolation = rules(policy(policies.render_kubernetes(values, SEED), policies.POLICY_NAMES["isolation"]))
+    # The class as the other rules of the class read it: spec.ingressClassName, the older annotation, none.
+    assert rule["preconditions"] == isolation["ingress-no-catch-all"]["preconditions"]
+    assert len(rule["preconditions"]["any"]) == (3 if values["ingress"]["watch_without_class"] else 2)
+    assert rule["match"]["any"][0]["resources"]["operations"] == ["CREATE", "UPDATE"]
+    (requester,) = rule["validate"]["deny"]["conditions"]["all"]
+    assert requester == {"key": "{{ request.userInfo.username || '' }}", "operator": "NotEquals",
+                         "value": f"system:serviceaccount:{values['kubernetes']['kyverno_namespace']}:kyverno-background-controller"}
+    assert values["ingress"]["class_name"] in rule["validate"]["message"]
+
+
+@pytest.mark.parametrize("exposure_, allowlist, setting, served", [
+    ("ingress", "annotation", "auto", False), ("ingress", "traefik", "auto", True), ("ingress", "annotation", True, True),
+    ("gateway", "traefik", "auto", True), ("gateway", "envoy-gateway", "auto", False), ("gateway", "external", True, True),
+    ("gateway", "envoy-gateway", False, False),
+])
+def test_the_traefik_rules_are_there_exactly_when_traefik_crds_are_served(defaults, exposure_, allowlist, setting, served):
+    values = copy.deepcopy(defaults)
+    values["gateway"]["traefik_crds"] = setting
+    if exposure_ == "gateway":
+        values.update(exposure="gateway")
+        values["gateway"].update(namespace="bmc-gateway", name="bmc", allowlist=allowlist)
+    else:
+        values["ingress"]["allowlist"] = allowlist
+    values = validate(values)
+    isolation = _route_isolation(values)
+    names = {"traefik-routes-name-hosts-outside-the-bmc-domain", "traefik-services-not-to-another-namespaces-bmc"}
+    assert (names <= set(isolation)) is served and (not names & set(isolation)) is (not served)
+    pol = policy(policies.render_kubernetes(values, SEED), policies.POLICY_NAMES["route_isolation"])
+    assert ("IngressRoute" in pol["metadata"]["annotations"]["policies.kyverno.io/subject"]) is served
+    if served:
+        routes = isolation["traefik-routes-name-hosts-outside-the-bmc-domain"]
+        assert routes["match"]["any"][0]["resources"]["kinds"] == list(policies.TRAEFIK_ROUTE_KINDS)
+        services = isolation["traefik-services-not-to-another-namespaces-bmc"]
+        assert services["match"]["any"][0]["resources"]["kinds"] == list(policies.TRAEFIK_SERVICE_KINDS)
+        conditions = routes["validate"]["foreach"][0]["deny"]["conditions"]["any"]
+        assert [c["value"] for c in conditions] == [False, True, True]
+        assert f"'{values['redfish']['domain']}'" in conditions[2]["key"]
+
+
+@pytest.mark.parametrize("match, names_a_host, unreadable, wildcard", [
+    ("PathPrefix(`/redfish`)", False, False, False),
+    ("Host(`app.example.org`) && PathPrefix(`/api`)", True, False, False),
+    ("host (`app.example.org`)", True, False, False),
+    ("HostSNI(`*`)", True, False, True),
+    ("HostHeader(`a.example.org`, `*.example.com`)", True, False, True),
+    ("Host(`a.example.org`) || PathPrefix(`/`)", True, True, False),
+    ("!Host(`a.example.org`)", True, True, False),
+    ("HostRegexp(`^.+$`)", False, True, False),
+    ("HostSNIRegexp(`^.+$`)", False, True, False),
+    ("Header(`X-Host`, `a`) && ClientIP(`10.0.0.0/8`)", False, False, False),
+    ("GhostHost(`a.example.org`)", False, False, False),
+])
+def test_what_the_traefik_rule_reads_in_a_match(match, names_a_host, unreadable, wildcard):
+    """The RE2 patterns of the Traefik rule, in Python's re (the same syntax for these)."""
+    import re as re_
+
+    def found(pattern: str) -> bool:
+        return re_.search(pattern.replace("[[:space:]]", r"\s"), match) is not None
+
+    assert found(policies.TRAEFIK_HOST_MATCHER_REGEX) is names_a_host
+    assert (found(policies.TRAEFIK_HOST_REGEXP_REGEX) or "||" in match or "!" in match) is unreadable
+    assert found(policies.TRAEFIK_WILDCARD_HOST_REGEX) is wildcard
+
+
+def test_the_ingress_host_rule_refuses_wildcards_above_the_domain(defaults):
+    """Issue 41: '*.example.com' on an Ingress catches every BMC host (nginx's wildcard matches any depth)."""
+    claims = rules(policy(policies.render_kubernetes(defaults, SEED), policies.POLICY_NAMES["claims"]))
+    (each,) = claims["ingress-host-in-its-own-namespace"]["validate"]["foreach"]
+    in_zone, own = each["deny"]["conditions"]["all"]
+    assert in_zone["key"] == "{{ " + policies.zone_claim_jmespath("element", "bmc.example.com") + " }}"
+    assert "starts_with(to_lower(element), '*.')" in in_zone["key"]

@@ -585,15 +585,19 @@ def test_the_catch_all_rule_refuses_a_default_backend_by_its_own_condition(kyver
 
     No in-process evaluator of Kyverno conditions exists (the jmespath library's semantics differ
     from Kyverno's), so this is the CLI on one Ingress, not the suites' whole table."""
+    # Not Kyverno's own: the route-isolation policy refuses it for its class alone (issue 41), with or
+    # without the defaultBackend; what the isolation policy decides is the catch-all rule's.
+    class_rule = (policies.POLICY_NAMES["route_isolation"], "ingress-class-only-for-the-bmc-ingresses")
     with_backend = fx.catch_all_ingress("default", "tenant-a", hosts=["www.example.org"], default_backend=True)
     _, results = _apply(kyverno, tmp_path, with_backend, refused=True)
     assert {(r["policy"], r["rule"]) for r in results if r["result"] == "fail"} == {
-        (policies.POLICY_NAMES["isolation"], "ingress-no-catch-all")}
-    # The same Ingress without it is admitted: the defaultBackend condition made the refusal.
+        (policies.POLICY_NAMES["isolation"], "ingress-no-catch-all"), class_rule}
+    # The same Ingress without it passes the catch-all rule: the defaultBackend condition made that refusal.
     without = copy.deepcopy(with_backend)
     del without["spec"]["defaultBackend"]
     (tmp_path / "without").mkdir()
-    _, results = _apply(kyverno, tmp_path / "without", without)
+    _, results = _apply(kyverno, tmp_path / "without", without, refused=True)
+    assert {(r["policy"], r["rule"]) for r in results if r["result"] == "fail"} == {class_rule}
     assert (policies.POLICY_NAMES["isolation"], "ingress-no-catch-all", "pass") in {
         (r["policy"], r["rule"], r["result"]) for r in results}
 

@@ -30,7 +30,7 @@ from maas_kubevirt import exposure as exposure_module
 from maas_kubevirt import bmc_proxy
 from maas_kubevirt.exposure import exposure_context
 from maas_kubevirt.paths import data_dir, write_atomic
-from maas_kubevirt.values import NGINX_ALLOWLIST_ANNOTATIONS, ValuesError, nginx_allowlist_annotations
+from maas_kubevirt.values import NGINX_ALLOWLIST_ANNOTATIONS, ValuesError, nginx_allowlist_annotations, traefik_crds_served
 
 # Oldest Kyverno the policies are written for (rule-level generateExisting, failureAction,
 # mutateExistingOnPolicyUpdate); tests run them with the CLI built by tools/build-kyverno.
@@ -359,6 +359,44 @@ def gateway_ref_jmespath(ref: str, values: dict, listener: bool = True) -> str:
     return " && ".join(checks)
 
 
+# Traefik's kinds (traefik.io, any version) the route-isolation policy covers with gateway.traefik_crds.
+TRAEFIK_ROUTE_KINDS = ("traefik.io/*/IngressRoute", "traefik.io/*/IngressRouteTCP")
+TRAEFIK_SERVICE_KINDS = (*TRAEFIK_ROUTE_KINDS, "traefik.io/*/TraefikService")
+# In a Traefik rule (its `match`), RE2: a host matcher (Host, HostSNI, v2's HostHeader), and a
+# regexp host matcher (HostRegexp, HostSNIRegexp), whose pattern Kyverno cannot bound. Traefik reads
+# matcher names in any case.
+TRAEFIK_HOST_MATCHER_REGEX = "(?i)(^|[^a-z0-9])host(sni|header)?[[:space:]]*[(]"
+TRAEFIK_HOST_REGEXP_REGEX = "(?i)host(sni)?regexp"
+# A '*' among a host matcher's arguments: HostSNI(`*`) catches every TLS connection without SNI (MAAS's).
+TRAEFIK_WILDCARD_HOST_REGEX = "(?i)host(sni|header)?[[:space:]]*[(][^)]*[*]"
+
+
+def _traefik_context(values: dict) -> dict[str, Any]:
+    """What the Traefik rules of the route-isolation policy read from the values (gateway.traefik_crds)."""
+    match = "element.match || ''"
+    namespace = "request.object.metadata.namespace"
+    return {
+        "traefik_crds": traefik_crds_served(values),
+        "traefik_route_kinds": TRAEFIK_ROUTE_KINDS,
+        "traefik_service_kinds": TRAEFIK_SERVICE_KINDS,
+        "traefik_match_names_a_host": "{{ regex_match(" + _jmespath_string(TRAEFIK_HOST_MATCHER_REGEX) + f", {match}) }}}}",
+        # An alternative or a negation may reopen what a Host() closes; a backslash is an escape in a
+        # double-quoted argument ("\x62mc..."), which contains() would not see through.
+        "traefik_match_unreadable": (f"{{{{ contains({match}, '||') || contains({match}, '!') || "
+                                     f"contains({match}, `\"\\\\\"`) || regex_match("
+                                     + _jmespath_string(TRAEFIK_HOST_REGEXP_REGEX) + f", {match}) }}}}"),
+        "traefik_match_claims_bmc_host": (f"{{{{ contains(to_lower({match}), {_jmespath_string(values['redfish']['domain'])}) || "
+                                          "regex_match(" + _jmespath_string(TRAEFIK_WILDCARD_HOST_REGEX) + f", {match}) }}}}"),
+        # Every service an IngressRoute(TCP) route or a TraefikService (weighted, mirroring) names.
+        "traefik_services": ("[request.object.spec.routes[].services[] || `[]`, request.object.spec.weighted.services || `[]`, "
+                             "request.object.spec.mirroring.mirrors || `[]`, "
+                             "request.object.spec.mirroring && [request.object.spec.mirroring] || `[]`][]"),
+        "traefik_service_to_another_namespaces_bmc": (
+            f"{{{{ (element.namespace || {namespace}) != {namespace} && "
+            f"ends_with(to_lower(element.name || ''), {_jmespath_string(VIRTBMC_SUFFIX)}) }}}}"),
+    }
+
+
 def _route_isolation_context(values: dict) -> dict[str, Any]:
     domain = values["redfish"]["domain"]
     kinds = exposure_module.isolated_route_kinds(values)
@@ -386,9 +424,12 @@ def _route_isolation_context(values: dict) -> dict[str, Any]:
         "generated_own_host": "{{ request.userInfo.username == " + _jmespath_string(background)
         + " && !starts_with(element, '*') && ends_with(to_lower(element), join('', ['.', " + _NS + ", "
         + _jmespath_string("." + domain) + "])) }}",
-        "parent_is_bmc_gateway": "{{ " + gateway_ref_jmespath("element", values) + " }}",
-        "hostless_listener_on_bmc_gateway": "{{ (element.hostname || '') == '' && "
-        + gateway_ref_jmespath("request.object.spec.parentRef", values, listener=False) + " }}",
+        # Any listener of the BMC Gateway, whatever gateway.section_name says: each serves BMC hosts.
+        "parent_is_bmc_gateway": "{{ " + gateway_ref_jmespath("element", values, listener=False) + " }}",
+        "listener_set_on_bmc_gateway": "{{ " + gateway_ref_jmespath("request.object.spec.parentRef", values, listener=False) + " }}",
+        "listener_in_bmc_domain": "{{ ends_with(to_lower(element.hostname || ''), " + _jmespath_string("." + domain) + ") }}",
+        "background_controller": background,
+        **_traefik_context(values),
         "grant_reaches_virtbmc": "{{ (element.name || '') == '' || ends_with(element.name || '', " + _jmespath_string(VIRTBMC_SUFFIX) + ") }}",
     }
 
@@ -432,8 +473,6 @@ def _context(values: dict, seed: str | None) -> dict[str, Any]:
         "bmc_name_check": "{{ regex_match('" + BMC_NAME_REGEX + "', " + _VM + ") }}",
         "old_opt_in_label": '{{ request.oldObject.metadata.labels."' + label + "\" || '' }}",
         "host_template": "{{ " + _VM + " }}.{{ " + _NS + " }}." + domain,
-        "in_bmc_zone": "{{ ends_with(to_lower(element), " + _jmespath_string("." + domain)
-        + ") || to_lower(element) == " + _jmespath_string(domain) + " }}",
         "in_own_zone": "{{ ends_with(to_lower(element), join('', ['.', " + _NS + ", "
         + _jmespath_string("." + domain) + "])) }}",
         "server_alias_annotation": prefix + SERVER_ALIAS_SUFFIX,
