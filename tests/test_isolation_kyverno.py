@@ -36,7 +36,7 @@ def site_values() -> dict:
     values = copy.deepcopy(load_values(None))
     values["exposure"] = "gateway"
     values["gateway"].update(namespace=GATEWAY[0], name=GATEWAY[1], section_name=GATEWAY[2],
-                             route_kinds=list(exposure.ROUTE_KIND_MATCH))
+                             route_kinds=list(exposure.ROUTE_KIND_MATCH), traefik_crds=True)
     return validate(values)
 
 
@@ -177,7 +177,7 @@ CASES = [
     (BACKGROUND, gateway(GATEWAY[1], GATEWAY[0], ["*.example.com"], BMC_CLASS), {"bmc-gateway-listeners-in-the-bmc-domain": "fail"}),
     (ADMIN, gateway("bmc-elsewhere", GATEWAY[0], ["apps.example.org"], BMC_CLASS),
      {"gateway-class-only-for-the-bmc-gateway": "fail", "bmc-gateway-listeners-in-the-bmc-domain": "skip"}),
-    # Traefik's IngressRoute (its CRD provider is on with gateway.allowlist traefik): a match must name
+    # Traefik's IngressRoute (gateway.traefik_crds: some Traefik of the cluster reads it): a match must name
     # hosts outside the domain, and nothing Kyverno cannot read may reopen them.
     (TENANT, ingress_route("redfish", "tenant-b", ["PathPrefix(`/redfish`)"], priority=100000),
      {"traefik-routes-name-hosts-outside-the-bmc-domain": "fail", "traefik-services-not-to-another-namespaces-bmc": "pass"}),

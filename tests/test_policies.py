@@ -1139,8 +1139,8 @@ def test_only_the_generated_ingresses_take_the_bmc_ingress_class(defaults, chang
 
 
 @pytest.mark.parametrize("exposure_, allowlist, setting, served", [
-    ("ingress", "annotation", "auto", False), ("ingress", "traefik", "auto", True), ("ingress", "annotation", True, True),
-    ("gateway", "traefik", "auto", True), ("gateway", "envoy-gateway", "auto", False), ("gateway", "external", True, True),
+    ("ingress", "annotation", False, False), ("ingress", "traefik", False, False), ("ingress", "annotation", True, True),
+    ("gateway", "traefik", False, False), ("gateway", "traefik", True, True), ("gateway", "external", True, True),
     ("gateway", "envoy-gateway", False, False),
 ])
 def test_the_traefik_rules_are_there_exactly_when_traefik_crds_are_served(defaults, exposure_, allowlist, setting, served):

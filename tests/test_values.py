@@ -266,8 +266,8 @@ def test_boundaries_types_and_control_characters(section, key, value, accepted):
         ("ingress", "class_name", None, "expected a Kubernetes object name (DNS-1123 subdomain), found nothing"),
         ("gateway", "class_name", "Traefik", "expected a Kubernetes object name (DNS-1123 subdomain), found 'Traefik'"),
         ("gateway", "class_name", "", "expected a Kubernetes object name (DNS-1123 subdomain), found an empty string"),
-        ("gateway", "traefik_crds", "yes please", "expected auto, true or false, found 'yes please'"),
-        ("gateway", "traefik_crds", 1, "expected auto, true or false, found 1"),
+        ("gateway", "traefik_crds", "auto", "expected true or false, found 'auto'"),
+        ("gateway", "traefik_crds", 1, "expected true or false, found 1"),
         ("ingress", "tls_secret", "A",
          "expected a Kubernetes object name (DNS-1123 subdomain), or an empty string, found 'A'"),
         ("ingress", "annotations", [], "expected a mapping of annotation keys to string values, found a list"),
@@ -703,7 +703,7 @@ def test_exposure_gateway_needs_the_gateway_named(tmp_path):
         "found an empty string"]
     named = load_values(write(tmp_path, {"exposure": "gateway", "gateway": {"namespace": "gw", "name": "bmc"}}))
     assert named["gateway"] == {"namespace": "gw", "name": "bmc", "section_name": "", "class_name": "maas-kubevirt-bmc",
-                                "allowlist": "traefik", "route_kinds": [], "traefik_crds": "auto"}
+                                "allowlist": "traefik", "route_kinds": [], "traefik_crds": False}
 
 
 @pytest.mark.parametrize("values, problem", [
@@ -822,29 +822,13 @@ def test_the_built_in_values_have_no_duplicate_key():
     assert _read(DEFAULT_VALUES_PATH) == DEFAULTS
 
 
-@pytest.mark.parametrize("changes, key", [
-    ({"exposure": "gateway", "gateway": {"namespace": "gw", "name": "bmc", "traefik_crds": False}}, "gateway.allowlist"),
-    ({"ingress": {"allowlist": "traefik"}, "gateway": {"traefik_crds": False}}, "ingress.allowlist"),
-])
-def test_traefik_crds_cannot_be_false_beside_a_rendered_traefik_middleware(tmp_path, changes, key):
-    """The Middleware is served by Traefik's CRD provider, which serves IngressRoutes too: they would go unchecked."""
-    with pytest.raises(ValuesError) as failure:
-        load_values(write(tmp_path, changes))
-    assert failure.value.problems == [
-        f"gateway.traefik_crds: expected auto or true with {key} traefik (its Middleware is served by Traefik's CRD "
-        "provider, which also serves IngressRoutes), found false"]
-    changes["gateway"]["traefik_crds"] = True
-    assert load_values(write(tmp_path, changes))["gateway"]["traefik_crds"] is True
-
-
-def test_traefik_crds_auto_follows_the_rendered_middleware(tmp_path):
+def test_traefik_crds_say_what_the_cluster_serves_whatever_the_render(tmp_path):
+    """The BMC proxy reads no Traefik CRD, so no allowlist implies them: the key alone says."""
     from maas_kubevirt.values import traefik_crds_served
 
     assert traefik_crds_served(load_values(None)) is False
-    assert traefik_crds_served(load_values(write(tmp_path, {"ingress": {"allowlist": "traefik"}}))) is True
+    assert traefik_crds_served(load_values(write(tmp_path, {"ingress": {"allowlist": "traefik"}}))) is False
     gateway = {"exposure": "gateway", "gateway": {"namespace": "gw", "name": "bmc"}}
-    assert traefik_crds_served(load_values(write(tmp_path, gateway))) is True
-    gateway["gateway"]["allowlist"] = "envoy-gateway"
     assert traefik_crds_served(load_values(write(tmp_path, gateway))) is False
     gateway["gateway"]["traefik_crds"] = True
     assert traefik_crds_served(load_values(write(tmp_path, gateway))) is True

@@ -353,24 +353,9 @@ def _route_kinds(value: Any) -> list[str]:
             for index, kind in enumerate(value) if kind not in ROUTE_KINDS]
 
 
-# gateway.traefik_crds (auto, true or false): whether the route-isolation policy covers Traefik's own
-# kinds. auto: when the render uses a Traefik Middleware (traefik_crds_served), since Traefik's CRD
-# provider then runs.
-def _traefik_crds(value: Any) -> str | None:
-    return None if isinstance(value, bool) or value == "auto" else "auto, true or false"
-
-
-def render_uses_traefik_crds(values: dict) -> bool:
-    """Whether the render holds a Traefik Middleware (traefik.io), which only Traefik's CRD provider serves."""
-    if values["exposure"] == "gateway":
-        return values["gateway"]["allowlist"] == "traefik"
-    return values["ingress"]["allowlist"] == "traefik"
-
-
 def traefik_crds_served(values: dict) -> bool:
-    """gateway.traefik_crds resolved: whether the cluster serves IngressRoute, IngressRouteTCP and TraefikService."""
-    setting = values["gateway"]["traefik_crds"]
-    return render_uses_traefik_crds(values) if setting == "auto" else setting
+    """gateway.traefik_crds: whether the cluster serves IngressRoute, IngressRouteTCP and TraefikService."""
+    return values["gateway"]["traefik_crds"]
 
 
 # Top-level keys holding one value rather than a section.
@@ -413,7 +398,7 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "class_name": _k8s_name,
         "allowlist": _choice(*GATEWAY_ALLOWLISTS),
         "route_kinds": _route_kinds,
-        "traefik_crds": _traefik_crds,
+        "traefik_crds": _boolean,
     },
     "bmc_proxy": {
         "image": _image,
@@ -545,7 +530,6 @@ def validate(values: Any, source: str = "values") -> dict:
         raise ValuesError(problems)
     _check_nginx_allowlist(values["ingress"])
     _check_gateway(values)
-    _check_traefik_crds(values)
     _check_lease_fits(values)
     values["redfish"]["domain"] = identity.validate_domain(values["redfish"]["domain"])
     return values
@@ -589,15 +573,6 @@ def _check_gateway(values: dict) -> None:
         raise ValuesError([
             f"{key}: expected the {'namespace' if key.endswith('namespace') else 'name'} of the site's Gateway "
             f"the BMC routes attach to (exposure is gateway), found an empty string" for key in missing])
-
-
-def _check_traefik_crds(values: dict) -> None:
-    """traefik_crds false beside a rendered Traefik Middleware: its CRD provider runs, and its routes would go unchecked."""
-    if values["gateway"]["traefik_crds"] is False and render_uses_traefik_crds(values):
-        allowlist = "gateway.allowlist" if values["exposure"] == "gateway" else "ingress.allowlist"
-        raise ValuesError([
-            f"gateway.traefik_crds: expected auto or true with {allowlist} traefik (its Middleware is served by "
-            "Traefik's CRD provider, which also serves IngressRoutes), found false"])
 
 
 def _check_lease_fits(values: dict) -> None:
