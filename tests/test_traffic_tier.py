@@ -27,6 +27,7 @@ teardown checks that Kyverno logged no error about the bundle or these namespace
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import secrets
@@ -83,6 +84,7 @@ def site_values(exposure: str, seed_file: Path) -> dict:
     values["ingress"]["source_ranges"] = list(SOURCE_RANGES)
     values["exposure"] = exposure
     values["ingress"]["controller_namespace"] = BMC_NAMESPACE
+    values["gateway"]["traefik_crds"] = True            # the control plane serves Traefik's CRDs (the tenants' Traefik reads them)
     if exposure == "gateway":
         values["gateway"].update(namespace=GATEWAY_NAMESPACE, name=GATEWAY_NAME, section_name="", allowlist="traefik",
                                  class_name=BMC_CLASS)
@@ -656,6 +658,36 @@ def test_a_tenants_own_gateway_ingressroute_and_wildcard_ingress_catch_nothing_o
     assert phase.proxy.reached(gone) == 0
     assert sum(len(phase.proxy.catcher.seen(host)) for host in (live, gone)) == caught_before, \
         "a request MAAS sent to the BMC proxy reached the tenant's catcher"
+
+
+def test_admission_refuses_each_attack_aimed_at_the_bmc_hosts(phase):
+    """The second line: made now, by the same tenant user, each attack is refused where it aims at
+    the BMC hosts (the BMC class, a host-less IngressRoute, a wildcard above the domain); its own
+    Gateway of its own class, with a host-less route, is admitted: it lands on the tenants' proxy,
+    which MAAS never reaches (the case above)."""
+    cp = phase.cp
+    attacks = tenant_attacks(phase, phase.attacker, "grab-tls")
+
+    def create(obj: dict, name: str) -> subprocess.CompletedProcess:
+        obj = {**obj, "metadata": {**obj["metadata"], "name": name}}
+        return cp.kubectl("create", "--as", phase.attacker_user, "-f", "-", input=json.dumps(obj), check=False)
+
+    refused = {"ingressroute": (attacks["ingressroute"], "traefik-routes-name-hosts-outside-the-bmc-domain"),
+               "wildcard ingress": (attacks["ingress"], "ingress-host-")}
+    bmc_class = copy.deepcopy(attacks["gateway" if phase.exposure == "gateway" else "ingress"])
+    if phase.exposure == "gateway":
+        bmc_class["spec"]["gatewayClassName"] = BMC_CLASS
+        refused["gateway of the BMC class"] = (bmc_class, "gateway-class-only-for-the-bmc-gateway")
+    else:
+        bmc_class["spec"]["ingressClassName"] = BMC_CLASS
+        bmc_class["spec"]["rules"][0]["host"] = f"grab.{phase.attacker}.apps.example.org"
+        refused["ingress of the BMC class"] = (bmc_class, "ingress-class-only-for-the-bmc-ingresses")
+    for what, (attack, rule) in refused.items():
+        result = create(attack, "again")
+        assert result.returncode != 0 and rule in result.stderr, (what, result.returncode, result.stderr)
+    for kind in ("gateway", "httproute"):
+        result = create(attacks[kind], "again")
+        assert result.returncode == 0, (kind, result.stderr)
 
 
 def test_doctor_reads_the_live_exposure(phase):
