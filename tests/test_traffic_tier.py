@@ -727,6 +727,18 @@ def test_doctor_reads_the_live_exposure(phase):
         raise AssertionError({name: (c.status, c.found) for name, c in rows().items()}) from None
     assert ", ".join(SOURCE_RANGES) in found["proxy.allowlist"].found, found["proxy.allowlist"].found
     assert "serves only it" in found["proxy.isolation"].found, found["proxy.isolation"].found
+    # The proxy's Deployment given Traefik's CRD provider (as a Helm chart's defaults would): doctor fails.
+    patch = ["-n", BMC_NAMESPACE, "deployment", BMC_PROXY, "--type=json", "-p"]
+    phase.cp.kubectl("patch", *patch, json.dumps([{"op": "add", "path": "/spec/template/spec/containers/0/args/-",
+                                                   "value": "--providers.kubernetesCRD=true"}]))
+    try:
+        shared = rows()["proxy.isolation"]
+        assert shared.status == doctor.FAIL and "provider kubernetescrd is on" in shared.found, shared
+    finally:
+        args = phase.cp.get("deployment", BMC_PROXY, BMC_NAMESPACE)["spec"]["template"]["spec"]["containers"][0]["args"]
+        phase.cp.kubectl("patch", *patch, json.dumps([{"op": "remove",
+                                                       "path": f"/spec/template/spec/containers/0/args/{len(args) - 1}"}]))
+    assert rows()["proxy.isolation"].status == doctor.OK
     if phase.exposure == "gateway":
         # Both VMs' routes were read from their status, not "no VM yet".
         assert found["gateway.routes"].found.startswith("2 HTTPRoute(s)"), found["gateway.routes"].found
