@@ -25,12 +25,12 @@ ENDPOINT_CONTROLLER = ("--as", "system:serviceaccount:kube-system:endpointslice-
 
 @pytest.fixture
 def gateway_bundle(control_plane, site, bundle):
-    """The gateway render (Traefik allowlist, every route kind the tier serves), applied and Ready."""
+    """The gateway render (Traefik allowlist, every route kind the tier serves, Traefik's CRDs), applied and Ready."""
     require(control_plane.kubectl("get", "crd", "httproutes.gateway.networking.k8s.io", check=False).returncode == 0,
             "the control plane has no Gateway API CRDs (TRAEFIK unset: tools/build-traefik)")
     directory, values, seed = site
     gateway = merged(values, {"exposure": "gateway", "gateway": {
-        "namespace": GATEWAY_NAMESPACE, "name": GATEWAY_NAME, "allowlist": "traefik",
+        "namespace": GATEWAY_NAMESPACE, "name": GATEWAY_NAME, "allowlist": "traefik", "traefik_crds": True,
         "route_kinds": ["HTTPRoute", "GRPCRoute", "TLSRoute", "TCPRoute", "XListenerSet"]}})
     rendered = render_bundle(directory, gateway, seed, name="build")
     # The switch render prints: the route rule cannot change in place.
