@@ -32,6 +32,10 @@ def _where(item: Mapping[str, Any]) -> str:
     return f"{_clean(metadata.get('namespace'))}/{_clean(metadata.get('name'))}"
 
 
+def _containers(deployment: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return ((deployment.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or []
+
+
 def shared_class_problems(values: Mapping[str, Any], gateways: Iterable[Mapping[str, Any]] | None,
                           ingresses: Iterable[Mapping[str, Any]] | None,
                           generated: Iterable[tuple[str, str]]) -> list[str]:
@@ -75,7 +79,7 @@ def isolation_check(values: Mapping[str, Any], gateways: Iterable[Mapping[str, A
         if not found:
             problems.append(f"no Deployment {bmc_proxy.NAME} (the BMC proxy of {bmc_proxy.FILE})")
         for deployment in found:
-            for container in ((deployment.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or []:
+            for container in _containers(deployment):
                 problems.extend(f"Deployment {_where(deployment)}: {problem}" for problem in
                                 bmc_proxy.provider_problems([str(arg) for arg in container.get("args") or []], values))
     class_name = values["gateway"]["class_name"] if gateway_side else values["ingress"]["class_name"]
@@ -109,7 +113,7 @@ def allowlist_problem(values: Mapping[str, Any], config: Mapping[str, Any] | Non
         return "its ipAllowList sets ipStrategy (the client address is then read from X-Forwarded-For, which a client sets)"
     flag = f"--entryPoints.{bmc_proxy.ENTRY_POINT}.http.middlewares={bmc_proxy.entry_point_middleware()}"
     for deployment in proxies or []:
-        for container in ((deployment.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers") or []:
+        for container in _containers(deployment):
             if flag not in (container.get("args") or []):
                 return f"Deployment {_where(deployment)} does not attach it ({flag} missing)"
     return None
