@@ -29,10 +29,15 @@ def schema_checks() -> dict[str, object]:
     for section, keys in values.SCHEMA.items():
         for key, check in keys.items():
             if (section, key) in values.NESTED:
-                checks.update({f"{section}.{key}.{leaf}": c for leaf, c in values.LEASE.items()})
+                checks.update({f"{section}.{key}.{leaf}": c for leaf, c in values.NESTED[section, key].items()})
             else:
                 checks[f"{section}.{key}"] = check
     return checks
+
+
+def pool_checks() -> dict[str, object]:
+    """Every key of one pool (the list ``pools``), as ``pools[].<key>`` -> its check."""
+    return {f"pools[].{key}": check for key, check in values.POOL.items()}
 
 
 def default_values() -> dict[str, object]:
@@ -61,6 +66,7 @@ def values_rows() -> dict[str, dict[str, str]]:
 def test_values_page_lists_every_key_and_no_other():
     documented, schema, shipped = set(values_rows()), set(schema_checks()), set(default_values())
     assert schema == shipped, f"values.yaml and the schema differ: {sorted(schema ^ shipped)}"
+    schema |= set(pool_checks())
     assert not schema - documented, f"not in docs/reference/values.md: {sorted(schema - documented)}"
     assert not documented - schema, f"docs/reference/values.md names keys that do not exist: {sorted(documented - schema)}"
 
@@ -81,7 +87,7 @@ def test_values_page_gives_each_type_as_the_schema_checks_it():
     """A choice lists exactly the schema's options, a number its range, a boolean says so."""
     wrong = []
     rows = values_rows()
-    for key, check in schema_checks().items():
+    for key, check in {**schema_checks(), **pool_checks()}.items():
         if key not in rows:
             continue
         said = rows[key]["type"]

@@ -27,7 +27,7 @@ def test_defaults_cover_exactly_the_schema():
     assert {section: set(keys) for section, keys in SCHEMA.items()} == {
         section: set(keys) for section, keys in DEFAULTS.items() if section not in SCALARS
     }
-    assert {key: DEFAULTS[key] for key in SCALARS} == {"exposure": "ingress"}
+    assert {key: DEFAULTS[key] for key in SCALARS} == {"exposure": "ingress", "pools": []}
     assert load_values(None)["redfish"]["domain"] == "bmc.example.com"
 
 
@@ -330,7 +330,7 @@ def test_every_section_and_key_is_checked_after_a_problem():
     with pytest.raises(ValuesError) as raised:
         validate(values)
     assert raised.value.problems == [
-        "extra: unknown key; expected one of exposure, redfish, seed, smbios, kubernetes, ingress, gateway, bmc_proxy, maas, "
+        "extra: unknown key; expected one of exposure, pools, redfish, seed, smbios, kubernetes, ingress, gateway, bmc_proxy, maas, "
         "reconciler",
         "redfish: expected a mapping, found 5",
         "kubernetes.system_namespace: expected a value, found nothing",

@@ -8,6 +8,7 @@ with JMESPath (sha256, join, truncate, regex_replace_all), so both rules are spe
 from __future__ import annotations
 
 import hashlib
+import hmac
 import re
 import unicodedata
 import urllib.parse
@@ -39,6 +40,11 @@ def _check_label(value: object, what: str) -> str:
             "(lower-case letters, digits and '-', starting and ending with a letter or digit)"
         )
     return value
+
+
+def is_label(value: object) -> bool:
+    """Whether value is a DNS-1123 label, as a namespace or a pool's name must be."""
+    return isinstance(value, str) and 0 < len(value) <= LABEL_MAX and bool(_LABEL.match(value))
 
 
 def validate_namespace(namespace: object) -> str:
@@ -213,6 +219,36 @@ def fallback_hostname(vm: str, namespace: str) -> str:
 def pool_name(namespace: str) -> str:
     """The MAAS resource pool for a namespace: the namespace itself."""
     return validate_namespace(namespace)
+
+
+# A pool VM's name: <pool>-<suffix>, the suffix drawn from the alphabet Kubernetes' generateName
+# uses (k8s.io/apimachinery/pkg/util/rand/rand.go: no vowels, so no word is spelt by chance).
+POOL_SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+POOL_SUFFIX_LENGTH = 5
+
+
+def pool_vm_name(pool: str, suffix: str) -> str:
+    """``<pool>-<suffix>``, the name of a VM a pool makes."""
+    if len(suffix) != POOL_SUFFIX_LENGTH or not set(suffix) <= set(POOL_SUFFIX_ALPHABET):
+        raise IdentityError(f"pool VM suffix {suffix!r}: expected {POOL_SUFFIX_LENGTH} of {POOL_SUFFIX_ALPHABET!r}")
+    return validate_vm_name(f"{_check_label(pool, 'pool')}-{suffix}")
+
+
+def is_pool_vm_name(pool: str, vm: object) -> bool:
+    """Whether vm has the shape of a name pool_vm_name gives for this pool."""
+    if not isinstance(vm, str) or not vm.startswith(pool + "-"):
+        return False
+    suffix = vm[len(pool) + 1:]
+    return len(suffix) == POOL_SUFFIX_LENGTH and set(suffix) <= set(POOL_SUFFIX_ALPHABET)
+
+
+def pool_vm_proof(seed: str, namespace: str, vm: str, pool: str) -> str:
+    """The annotation that proves the reconciler made this pool VM: 32 hex digits of
+    HMAC-SHA256(seed, 'pool-vm:<namespace>/<vm>:<pool>'); a tenant who copies the label cannot forge it."""
+    if not isinstance(seed, str) or not seed:
+        raise IdentityError("seed: must be a non-empty string")
+    message = f"pool-vm:{validate_namespace(namespace)}/{validate_vm_name(vm)}:{_check_label(pool, 'pool')}"
+    return hmac.new(seed.encode("utf-8"), message.encode("utf-8"), hashlib.sha256).hexdigest()[:32]
 
 
 # What the commissioning script writes as power_pass: MAAS requires one for a redfish machine

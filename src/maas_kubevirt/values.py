@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import yaml
 
-from maas_kubevirt import identity
+from maas_kubevirt import identity, quantity
 from maas_kubevirt.paths import data_dir
 
 DEFAULT_VALUES_PATH = data_dir() / "values.yaml"
@@ -296,6 +296,110 @@ def _lease(value: Any) -> list[str]:
     return problems
 
 
+# reconciler.pools: the pools' own credential in the cluster (docs/how-to/pools.md).
+POOLS_ACCESS: dict[str, Callable[[Any], str | None]] = {"kubeconfig": _optional(_absolute_path)}
+
+
+def _pools_access(value: Any) -> list[str]:
+    if not isinstance(value, dict):
+        return ["a mapping of " + ", ".join(POOLS_ACCESS)]
+    problems = [f".{key}: unknown key; expected one of {', '.join(POOLS_ACCESS)}" for key in value
+                if key not in POOLS_ACCESS]
+    for key, check in POOLS_ACCESS.items():
+        problem = check(value.get(key))
+        if problem:
+            problems.append(f".{key}: expected {problem}, found {_found(value.get(key))}")
+    return problems
+
+
+# A pool VM is <pool>-<suffix>: the pool's name leaves room for the suffix and for the names
+# kubevirtBMC and Kyverno derive from the VM within one DNS label.
+POOL_NAME_MAX = 40
+ON_RELEASE = ("recreate", "keep")
+
+
+def _pool_name(value: Any) -> str | None:
+    if isinstance(value, str) and len(value) <= POOL_NAME_MAX and identity.is_label(value):
+        return None
+    return f"a DNS label of at most {POOL_NAME_MAX} characters (lower-case letters, digits and '-')"
+
+
+def _size(least: int, least_text: str) -> Callable[[Any], str | None]:
+    def check(value: Any) -> str | None:
+        try:
+            return None if quantity.parse(value) >= least else f"at least {least_text}"
+        except quantity.QuantityError as error:
+            return str(error)
+
+    return check
+
+
+def _network(value: Any) -> str | None:
+    """A NetworkAttachmentDefinition: ``name`` in the pool's namespace, or ``namespace/name``."""
+    parts = value.split("/") if isinstance(value, str) else []
+    if 1 <= len(parts) <= 2 and all(identity.is_label(part) for part in parts):
+        return None
+    return "a NetworkAttachmentDefinition, as name or namespace/name"
+
+
+def _maas_tags(value: Any) -> list[str]:
+    if not isinstance(value, list):
+        return ["a list of MAAS tag names (may be empty)"]
+    return [f"[{index}]: expected {problem}, found {_found(tag)}"
+            for index, tag in enumerate(value) if (problem := _maas_tag(tag))]
+
+
+# Each pool of the top-level list `pools`: the keys with a default may be left out.
+POOL: dict[str, Callable[[Any], Any]] = {
+    "name": _pool_name,
+    "namespace": _namespace,
+    "cores": _whole(1, 1024, "cores"),
+    "memory": _size(2**30, "1Gi (MAAS boots its ephemeral image into memory)"),
+    "disk": _size(2**30, "1Gi"),
+    "storage_class": _k8s_name,
+    "network": _network,
+    "ready": _whole(0, 10000, "machines"),
+    "max": _whole(1, 10000, "VMs"),
+    "tags": _maas_tags,
+    "on_release": _choice(*ON_RELEASE),
+}
+POOL_DEFAULTS: dict[str, Any] = {"tags": [], "on_release": "recreate"}
+
+
+def _pool(pool: Any) -> list[str]:
+    """One pool: each key by its name, then ready within max."""
+    if not isinstance(pool, dict):
+        return [": expected a mapping of " + ", ".join(POOL) + f", found {_found(pool)}"]
+    problems = [f".{key}: unknown key; expected one of {', '.join(POOL)}" for key in pool if key not in POOL]
+    for key, check in POOL.items():
+        if key not in pool:
+            if key not in POOL_DEFAULTS:
+                problems.append(f".{key}: expected a value, found nothing")
+            continue
+        outcome = check(pool[key])
+        if isinstance(outcome, str):
+            problems.append(f".{key}: expected {outcome}, found {_found(pool[key])}")
+        elif outcome:
+            problems.extend(f".{key}{problem}" for problem in outcome)
+    if not problems and pool["ready"] > pool["max"]:
+        problems.append(f".ready: expected at most max ({pool['max']}), found {pool['ready']}")
+    return problems
+
+
+def _pools(value: Any) -> list[str]:
+    """The list of pools: each pool, then names unique (a pool's name is also its MAAS tag)."""
+    if not isinstance(value, list):
+        return ["a list of pools (may be empty)"]
+    problems = [f"[{index}]{problem}" for index, pool in enumerate(value) for problem in _pool(pool)]
+    seen: dict[str, int] = {}
+    for index, pool in enumerate(value):
+        name = pool.get("name") if isinstance(pool, dict) else None
+        if isinstance(name, str) and seen.setdefault(name, index) != index:
+            problems.append(f"[{index}].name: expected a name no other pool has, found {name!r} "
+                            f"(also pool [{seen[name]}])")
+    return problems
+
+
 def _annotation_prefix(value: Any) -> str | None:
     if isinstance(value, str) and value and len(value) <= 253 and _K8S_NAME.match(value):
         return None
@@ -359,7 +463,7 @@ def traefik_crds_served(values: dict) -> bool:
 
 
 # Top-level keys holding one value rather than a section.
-SCALARS: dict[str, Callable[[Any], str | None]] = {"exposure": _choice(*EXPOSURES)}
+SCALARS: dict[str, Callable[[Any], Any]] = {"exposure": _choice(*EXPOSURES), "pools": _pools}
 
 # Each leaf: a check returning what was expected (scalar) or a list of sub-problems (collections).
 SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
@@ -422,10 +526,14 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "audit_log": _optional(_absolute_path),
         "metrics_address": _listen_address,
     },
-    "reconciler": {"lease": _lease},
+    "reconciler": {"lease": _lease, "pools": _pools_access},
 }
-# Leaves that are mappings of their own: a values file's keys merge over the defaults' one by one.
-NESTED = {("reconciler", "lease")}
+# Leaves that are mappings of their own, with their keys: a values file's keys merge over the
+# defaults' one by one.
+NESTED: dict[tuple[str, str], dict[str, Callable[[Any], Any]]] = {
+    ("reconciler", "lease"): LEASE,
+    ("reconciler", "pools"): POOLS_ACCESS,
+}
 
 
 # Keys a values file may no longer set, and why: ignoring one silently would let an operator
@@ -502,8 +610,11 @@ def validate(values: Any, source: str = "values") -> dict:
     for key, check in SCALARS.items():
         if key not in values:
             problems.append(f"{key}: expected a value, found nothing")
-        elif (problem := check(values[key])) is not None:
-            problems.append(f"{key}: expected {problem}, found {_found(values[key])}")
+        elif isinstance(outcome := check(values[key]), str):
+            problems.append(f"{key}: expected {outcome}, found {_found(values[key])}")
+        elif outcome:
+            problems.extend(f"{key}{p}" if p.startswith(("[", ":", ".")) else f"{key}: expected {p}, found "
+                            f"{_found(values[key])}" for p in outcome)
     for section, keys in SCHEMA.items():
         given = values.get(section)
         if not isinstance(given, dict):
@@ -531,6 +642,8 @@ def validate(values: Any, source: str = "values") -> dict:
     _check_nginx_allowlist(values["ingress"])
     _check_gateway(values)
     _check_lease_fits(values)
+    _check_pools_commissioned(values)
+    values["pools"] = [{**POOL_DEFAULTS, **pool} for pool in values["pools"]]
     values["redfish"]["domain"] = identity.validate_domain(values["redfish"]["domain"])
     return values
 
@@ -584,6 +697,14 @@ def _check_lease_fits(values: dict) -> None:
             f"reconciler.lease.duration: expected at least reconciler.lease.renew_deadline + maas.timeout "
             f"({lease['renew_deadline']} + {timeout} = {lease['renew_deadline'] + timeout} seconds, so that "
             f"every MAAS request a holder starts ends before a standby may take over), found {lease['duration']}"])
+
+
+def _check_pools_commissioned(values: dict) -> None:
+    """A pool keeps machines Ready, which only commissioning makes them."""
+    if values["pools"] and values["maas"]["commission"] == "never":
+        raise ValuesError([
+            "maas.commission: expected auto or approved with pools (a pool's machines must be commissioned to "
+            "become Ready; a pool in the values file is the administrator's approval), found 'never'"])
 
 
 def _merge(defaults: dict, overrides: dict) -> dict:
