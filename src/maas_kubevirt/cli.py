@@ -143,6 +143,41 @@ def build_parser() -> argparse.ArgumentParser:
         help="a kubeconfig allowed to update that ConfigMap (default: reconciler.lease.kubeconfig, or, "
         "when that file is not on this host, $KUBECONFIG or ~/.kube/config as kubectl reads them)",
     )
+    compose = commands.add_parser(
+        "compose", parents=shared,
+        help="make one VM of a pool now, as MAAS's vm-host compose did",
+        description="Create one VirtualMachine of POOL (a pool of the values' pools list) through the pools' "
+        "cluster access (reconciler.pools.kubeconfig), beyond the pool's ready spares but within its max. "
+        "It boots from the network and enlists by itself; the reconciler sets its BMC credentials, names, "
+        "files and commissions its machine as any VM's, and tags it with the pool's tags once Ready. "
+        "Prints the VM, its namespace and where it stands; with --wait, once MAAS has its machine Ready, "
+        "also its system_id and hostname.",
+        epilog="Examples:\n  maas-kubevirt compose small\n  maas-kubevirt compose small --wait -o json\n\n"
+        "Exit status: 0 made (with --wait: Ready), 1 the pool is at its max, the cluster refused, or --wait "
+        "ran out or saw commissioning fail (the stage is named: VM created, no enlistment, New, "
+        "Commissioning, Commissioning failed), 2 usage or configuration error.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    compose.add_argument("pool", metavar="POOL", help="the pool's name (pools[].name)")
+    compose.add_argument("--name", metavar="NAME", help="the VM's name, POOL-<suffix> (default: a random suffix)")
+    compose.add_argument("--wait", action="store_true", help="return once MAAS has the machine Ready")
+    compose.add_argument("--timeout", metavar="SECONDS", type=_positive_seconds, default=1800,
+                         help="with --wait: how long to wait (default: %(default)s)")
+    compose.add_argument("-o", "--output", choices=("text", "json"), default="text",
+                         help="text (tab-separated) or json (default: %(default)s)")
+    decompose = commands.add_parser(
+        "decompose", parents=shared,
+        help="delete a pool's VM, its disk and its MAAS machine",
+        description="Delete the MAAS machine MACHINE (a hostname or system_id), then its VM and the VM's disk. "
+        "Only a machine whose VM a pool made (its pool label and the reconciler's proof, its MAC and its "
+        "address) is deleted; a machine a user holds (Allocated, Deployed, ...) only with --force.",
+        epilog="Examples:\n  maas-kubevirt decompose small-x7k2p-maas-vms\n  maas-kubevirt decompose 4y3h7p --force\n\n"
+        "Exit status: 0 deleted, 1 refused (no pool made it, or a user holds it) or failed, 2 usage or "
+        "configuration error.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    decompose.add_argument("machine", metavar="HOSTNAME|SYSTEM_ID", help="the machine to delete")
+    decompose.add_argument("--force", action="store_true", help="delete it even when a user holds it")
     doctor = commands.add_parser(
         "doctor", parents=shared,
         help="check a whole site: MAAS, the cluster and the network",
@@ -176,6 +211,8 @@ def _command(name: str) -> ModuleType:
         "upload-script": "upload",
         "doctor": "doctor",
         "rotate": "rotate",
+        "compose": "compose",
+        "decompose": "decompose",
     }[name]
     return importlib.import_module(f"maas_kubevirt.{module}")
 

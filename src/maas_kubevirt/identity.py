@@ -235,11 +235,9 @@ def pool_vm_name(pool: str, suffix: str) -> str:
 
 
 def is_pool_vm_name(pool: str, vm: object) -> bool:
-    """Whether vm has the shape of a name pool_vm_name gives for this pool."""
-    if not isinstance(vm, str) or not vm.startswith(pool + "-"):
-        return False
-    suffix = vm[len(pool) + 1:]
-    return len(suffix) == POOL_SUFFIX_LENGTH and set(suffix) <= set(POOL_SUFFIX_ALPHABET)
+    """Whether vm is ``<pool>-<rest>`` and one DNS label: the names a pool's VMs may have
+    (pool_vm_name's, or one given to ``compose --name``)."""
+    return isinstance(vm, str) and vm.startswith(pool + "-") and len(vm) > len(pool) + 1 and is_label(vm)
 
 
 def pool_vm_proof(seed: str, namespace: str, vm: str, pool: str) -> str:

@@ -1,11 +1,11 @@
-"""Read-only access to a Kubernetes cluster: the official ``kubernetes`` client reads the kubeconfig.
+"""Access to a Kubernetes cluster: the official ``kubernetes`` client reads the kubeconfig.
 
 The kubeconfig is loaded by ``kubernetes.config`` (contexts, client certificates, tokens,
 exec and auth-provider plugins, exactly as kubectl reads them); the requests are plain
-GETs by API path with requests, answered as the API server's JSON. The generated API
-classes are not used: their calling conventions changed completely between the release
-Debian ships (python3-kubernetes 22.6) and the current one on PyPI, and doctor needs
-neither their models nor anything but GET. Lists are paged (``limit``/``continue``).
+GETs by API path with requests, answered as the API server's JSON; the pools stage alone also
+creates and deletes VirtualMachines (``create``, ``delete``). The generated API classes are not
+used: their calling conventions changed completely between the release Debian ships
+(python3-kubernetes 22.6) and the current one on PyPI. Lists are paged (``limit``/``continue``).
 
 Secrets: Secrets are listed as metadata only (``PartialObjectMetadataList``), so no Secret
 value is ever fetched, except the seed, whose value :meth:`Cluster.secret_digest` turns into
@@ -93,21 +93,24 @@ class Cluster:
         return conf.get_api_key_with_prefix("BearerToken") or conf.get_api_key_with_prefix("authorization")
 
     # --- transport ------------------------------------------------------------------------
-    def get(self, path: str, query: dict[str, Any] | None = None, *, metadata_only: bool = False,
-            missing_ok: bool = True) -> Any:
-        """The JSON object at path; None when it does not exist (404) and missing_ok."""
-        headers = {"Accept": METADATA_ONLY if metadata_only else "application/json",
-                   "User-Agent": "maas-kubevirt-doctor"}
+    def _send(self, method: str, path: str, query: dict[str, Any] | None = None, body: Any = None,
+              accept: str = "application/json") -> requests.Response:
+        headers = {"Accept": accept, "User-Agent": "maas-kubevirt"}
         token = self._authorization()
         if token:
             headers["Authorization"] = token
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
-                reply = self.session.get(self.host + path, params=query or {}, headers=headers,
-                                         timeout=TIMEOUT, allow_redirects=False)
+                return self.session.request(method, self.host + path, params=query or {}, json=body,
+                                            headers=headers, timeout=TIMEOUT, allow_redirects=False)
         except requests.RequestException as error:
             raise KubeError(path, None, unreachable.api_server(self.host, error)) from None
+
+    def get(self, path: str, query: dict[str, Any] | None = None, *, metadata_only: bool = False,
+            missing_ok: bool = True) -> Any:
+        """The JSON object at path; None when it does not exist (404) and missing_ok."""
+        reply = self._send("GET", path, query, accept=METADATA_ONLY if metadata_only else "application/json")
         if reply.status_code == 404 and missing_ok:
             return None
         if reply.status_code != 200:
@@ -116,6 +119,27 @@ class Cluster:
             return reply.json()
         except ValueError:
             raise KubeError(path, 200, "the answer is not JSON") from None
+
+    def create(self, path: str, body: dict) -> dict:
+        """POST body to the collection at path; the object the API server made."""
+        reply = self._send("POST", path, body=body)
+        if reply.status_code not in (200, 201, 202):
+            raise KubeError(path, reply.status_code, _reason(reply))
+        try:
+            return reply.json()
+        except ValueError:
+            raise KubeError(path, reply.status_code, "the answer is not JSON") from None
+
+    def delete(self, path: str) -> bool:
+        """DELETE the object at path, its dependents by the garbage collector in the background;
+        False when it was already gone."""
+        reply = self._send("DELETE", path, body={"kind": "DeleteOptions", "apiVersion": "v1",
+                                                   "propagationPolicy": "Background"})
+        if reply.status_code == 404:
+            return False
+        if reply.status_code not in (200, 202):
+            raise KubeError(path, reply.status_code, _reason(reply))
+        return True
 
     def items(self, path: str, label_selector: str | None = None, *,
               metadata_only: bool = False) -> Iterator[dict]:

@@ -46,6 +46,11 @@ OUTCOMES = ("ok", "failed", "skipped", "unknown", "refused")
 # The machine states of maas_kubevirt_machines.
 STATES = ("ours", "converged", "pending", "waiting", "suspect", "duplicate", "held_password")
 CYCLE_OUTCOMES = ("ok", "failed", "error", "interrupted")
+# Per pool (the values' pool names, a set the administrator fixes): its machines by state after
+# the last cycle, and what the pool stage did (pools/plan.py, pools/apply.py).
+POOL_STATES = ("ready", "on_the_way", "held", "failed", "retiring", "total", "max", "wanted")
+POOL_KINDS = ("create-vm", "tag-machine", "retire-vm")
+POOL_OUTCOMES = ("ok", "failed", "withdrawn")
 # From an idle event-driven cycle (two small requests) to a full resync of 10,000 machines and
 # the default maas.cycle_deadline (600 s).
 CYCLE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200)
@@ -119,6 +124,7 @@ class Metrics:
         for outcome in CYCLE_OUTCOMES:
             self.cycles.labels(outcome)
         self.server: WSGIServer | None = None
+        self.pool_names: tuple[str, ...] = ()
 
     # --- what the transport reports --------------------------------------------------------
     def maas_request(self, method: str, url: str, status: int | None, failure: str | None,
@@ -155,6 +161,32 @@ class Metrics:
         gauge = Gauge(PREFIX + "lease_leader", "1 while this process holds the reconciler Lease "
                       "(reconciler.lease), else 0.", registry=self.registry)
         gauge.set_function(lambda: 1.0 if held() else 0.0)
+
+    def pools(self, names: Iterable[str]) -> None:
+        """The pools of the values file: their series exist from the start, at zero."""
+        self.pool_names = tuple(names)
+        r = self.registry
+        self.pool_machines = Gauge(PREFIX + "pool_machines", "Each pool's machines after the last cycle, by "
+                                   "state: ready, on_the_way (VM made, enlisting, New, Commissioning), held (a "
+                                   "user's), failed, retiring (released, being recreated), total (VMs), and "
+                                   "the pool's max and wanted (ready) from the values.", ["pool", "state"],
+                                   registry=r)
+        self.pool_actions = Counter(PREFIX + "pool_actions", "What the pool stage did, by pool, kind "
+                                    "(create-vm, tag-machine, retire-vm) and outcome.", ["pool", "kind", "outcome"],
+                                    registry=r)
+        for name in self.pool_names:
+            for state in POOL_STATES:
+                self.pool_machines.labels(name, state).set(0)
+
+    def pool_tallies(self, tallies: Iterable[Any]) -> None:
+        for tally in tallies:
+            if tally.pool in self.pool_names:
+                for state in POOL_STATES:
+                    self.pool_machines.labels(tally.pool, state).set(getattr(tally, state))
+
+    def pool_action(self, pool: str, kind: str, outcome: str) -> None:
+        if pool in self.pool_names:
+            self.pool_actions.labels(pool, _one_of(kind, POOL_KINDS), _one_of(outcome, POOL_OUTCOMES)).inc()
 
     # --- the scrape endpoint ---------------------------------------------------------------
     def serve(self, address: str) -> tuple[str, int]:

@@ -126,6 +126,39 @@ class Endpoints:
             found.extend(data)
         return found
 
+    def machines_by_mac(self, macs: Iterable[str]) -> list[Any]:
+        """The machines with an interface of one of these MACs (``GET machines/?mac_address=...``,
+        filtered_nodes_list_from_request in src/maasserver/api/nodes.py). Records as machines()."""
+        found: list[Any] = []
+        for chunk in _chunks(sorted(set(macs)), lambda mac: len(mac) + len("&mac_address=")):
+            data = self.call("GET", "machines/", [("mac_address", mac) for mac in chunk])
+            if not isinstance(data, list):
+                raise MAASError("GET", "machines/?mac_address=...", 200, "expected a list of machines", "malformed")
+            found.extend(data)
+        return found
+
+    def delete_machine(self, system_id: str) -> None:
+        """``DELETE machines/{id}/``; a machine already gone (404) is no error."""
+        self.call("DELETE", self._machine("DELETE", system_id), json_reply=False, ok_statuses=(200, 204, 404))
+
+    def tag_names(self) -> set[str]:
+        data = self.call("GET", "tags/")
+        if not isinstance(data, list):
+            raise MAASError("GET", "tags/", 200, "expected a list of tags", "malformed")
+        return {tag["name"] for tag in data if isinstance(tag, dict) and isinstance(tag.get("name"), str)}
+
+    def create_tag(self, name: str, comment: str) -> None:
+        """A manual tag (no definition: MAAS evaluates none, src/maasserver/models/tag.py)."""
+        self.call("POST", "tags/", fields={"name": name, "comment": comment})
+
+    def tag_machine(self, name: str, system_id: str, add: bool = True) -> None:
+        """Tag (or untag) one machine: ``POST tags/{name}/?op=update_nodes`` (src/maasserver/api/tags.py)."""
+        if not valid_system_id(system_id):
+            raise MAASError("POST", f"tags/{name}/?op=update_nodes", None, "refused a system_id MAAS would not make; "
+                            "no request sent", "malformed")
+        self.call("POST", f"tags/{segment(name)}/", [("op", "update_nodes")],
+                  fields={"add" if add else "remove": system_id})
+
     def events(self, level: str, after: int | None = None, limit: int = 1000) -> Any:
         """One page of the event log (``GET events/?op=query``, src/maasserver/api/events.py);
         after None: the newest events. The event list, for ``maas_kubevirt.events`` to check."""

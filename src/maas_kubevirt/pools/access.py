@@ -1,0 +1,34 @@
+"""The pools' own cluster access: a kubeconfig of the ServiceAccount maas-kubevirt-pools."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from maas_kubevirt import kube
+from maas_kubevirt.paths import credential_path
+
+CREDENTIAL = "pools-kubeconfig"
+ACCOUNT = "maas-kubevirt-pools"
+NEEDS_KUBECONFIG = ("pools are configured but reconciler.pools.kubeconfig is not set: make a kubeconfig of the "
+                    f"ServiceAccount {ACCOUNT} (docs/how-to/pools.md) and set its path there")
+
+
+class PoolsConfigError(Exception):
+    """The pools cannot reach the cluster as configured; the message says what to set."""
+
+
+def kubeconfig_path(values: Mapping[str, Any]) -> str:
+    """The systemd credential ``pools-kubeconfig`` when the service was handed one, else the values' path."""
+    given = credential_path(CREDENTIAL)
+    return str(given) if given is not None else values["reconciler"]["pools"]["kubeconfig"]
+
+
+def cluster(values: Mapping[str, Any]) -> Any:
+    """A ``kube.Cluster`` on the pools' kubeconfig; PoolsConfigError when there is none or it is unusable."""
+    path = kubeconfig_path(values)
+    if not path:
+        raise PoolsConfigError(NEEDS_KUBECONFIG)
+    try:
+        return kube.Cluster(path, source="reconciler.pools.kubeconfig")
+    except kube.KubeConfigError as failure:
+        raise PoolsConfigError(str(failure)) from None
