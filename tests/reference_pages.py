@@ -17,9 +17,13 @@ STATUSES = ("ok", "warn", "fail", "skip")
 
 
 def cells(line: str) -> list[str]:
-    """The cells of one Markdown table row (a `|` inside backticks is not a separator)."""
+    """The cells of one Markdown table row (a `|` inside backticks is not a separator; GitHub
+    needs it escaped there, `\\|`, which reads as `|`)."""
     parts, current, in_code = [], "", False
-    for char in line.strip().strip("|"):
+    for char in line.strip().strip("|").replace("\\|", "\0"):
+        if char == "\0":
+            current += "|"
+            continue
         if char == "`":
             in_code = not in_code
         if char == "|" and not in_code:

@@ -121,8 +121,10 @@ RANK = {
     "__main__": 7,
     "cli": 6,
     "loop": 5, "status": 5, "upload": 5, "doctor": 5,   # the commands' entry points
+    "compose": 5, "decompose": 5,  # the pool commands
     "render": 4,                  # the render command, and what upload (and doctor) compare with
     "reconcile": 3, "policies": 3,
+    "pools": 3,                   # the warm pools' stage of a cycle: the cluster and MAAS, both written
     "lease": 3,                   # the election on a Lease (reads it through kube for status and doctor)
     "rotate": 4,                  # the rotate command, and the reconciler's rotator on the Lease's access
     "rotations": 2,               # the credential generations in their ConfigMap
@@ -133,12 +135,13 @@ RANK = {
     "metrics": 1, "notify": 1,    # what the service tells Prometheus and systemd
     "upstream": 1,                # the releases proven, read from upstream.lock.yaml (doctor compares)
     "identity": 0, "paths": 0,
+    "quantity": 0,                # Kubernetes quantities as the pools key writes them: values
     "unreachable": 0,             # why a server gave no answer, its URL without credentials: maas and kube
     "kubeconfigs": 0,             # the kubeconfig kubectl would read: doctor, rotate, lease, kube
     "__init__": -1,               # PROG, the version and the exit codes: anyone may import them
 }
 COMMANDS = {"render": "render", "reconcile": "loop", "status": "status", "upload-script": "upload",
-            "doctor": "doctor", "rotate": "rotate"}
+            "doctor": "doctor", "rotate": "rotate", "compose": "compose", "decompose": "decompose"}
 
 
 def _imports(path: Path) -> set[str]:

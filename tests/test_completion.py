@@ -32,7 +32,8 @@ BASH_COMPLETION = Path("/usr/share/bash-completion/bash_completion")
 # What the completion offers for a value, by the metavar the parser gives it. A new metavar
 # fails the tests until both scripts and this table say how to complete it.
 FILES, DIRECTORIES, NOTHING = "files", "directories", "nothing"
-METAVAR_KIND = {"FILE": FILES, "DIR": DIRECTORIES, "SECONDS": NOTHING, "NAME": NOTHING, "VM.NAMESPACE": NOTHING}
+METAVAR_KIND = {"FILE": FILES, "DIR": DIRECTORIES, "SECONDS": NOTHING, "NAME": NOTHING, "VM.NAMESPACE": NOTHING,
+                "POOL": NOTHING, "HOSTNAME|SYSTEM_ID": NOTHING}
 
 # The directory every completion runs in: one file and one directory.
 A_FILE, A_DIRECTORY = "site-values.yaml", "out"

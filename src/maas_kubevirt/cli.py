@@ -145,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compose = commands.add_parser(
         "compose", parents=shared,
-        help="make one VM of a pool now, as MAAS's vm-host compose did",
+        help="make one VM of a pool now, as vm-host compose did in MAAS",
         description="Create one VirtualMachine of POOL (a pool of the values' pools list) through the pools' "
         "cluster access (reconciler.pools.kubeconfig), beyond the pool's ready spares but within its max. "
         "It boots from the network and enlists by itself; the reconciler sets its BMC credentials, names, "
@@ -163,11 +163,11 @@ def build_parser() -> argparse.ArgumentParser:
     compose.add_argument("--wait", action="store_true", help="return once MAAS has the machine Ready")
     compose.add_argument("--timeout", metavar="SECONDS", type=_positive_seconds, default=1800,
                          help="with --wait: how long to wait (default: %(default)s)")
-    compose.add_argument("-o", "--output", choices=("text", "json"), default="text",
+    compose.add_argument("-o", "--output", metavar="FORMAT", choices=("text", "json"), default="text",
                          help="text (tab-separated) or json (default: %(default)s)")
     decompose = commands.add_parser(
         "decompose", parents=shared,
-        help="delete a pool's VM, its disk and its MAAS machine",
+        help="delete a pool VM, its disk and its MAAS machine",
         description="Delete the MAAS machine MACHINE (a hostname or system_id), then its VM and the VM's disk. "
         "Only a machine whose VM a pool made (its pool label and the reconciler's proof, its MAC and its "
         "address) is deleted; a machine a user holds (Allocated, Deployed, ...) only with --force.",
