@@ -175,7 +175,7 @@ def test_each_command_has_its_own_module_with_main():
     for command, module in COMMANDS.items():
         assert cli._command(command).__name__ == f"maas_kubevirt.{module}"
         assert callable(importlib.import_module(f"maas_kubevirt.{module}").main)
-    reconcile_source = "".join(path.read_text() for path in (PACKAGE / "reconcile").glob("*.py"))
+    reconcile_source = "".join(path.read_text() for path in (PACKAGE / "reconcile").rglob("*.py"))
     assert "def main" not in reconcile_source and "argparse" not in reconcile_source
 
 
