@@ -6,7 +6,8 @@ One module per stage of the ``Reconciler``: ``driver`` (the Reconciler and each 
 (machines and their power parameters, judged), ``planning`` (the plan of what was read, re-read
 before a change), ``generations`` (the cluster's credential generations), ``rotation`` (exposed
 credentials rotated), ``switches`` (power-type switches), ``duplicates`` (duplicate claims and
-suspects reported).
+suspects reported). Each stage is a mixin of the Reconciler, whose ``__init__`` (in ``driver``)
+sets the state they all share.
 """
 
 from maas_kubevirt.reconcile.cycle.driver import Cycle, Reconciler

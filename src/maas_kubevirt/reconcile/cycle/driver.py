@@ -165,6 +165,7 @@ class Reconciler(Observing, Reading, Planning, Generations, Rotation, Switches, 
             return self._cycle(dry_run)
 
     def _cycle(self, dry_run: bool) -> Cycle:
+        """The stages in order: what MAAS and the cluster say, the plan, then what it changes."""
         result = Cycle()
         try:
             self.check_version()
