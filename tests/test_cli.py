@@ -170,6 +170,30 @@ def test_imports_point_one_way(path):
         assert RANK[imported] < RANK[module], f"{module} imports {imported}: an arrow pointing back"
 
 
+def _siblings(path: Path) -> set[str]:
+    """The modules of its own package that a module imports, at the top or inside a function."""
+    import ast
+
+    package = ".".join(("maas_kubevirt",) + path.parent.relative_to(PACKAGE).parts)
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == package:
+            found |= {alias.name for alias in node.names if (path.parent / f"{alias.name}.py").exists()}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(package + "."):
+            found.add(node.module[len(package) + 1:].split(".")[0])
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(p.parent for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE),
+                         ids=lambda p: p.relative_to(PACKAGE).as_posix())
+def test_the_modules_of_a_subpackage_import_each_other_one_way(package):
+    """No cycle among a subpackage's modules, its __init__ (which gathers them) aside."""
+    import graphlib
+
+    graph = {path.stem: _siblings(path) for path in package.glob("*.py") if path.stem != "__init__"}
+    graphlib.TopologicalSorter(graph).prepare()   # CycleError names the modules of a cycle
+
+
 def test_each_command_has_its_own_module_with_main():
     import importlib
 
@@ -178,7 +202,7 @@ def test_each_command_has_its_own_module_with_main():
     for command, module in COMMANDS.items():
         assert cli._command(command).__name__ == f"maas_kubevirt.{module}"
         assert callable(importlib.import_module(f"maas_kubevirt.{module}").main)
-    reconcile_source = "".join(path.read_text() for path in (PACKAGE / "reconcile").glob("*.py"))
+    reconcile_source = "".join(path.read_text() for path in (PACKAGE / "reconcile").rglob("*.py"))
     assert "def main" not in reconcile_source and "argparse" not in reconcile_source
 
 

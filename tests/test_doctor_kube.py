@@ -138,20 +138,19 @@ def test_what_the_exposure_checks_read(stand_in, tmp_path):
     """The Gateway, its routes and the allowlist objects; an absent CRD answers 404: None or []."""
     cluster = kube.Cluster(str(kubeconfig(tmp_path, stand_in.url)))
     assert cluster.gateway("gw", "bmc") is None
-    assert cluster.httproutes("vms") == cluster.middlewares("vms") == cluster.securitypolicies("vms") == []
+    assert cluster.httproutes("vms") == cluster.securitypolicies("vms") == []
     stand_in.objects["/apis/gateway.networking.k8s.io/v1/namespaces/gw/gateways/bmc"] = {"kind": "Gateway"}
-    stand_in.objects["/apis/traefik.io/v1alpha1/namespaces/vms/middlewares"] = {
-        "kind": "MiddlewareList", "metadata": {}, "items": [{"metadata": {"name": "web1-bmc-allowlist"}}]}
+    stand_in.objects["/apis/gateway.envoyproxy.io/v1alpha1/namespaces/vms/securitypolicies"] = {
+        "kind": "SecurityPolicyList", "metadata": {}, "items": [{"metadata": {"name": "web1-bmc-allowlist"}}]}
     assert cluster.gateway("gw", "bmc") == {"kind": "Gateway"}
-    assert [m["metadata"]["name"] for m in cluster.middlewares("vms")] == ["web1-bmc-allowlist"]
+    assert [p["metadata"]["name"] for p in cluster.securitypolicies("vms")] == ["web1-bmc-allowlist"]
     cluster.close()
     assert [path for _, path, *_ in stand_in.requests] == [
         "/apis/gateway.networking.k8s.io/v1/namespaces/gw/gateways/bmc",
         "/apis/gateway.networking.k8s.io/v1/namespaces/vms/httproutes",
-        "/apis/traefik.io/v1alpha1/namespaces/vms/middlewares",
         "/apis/gateway.envoyproxy.io/v1alpha1/namespaces/vms/securitypolicies",
         "/apis/gateway.networking.k8s.io/v1/namespaces/gw/gateways/bmc",
-        "/apis/traefik.io/v1alpha1/namespaces/vms/middlewares"]
+        "/apis/gateway.envoyproxy.io/v1alpha1/namespaces/vms/securitypolicies"]
     assert {method for method, *_ in stand_in.requests} == {"GET"}
 
 

@@ -206,10 +206,6 @@ class Cluster:
     def httproutes(self, namespace: str) -> list[dict]:
         return list(self.items(f"/apis/gateway.networking.k8s.io/v1/namespaces/{namespace}/httproutes"))
 
-    def middlewares(self, namespace: str) -> list[dict]:
-        """Traefik's Middlewares (traefik.io/v1alpha1) of one namespace."""
-        return list(self.items(f"/apis/traefik.io/v1alpha1/namespaces/{namespace}/middlewares"))
-
     def securitypolicies(self, namespace: str) -> list[dict]:
         """Envoy Gateway's SecurityPolicies (gateway.envoyproxy.io/v1alpha1) of one namespace."""
         return list(self.items(f"/apis/gateway.envoyproxy.io/v1alpha1/namespaces/{namespace}/securitypolicies"))

@@ -3,8 +3,8 @@
 Each check gives one row: its name, ok / warn / fail / skip, what it found and the exact fix.
 The checks themselves are pure functions over what MAAS, the API server and the local system
 answer, one module per family (:mod:`.maas`, :mod:`.cluster` with the exposure's rows in
-:mod:`.gateway`, the BMC proxy's in :mod:`.bmc_proxy`, :mod:`.network`); ``run``
-gathers those answers (read-only everywhere) and ``main`` prints them as a table or as JSON.
+:mod:`.gateway`, the BMC proxy's in :mod:`.bmc_proxy`, :mod:`.network`; what the cluster's
+families read alike in :mod:`.inventory`); ``run`` gathers those answers (read-only everywhere) and ``main`` prints them as a table or as JSON.
 Exit status: 0 when nothing fails, 1 otherwise, 2 for usage or configuration errors.
 
 Secrets: the seed, the BMC passwords and the API key are compared (in constant time, or by
@@ -90,10 +90,11 @@ from maas_kubevirt.doctor.maas import (  # noqa: E402
     maas_checks, password_check, script_check, seed_file_check, version_check,
 )
 from maas_kubevirt.doctor.lease import lease_check, lease_checks  # noqa: E402
+from maas_kubevirt.doctor.inventory import Inventory, _selects, ingress_classes  # noqa: E402
 from maas_kubevirt.doctor.cluster import (  # noqa: E402
     CLUSTER_CHECKS, CRDS, KUBEMACPOOL_VALUE, KYVERNO_CONTROLLERS, KYVERNO_MIN, KYVERNO_POLICY_CRD,
-    NETWORK_POLICY_CNIS, Generated, Inventory, _cidrs, _selects, allowlist_check, catch_all, catch_all_check,
-    cluster_checks, cni_check, crds_check, image_version, ingress_classes, kyverno_rbac_checks,
+    NETWORK_POLICY_CNIS, Generated, _cidrs, allowlist_check, catch_all, catch_all_check,
+    cluster_checks, cni_check, crds_check, image_version, kyverno_rbac_checks,
     kyverno_version_check, missing_rules, namespaces_check, network_policies_check, policies_check,
     seed_secret_check, vm_problems, vms_check, cluster_check_names,
 )

@@ -16,7 +16,7 @@ import yaml
 
 from maas_kubevirt import bmc_proxy, exposure
 from maas_kubevirt.doctor import FAIL, OK, WARN, Check, _clean, _networks, _some
-from maas_kubevirt.doctor.cluster import ingress_classes
+from maas_kubevirt.doctor.inventory import ingress_classes
 
 ISOLATION = "proxy.isolation"
 ALLOWLIST = "proxy.allowlist"

@@ -7,10 +7,14 @@ import hashlib
 import hmac
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
-from maas_kubevirt import identity, policies, upstream
+from maas_kubevirt import bmc_proxy, identity, policies, upstream
 from maas_kubevirt.doctor import FAIL, LISTED, OK, WARN, Check, _clean, _skipped, _some, _version_text
+from maas_kubevirt.doctor import bmc_proxy as proxy_rows
+from maas_kubevirt.doctor.gateway import GATEWAY_CRD, expected_routes, exposure_checks
+from maas_kubevirt.doctor.gateway import check_names as exposure_check_names
+from maas_kubevirt.doctor.inventory import Inventory, _listed_or_none, _selects, ingress_classes
 
 if TYPE_CHECKING:
     from maas_kubevirt.doctor import Reach, _Fixes
@@ -89,25 +93,6 @@ def kyverno_version_check(deployments: Iterable[Mapping[str, Any]], policy_crd: 
                      "generateExisting; no versioned controller Deployment found)")
     return Check(name, FAIL, f"Kyverno older than {minimum} (the ClusterPolicy CRD lacks rule-level "
                  "generateExisting)", fix)
-
-
-def _selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    """A metav1.LabelSelector matching labels (matchLabels and matchExpressions)."""
-    for key, value in (selector.get("matchLabels") or {}).items():
-        if labels.get(key) != value:
-            return False
-    for expression in selector.get("matchExpressions") or []:
-        key, operator = expression.get("key"), expression.get("operator")
-        values = expression.get("values") or []
-        if operator == "In" and labels.get(key) not in values:
-            return False
-        if operator == "NotIn" and key in labels and labels[key] in values:
-            return False
-        if operator == "Exists" and key not in labels:
-            return False
-        if operator == "DoesNotExist" and key in labels:
-            return False
-    return True
 
 
 def _grants(granted: Iterable[Mapping[str, Any]], group: str, resource: str, verb: str, name: str | None) -> bool:
@@ -277,16 +262,6 @@ class Generated:
         return re.sub(r"\{\{\s*request\.object\.metadata\.namespace\s*\}\}", namespace, text)
 
 
-@dataclass
-class Inventory:
-    """One opted-in namespace as the API server lists it."""
-    namespace: str
-    vms: list[Mapping[str, Any]]
-    secrets: set[str]
-    bmcs: set[str]
-    ingresses: list[Mapping[str, Any]]
-
-
 def _interfaces(vm: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     spec = ((vm.get("spec") or {}).get("template") or {}).get("spec") or {}
     return ((spec.get("domain") or {}).get("devices") or {}).get("interfaces") or []
@@ -421,15 +396,6 @@ def cni_check(daemonsets: Iterable[Mapping[str, Any]] | None) -> Check:
                  + ", ".join(NETWORK_POLICY_CNIS) + "); a heuristic: yours may be named otherwise", fix)
 
 
-def ingress_classes(ingress: Mapping[str, Any]) -> set[str]:
-    """The classes an Ingress names: spec.ingressClassName and the older kubernetes.io/ingress.class
-    annotation. The policy refuses a catch-all when either names the BMC class, and so does doctor."""
-    spec = ingress.get("spec") or {}
-    annotations = (ingress.get("metadata") or {}).get("annotations") or {}
-    return {str(name) for name in (spec.get("ingressClassName"), annotations.get(policies.LEGACY_INGRESS_CLASS_ANNOTATION))
-            if name}
-
-
 def catch_all(ingress: Mapping[str, Any]) -> str | None:
     """Why an Ingress receives requests for hosts it does not name, or None."""
     spec = ingress.get("spec") or {}
@@ -468,49 +434,28 @@ CLUSTER_CHECKS = ("cluster.crds", "cluster.kyverno", "cluster.kyverno_rbac", "cl
 def cluster_check_names(values: Mapping[str, Any]) -> list[str]:
     """The cluster rows doctor makes for these values, in order (the per-namespace and per-role
     rows by their prefix): the Ingress allowlist row with exposure ingress, the exposure's rows."""
-    from maas_kubevirt.doctor.gateway import check_names
-
-    from maas_kubevirt.doctor import bmc_proxy
-
     names = [n for n in CLUSTER_CHECKS if values["exposure"] == "ingress" or n != "cluster.ingress_allowlist"]
     at = names.index("cluster.network_policies")
-    return names[:at] + list(check_names(values)) + names[at:] + list(bmc_proxy.check_names(values))
+    return names[:at] + list(exposure_check_names(values)) + names[at:] + list(proxy_rows.check_names(values))
 
 
 def proxy_checks(values: Mapping[str, Any], cluster: Any, ingresses: list[dict] | None,
                  inventories: Sequence[Inventory], fixes: _Fixes) -> list[Check]:
     """The BMC proxy's rows from the live Gateways (exposure gateway), Ingresses, and its Deployment and ConfigMap."""
-    from maas_kubevirt import bmc_proxy
-    from maas_kubevirt.doctor.bmc_proxy import allowlist_check, isolation_check
-    from maas_kubevirt.doctor.gateway import GATEWAY_CRD, expected_routes
-
     gateways = None
     if values["exposure"] == "gateway":
         gateways = _listed_or_none(cluster.gateways) if cluster.crd(GATEWAY_CRD) is not None else []
     proxies = _listed_or_none(lambda: cluster.deployments(f"app.kubernetes.io/name={bmc_proxy.NAME}"))
-    checks = [isolation_check(values, gateways, ingresses, expected_routes(inventories), proxies)]
+    checks = [proxy_rows.isolation_check(values, gateways, ingresses, expected_routes(inventories), proxies)]
     if bmc_proxy.rendered(dict(values)):
         config = cluster.configmap(values["ingress"]["controller_namespace"], bmc_proxy.NAME)
-        checks.append(allowlist_check(values, config, proxies, fixes.apply))
+        checks.append(proxy_rows.allowlist_check(values, config, proxies, fixes.apply))
     return checks
-
-
-def _listed_or_none(read: Callable[[], list[dict]]) -> list[dict] | None:
-    """What read returns, or None when the API server forbids it (a narrower kubeconfig)."""
-    from maas_kubevirt.kube import KubeError
-
-    try:
-        return read()
-    except KubeError as error:
-        if error.status != 403:
-            raise
-        return None
 
 
 def cluster_checks(values: Mapping[str, Any], cluster: Any, seed: str | None, fixes: _Fixes,
                    reach: Reach) -> list[Check]:
     """The cluster checks (read-only), and one VM host per opted-in namespace for the DNS check."""
-    from maas_kubevirt.doctor.gateway import exposure_checks
     from maas_kubevirt.kube import KubeError
 
     kubernetes, domain = values["kubernetes"], values["redfish"]["domain"]

@@ -18,12 +18,11 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 from maas_kubevirt import bmc_proxy, exposure, policies
 from maas_kubevirt.doctor import FAIL, OK, SKIP, WARN, Check, _clean, _networks, _some
-from maas_kubevirt.doctor.cluster import _selects
+from maas_kubevirt.doctor.inventory import Inventory, _listed_or_none, _selects
 from maas_kubevirt.exposure import hostname_covers, hostname_matches  # noqa: F401 (doctor re-exports both)
 
 if TYPE_CHECKING:
     from maas_kubevirt.doctor import _Fixes
-    from maas_kubevirt.doctor.cluster import Inventory
 
 GATEWAY_CHECKS = ("gateway.programmed", "gateway.allowed_routes", "gateway.routes", "gateway.allowlist")
 INGRESS_CHECKS = ("ingress.allowlist",)
@@ -409,8 +408,6 @@ def ingress_allowlist_check(values: Mapping[str, Any]) -> Check:
 def exposure_checks(values: Mapping[str, Any], cluster: Any, opted_in: Sequence[Mapping[str, Any]],
                     inventories: Sequence[Inventory], fixes: _Fixes) -> list[Check]:
     """The exposure rows, from read-only requests; a KubeError other than 403 propagates (cluster.api)."""
-    from maas_kubevirt.doctor.cluster import _listed_or_none
-
     if values["exposure"] != "gateway":
         return [ingress_allowlist_check(values)]
     settings, domain = values["gateway"], values["redfish"]["domain"]

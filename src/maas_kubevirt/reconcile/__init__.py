@@ -32,8 +32,9 @@ place, commissioned.
   audit record names them all each time that set changes; a suspect likewise, once per address.
 
 One module per stage: ``plan`` (pure), ``apply``, ``backoff``, ``owners`` (whose derived
-credential a value is), ``cycle`` (the Reconciler). The
-commands that run it live elsewhere: ``loop`` (reconcile), ``status``.
+credential a value is), ``cycle`` (the Reconciler, a package of one module per stage of a cycle:
+``driver``, ``observe``, ``read``, ``planning``, ``generations``, ``rotation``, ``switches``,
+``duplicates``). The commands that run it live elsewhere: ``loop`` (reconcile), ``status``.
 """
 
 from maas_kubevirt.audit import Audit
