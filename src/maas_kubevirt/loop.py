@@ -23,6 +23,10 @@ from maas_kubevirt.audit import Audit
 from maas_kubevirt.console import error, note, table, warn
 from maas_kubevirt.maas import MAASAuthError, MAASVersionError, client_from_values
 from maas_kubevirt.notify import Notifier
+from maas_kubevirt.pools import spec as pool_spec
+from maas_kubevirt.pools.access import PoolsConfigError
+from maas_kubevirt.pools import access as pools_access
+from maas_kubevirt.pools.stage import PoolStage
 from maas_kubevirt.rotate import rotator_from_values
 from maas_kubevirt.reconcile import Action, Cycle, Passwords, Reconciler, Settings, claim_of
 
@@ -192,13 +196,29 @@ def _wait_held(candidate: lease.Candidate, stop: threading.Event, timeout: float
         notifier.alive()
 
 
+def _pool_stage(values: dict, client: Any, audit: Audit, metrics: Any, reconciler: Reconciler,
+                seed_text: str) -> PoolStage | None:
+    """The pools' stage of each cycle on their own cluster access, its records restored; None without pools."""
+    pools = pool_spec.from_values(values)
+    if not pools:
+        return None
+    stage = PoolStage(pools, pools_access.cluster(values), client, seed_text,
+                      reconciler.settings.domain, audit, metrics,
+                      lambda: reconciler.may_write is None or reconciler.may_write())
+    stage.records.restore(Audit.read_file(values["maas"].get("audit_log", "")))
+    if metrics is not None:
+        metrics.pools(pool.name for pool in pools)
+    return stage
+
+
 def main(values: dict, args: Any) -> int:
     """``reconcile [--once | --interval S] [--dry-run]``: 0 converged, 1 failures, 2 config."""
     dry_run = bool(getattr(args, "dry_run", False))
     once = bool(getattr(args, "once", False)) or dry_run
     interval = getattr(args, "interval", None) or values["maas"]["interval"]
     settings = Settings.from_values(values)
-    passwords = Passwords(seed.load(values))
+    seed_text = seed.load(values)
+    passwords = Passwords(seed_text)
     stop = threading.Event()
     notifier = Notifier()
     if settings.cycle_deadline is not None:
@@ -232,6 +252,14 @@ def main(values: dict, args: Any) -> int:
         # Every VM's credential generation, and its bump after a possible leak, on the same access.
         reconciler.rotator = rotator_from_values(values)
     except lease.LeaseConfigError as failure:
+        client.close()
+        if metrics is not None:
+            metrics.close()
+        error(str(failure))
+        return EXIT_USAGE
+    try:
+        reconciler.pool_stage = _pool_stage(values, client, audit, metrics, reconciler, seed_text)
+    except PoolsConfigError as failure:
         client.close()
         if metrics is not None:
             metrics.close()

@@ -296,7 +296,7 @@ def _lease(value: Any) -> list[str]:
     return problems
 
 
-# reconciler.pools: the pools' own credential in the cluster (docs/how-to/pools.md).
+# reconciler.pools: the pools' own credential in the cluster (docs/reference/values.md).
 POOLS_ACCESS: dict[str, Callable[[Any], str | None]] = {"kubeconfig": _optional(_absolute_path)}
 
 

@@ -115,27 +115,25 @@ class Endpoints:
         """power_address per system_id, fetched in bulk; every other parameter is dropped at once."""
         return self.power_parameters(system_ids, power_address_of)
 
-    def machines_by_id(self, system_ids: Iterable[str]) -> list[Any]:
-        """The machines with these system ids (``GET machines/?id=...``, split only when the query
-        would pass MAX_QUERY characters); an id with no machine is absent. Records as machines()."""
+    def _machines_where(self, name: str, values: Iterable[str]) -> list[Any]:
+        """``GET machines/?<name>=...`` for every value, split only when the query would pass
+        MAX_QUERY characters. Records as machines()."""
         found: list[Any] = []
-        for chunk in _chunks(sorted(set(system_ids)), lambda sid: len(sid) + len("&id=")):
-            data = self.call("GET", "machines/", [("id", sid) for sid in chunk])
+        for chunk in _chunks(sorted(set(values)), lambda value: len(value) + len(name) + 2):
+            data = self.call("GET", "machines/", [(name, value) for value in chunk])
             if not isinstance(data, list):
-                raise MAASError("GET", "machines/?id=...", 200, "expected a list of machines", "malformed")
+                raise MAASError("GET", f"machines/?{name}=...", 200, "expected a list of machines", "malformed")
             found.extend(data)
         return found
 
+    def machines_by_id(self, system_ids: Iterable[str]) -> list[Any]:
+        """The machines with these system ids (``GET machines/?id=...``); an id with no machine is absent."""
+        return self._machines_where("id", system_ids)
+
     def machines_by_mac(self, macs: Iterable[str]) -> list[Any]:
         """The machines with an interface of one of these MACs (``GET machines/?mac_address=...``,
-        filtered_nodes_list_from_request in src/maasserver/api/nodes.py). Records as machines()."""
-        found: list[Any] = []
-        for chunk in _chunks(sorted(set(macs)), lambda mac: len(mac) + len("&mac_address=")):
-            data = self.call("GET", "machines/", [("mac_address", mac) for mac in chunk])
-            if not isinstance(data, list):
-                raise MAASError("GET", "machines/?mac_address=...", 200, "expected a list of machines", "malformed")
-            found.extend(data)
-        return found
+        filtered_nodes_list_from_request in src/maasserver/api/nodes.py)."""
+        return self._machines_where("mac_address", macs)
 
     def delete_machine(self, system_id: str) -> None:
         """``DELETE machines/{id}/``; a machine already gone (404) is no error."""

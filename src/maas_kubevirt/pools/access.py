@@ -10,7 +10,7 @@ from maas_kubevirt.paths import credential_path
 CREDENTIAL = "pools-kubeconfig"
 ACCOUNT = "maas-kubevirt-pools"
 NEEDS_KUBECONFIG = ("pools are configured but reconciler.pools.kubeconfig is not set: make a kubeconfig of the "
-                    f"ServiceAccount {ACCOUNT} (docs/how-to/pools.md) and set its path there")
+                    f"ServiceAccount {ACCOUNT} (docs/reference/values.md) and set its path there")
 
 
 class PoolsConfigError(Exception):

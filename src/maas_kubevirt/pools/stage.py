@@ -22,6 +22,8 @@ class PoolStage:
         self.applier = Applier(cluster, client, audit, self.records, by_name(pools), seed, may_write)
         self.tallies: list[Tally] = []
         self.actions: list[PoolAction] = []
+        # The pool machines last seen: the values' pools approve them for commissioning.
+        self.machine_ids: frozenset[str] = frozenset()
 
     def observe(self) -> tuple[list, dict]:
         vms = observe.pool_vms(self.cluster, self.pools, self.seed)
@@ -30,6 +32,7 @@ class PoolStage:
     def run(self, dry_run: bool = False) -> Done:
         """One pass; with dry_run the plan only (``actions``, ``tallies``)."""
         vms, machines = self.observe()
+        self.machine_ids = frozenset(machine.system_id for machine in machines.values())
         self.actions, self.tallies = plan(self.pools, vms, machines, self.records.retiring)
         if self.metrics is not None:
             self.metrics.pool_tallies(self.tallies)

@@ -446,6 +446,7 @@ def plan(
     waiting: Mapping[str, str] | None = None,
     settling: Mapping[tuple[str, str], str] | None = None,
     withheld: str = "",
+    approved_ids: frozenset[str] | set[str] = frozenset(),
 ) -> list[Action]:
     """The actions that bring the matching machines to their password, name, pool and commissioning.
 
@@ -456,7 +457,8 @@ def plan(
     holding names (``GET nodes/?hostname=``). waiting: system_id -> why its commission waits
     (a backoff after MAAS refused one). settling: (vm, namespace) -> why its new password waits
     (a rotation Kyverno has not yet followed). withheld: why no password is derived at all (the
-    credential generations cannot be read); taking one back never waits. Order: duplicate claims
+    credential generations cannot be read); taking one back never waits. approved_ids: system ids
+    of pool machines, which a pool in the values approves as the approval tag would. Order: duplicate claims
     and suspects, password resets, pool creations, then each trusted machine's actions (password
     first, commission last),
     machines in the order their renames must happen (one that frees a name before the one that
@@ -544,7 +546,7 @@ def plan(
         hostname = machine.get("hostname")
         common = dict(system_id=system_id, hostname=hostname, vm=vm, namespace=namespace)
         tags = machine.get("tag_names")
-        approved = isinstance(tags, list) and settings.approval_tag in tags
+        approved = (isinstance(tags, list) and settings.approval_tag in tags) or system_id in approved_ids
 
         # Password and user: the derived ones, whatever the status (a seed rotation resets them
         # all), with the canonical address in the same PUT; under maas.commission: approved, once

@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 from maas_kubevirt import events, identity
 from maas_kubevirt.audit import Audit
 from maas_kubevirt.console import error, note, warn
+from maas_kubevirt.kube import KubeError
 from maas_kubevirt.maas import MAASAuthError, MAASClient, MAASError, MAASVersionError, check_version, valid_system_id
 from maas_kubevirt.reconcile.apply import Outcome, apply
 from maas_kubevirt.reconcile.backoff import Backoff, Wait
@@ -33,10 +34,13 @@ class Cycle:
     error: str = ""
     # Why no password could be derived this cycle (the generations unreadable); resets still ran.
     withheld: str = ""
+    # The pool stage's plan and what it did (pools/stage.py), when the values have pools.
+    pool_actions: list[Any] = field(default_factory=list)
+    pool_failed: int = 0
 
     @property
     def failed(self) -> bool:
-        return bool(self.error) or bool(self.withheld) or self.outcome.failed > 0
+        return bool(self.error) or bool(self.withheld) or self.outcome.failed > 0 or self.pool_failed > 0
 
 
 class Reconciler(Observing, Reading, Planning, Generations, Rotation, Switches, Duplicates):
@@ -95,6 +99,8 @@ class Reconciler(Observing, Reading, Planning, Generations, Rotation, Switches, 
         self.wall = wall
         self._told_rotation: set[tuple[tuple[str, str], int]] = set()
         self.values_path: str | None = None   # the --values file, for the commands it prints
+        # The warm pools' stage (pools/stage.py), run after the machines' in each cycle; None: no pools.
+        self.pool_stage: Any = None
         self._generations_read = False
         # Why the generations could not be read in the last cycle ("" when they were): the cycle
         # then derives nothing new, and judges with what it last knew.
@@ -180,6 +186,7 @@ class Reconciler(Observing, Reading, Planning, Generations, Rotation, Switches, 
                 error(f"cycle failed: {failure}")
             return result
         if dry_run:
+            self._run_pools(result, dry_run=True)
             return result
         self.report_duplicates(result.actions)
         reverted = self._audit_reverted()
@@ -189,8 +196,27 @@ class Reconciler(Observing, Reading, Planning, Generations, Rotation, Switches, 
         result.outcome.failed += reverted
         self._remember(result.outcome.done)
         self.rotate_exposed()
+        self._run_pools(result, dry_run=False)
         return result
 
+    def _run_pools(self, result: Cycle, dry_run: bool) -> None:
+        """The pool stage, after the machines': what it cannot read fails the cycle, not the machines'."""
+        if self.pool_stage is None:
+            return
+        try:
+            done = self.pool_stage.run(dry_run)
+        except (KubeError, MAASError) as failure:
+            if isinstance(failure, MAASError) and failure.kind == "interrupted":
+                return
+            error(f"pools: {failure}")
+            result.pool_failed += 1
+            return
+        result.pool_actions = list(self.pool_stage.actions)
+        result.pool_failed += len(done.failed)
+
+    def approved_ids(self) -> frozenset[str]:
+        """The machines a pool of the values approves (as the approval tag would), as last seen."""
+        return frozenset() if self.pool_stage is None else self.pool_stage.machine_ids
     def _audit_reverted(self) -> int:
         """Audit the commissions MAAS reverted, kept since the last cycle that was no dry run; how many."""
         reverted, self.reverted = self.reverted, []

@@ -23,7 +23,8 @@ class Planning:
                 self.reverted.append((Action(COMMISSION, machine["system_id"], machine.get("hostname"),
                                              before=COMMISSIONING, after=NEW), wait))
         settling, withheld = self.settling_notes(), self.withheld_note()
-        actions = plan(machines, power, pools, self.settings, taken, self.backoff.waiting(), settling, withheld)
+        actions = plan(machines, power, pools, self.settings, taken, self.backoff.waiting(), settling, withheld,
+                       self.approved_ids())
         # Read again next cycle, even when the re-read below makes the plan leave them alone; and
         # while a password waits (a rotation settling, the cluster unreadable), as its wait ending
         # is no event either.
@@ -65,5 +66,5 @@ class Planning:
         if not moved and all(updated[sid] == power.get(sid) for sid in planned):
             return actions
         again = plan(machines, updated, pools, self.settings, taken, self.backoff.waiting(), self.settling_notes(),
-                     self.withheld_note())
+                     self.withheld_note(), self.approved_ids())
         return [a for a in again if not a.changes or a.system_id is None or a.system_id in planned] + moved
