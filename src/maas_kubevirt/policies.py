@@ -458,9 +458,11 @@ _POOL_VM = "request.object"
 
 
 def _json_literal(value: Any) -> str:
-    """A JMESPath JSON literal (backticks) of value; values are validated names and quantities."""
+    """A JMESPath JSON literal (backticks) of value; values are validated names and quantities. One
+    level of braces at most: Kyverno's variable syntax ends a {{ }} at the first nested '}}'
+    (RegexVariables in pkg/engine/variables/regex), and would judge a cut-off expression."""
     text = json.dumps(value, sort_keys=True)
-    if "`" in text or "\\" in text:
+    if "`" in text or "\\" in text or "}}" in text:
         raise ValueError(f"cannot quote {value!r} into JMESPath")
     return f"`{text}`"
 
@@ -519,7 +521,7 @@ def pool_vm_conditions(pool: dict) -> list[dict]:
         _keys_within(f"{dvt}.metadata", ("name", "creationTimestamp"), "no labels or annotations on the DataVolume (CDI reads its own)"),
         _not(f"{dvt}.metadata.name == {disk_name}", "the DataVolume <vm>-root"),
         _keys_within(f"{dvt}.spec", ("source", "storage"), "no sourceRef, pvc, contentType, checkpoints or preallocation"),
-        _not(f"{dvt}.spec.source == {_json_literal({'blank': {}})}",
+        _not(f"keys({dvt}.spec.source || `{{}}`) == ['blank'] && {dvt}.spec.source.blank == `{{}}`",
              "a blank source: a clone, pvc, http, registry, upload or snapshot source would read data from elsewhere"),
         _keys_within(f"{dvt}.spec.storage", ("storageClassName", "resources"), "no accessModes, volumeMode, selector, volumeName or dataSource"),
         _not(f"{dvt}.spec.storage.storageClassName == {_jmespath_string(pool['storage_class'])}", "the pool's storage class"),
@@ -550,10 +552,15 @@ def pool_vm_conditions(pool: dict) -> list[dict]:
         _keys_within(interface, ("name", "bridge", "bootOrder", "macAddress"), "no other interface setting"),
         _not(f"{interface}.name == {_jmespath_string(pool_vm.INTERFACE)} && {interface}.bridge == `{{}}` && {interface}.bootOrder == `1`",
              "a bridge on the PXE network, first to boot"),
-        _not(f"{domain}.devices.disks == {_json_literal([{'name': pool_vm.DISK, 'disk': {'bus': 'virtio'}, 'bootOrder': 2}])}",
-             "exactly one virtio disk, second to boot"),
-        _not(f"{spec}.networks == {_json_literal([{'name': pool_vm.INTERFACE, 'multus': {'networkName': pool['network']}}])}",
-             "exactly the pool's Multus network"),
+        _not(f"length({domain}.devices.disks || `[]`) == `1`", "exactly one disk"),
+        _keys_within(f"{domain}.devices.disks[0]", ("name", "disk", "bootOrder"), "no other disk setting"),
+        _not(f"{domain}.devices.disks[0].name == {_jmespath_string(pool_vm.DISK)} && "
+             f"{domain}.devices.disks[0].disk == {_json_literal({'bus': 'virtio'})} && {domain}.devices.disks[0].bootOrder == `2`",
+             "a virtio disk, second to boot"),
+        _not(f"length({spec}.networks || `[]`) == `1`", "exactly one network"),
+        _keys_within(f"{spec}.networks[0]", ("name", "multus"), "a Multus network alone"),
+        _not(f"{spec}.networks[0].name == {_jmespath_string(pool_vm.INTERFACE)} && "
+             f"{spec}.networks[0].multus == {_json_literal({'networkName': pool['network']})}", "the pool's Multus network"),
         _not(f"length({spec}.volumes || `[]`) == `1`", "exactly one volume"),
         _keys_within(volume, ("name", "dataVolume"), "the DataVolume alone: no hostDisk, containerDisk, cloudInit or other source"),
         _keys_within(f"{volume}.dataVolume", ("name",), "the DataVolume by name alone"),
