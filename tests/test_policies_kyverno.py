@@ -25,6 +25,7 @@ from conftest import require, require_tool
 from maas_kubevirt import identity, policies
 from maas_kubevirt.values import load_values, validate
 import policies_fixtures as fx
+import pools_fixtures
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -221,8 +222,8 @@ def _guard_cases(system: str) -> list[tuple[str, dict, list[str], dict | None, s
 
 
 def guard_suites(values: dict) -> dict[str, str]:
-    """Relative path under tests/kyverno -> file text: the rotations ConfigMap's guards, and the
-    generated BMC Ingresses through the isolation policy."""
+    """Relative path under tests/kyverno -> file text: the rotations ConfigMap's guards, the
+    generated BMC Ingresses through the isolation policy, and the pools policy's suites."""
     files: dict[str, str] = {}
     system = values["kubernetes"]["system_namespace"]
     reconciler = reconciler_username(values)
@@ -281,6 +282,8 @@ def guard_suites(values: dict) -> dict[str, str]:
     files["bmc-isolation-generated/kyverno-test.yaml"] = _guard_dump([fx._test(
         "bmc-isolation-generated", "policy-bmc-isolation.yaml",
         [fx._result(pol, rule, refs, "pass", kind="Ingress") for rule in rules], variables=False)])
+    # The pools policy (issue 42), rendered with pools of its own: the reference tree has none.
+    files.update(pools_fixtures.suites())
     return files
 
 
@@ -310,7 +313,7 @@ def test_the_guard_suites_evaluate_every_result(kyverno):
     gave no response ("Excluded") whatever it expects, as it would a DELETE of the whole policy."""
     suites = sorted({rel.split("/")[0] for rel in guard_suites(load_values(None)) if rel.endswith("kyverno-test.yaml")})
     assert {"rotations-delete", "rotations-lower", "rotations-remove-key", "rotations-binary-data",
-            "bmc-isolation-generated"} <= set(suites)
+            "bmc-isolation-generated", "pools", "pools-delete"} <= set(suites)
     for suite in suites:
         output = run_tests(kyverno, fx.SUITES_DIR / suite)
         judged = [row for row in re.findall(r"^│ \d+ .*$", output, re.MULTILINE) if "Excluded" not in row]
@@ -681,3 +684,28 @@ def test_only_the_update_that_ends_the_instance_halts_its_vm(kyverno, tmp_path, 
     (tmp_path / "kyverno-test.yaml").write_text(yaml.safe_dump(test))
     output = run_tests(kyverno, tmp_path)
     assert len(_judged_rows(output)) == 1, output
+
+
+# --- the pools policy (issue 42) -----------------------------------------------------------------
+
+
+def test_the_pools_policy_leaves_everyone_else_alone(kyverno, tmp_path):
+    """An administrator's hand-made VMs in the pool namespaces, and a pool-shaped VM elsewhere, pass
+    every rule untouched; the same VMs from the pools' account are refused."""
+    settings = pools_fixtures.values()
+    vms = [pools_fixtures.hand_made("hand", pools_fixtures.NAMESPACE),
+           pools_fixtures.hand_made("hand", pools_fixtures.UNLABELLED, {"maas-kubevirt.io/pool": "small"}),
+           pools_fixtures.pool_vm(settings, namespace="tenant-a")]
+    (tmp_path / "resources.yaml").write_text(json_stream(vms))
+    outputs = {}
+    for who, info in (("admin", ADMIN), ("pools", {"username": pools_fixtures.account(settings),
+                                                   "groups": ["system:serviceaccounts", "system:authenticated"]})):
+        (tmp_path / f"{who}.yaml").write_text(json_stream([{
+            "apiVersion": "cli.kyverno.io/v1alpha1", "kind": "UserInfo", "metadata": {"name": who}, "userInfo": info}]))
+        result = subprocess.run(
+            [kyverno, "apply", str(fx.SUITES_DIR / pools_fixtures.POLICY_FILE), "-r", str(tmp_path / "resources.yaml"),
+             "-u", str(tmp_path / f"{who}.yaml"), "--remove-color"], capture_output=True, text=True, timeout=600)
+        outputs[who] = (result.returncode, result.stdout + result.stderr)
+    assert outputs["admin"][0] == 0, outputs["admin"][1]
+    assert "pass: 0, fail: 0, warn: 0, error: 0, skip: 0" in outputs["admin"][1], outputs["admin"][1]
+    assert outputs["pools"][0] != 0 and re.search(r"fail: [1-9]", outputs["pools"][1]), outputs["pools"][1]

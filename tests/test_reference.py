@@ -118,10 +118,18 @@ def test_values_page_names_real_commands_and_the_retired_keys():
 
 
 class Recording(dict):
-    """A values mapping that notes every key read from it, as a dotted path, in ``read``."""
+    """A values mapping that notes every key read from it, as a dotted path, in ``read``; the
+    mappings of a list (``pools``) note theirs as ``pools[].name``."""
 
     def __init__(self, data: dict, read: set[str], path: tuple[str, ...] = ()):
-        super().__init__({k: Recording(v, read, (*path, k)) if isinstance(v, dict) else v for k, v in data.items()})
+        def wrap(value, at: tuple[str, ...]):
+            if isinstance(value, dict):
+                return Recording(value, read, at)
+            if isinstance(value, list):
+                return [wrap(item, (*at[:-1], at[-1] + "[]")) for item in value]
+            return value
+
+        super().__init__({k: wrap(v, (*path, k)) for k, v in data.items()})
         self.read, self.path = read, path
 
     def __getitem__(self, key):
@@ -137,7 +145,7 @@ def keys_read(command: str, settings: dict, args: Recording | object) -> set[str
     """The values keys one run of a command reads (its module's main, as cli calls it)."""
     read: set[str] = set()
     cli._command(command).main(Recording(settings, read), args)
-    return read & set(schema_checks())
+    return read & (set(schema_checks()) | set(pool_checks()))
 
 
 def documented_readers() -> dict[str, set[str]]:
@@ -156,7 +164,12 @@ def render_variants() -> list[dict]:
     gateway["gateway"].update(namespace="bmc-gateway", name="bmc")
     traefik = values.load_values(None)
     traefik["ingress"]["allowlist"] = "traefik"
-    return [values.load_values(None), gateway, traefik]
+    # A pool: its RBAC and policy read the pool's keys (issue 42).
+    pooled = values.load_values(None)
+    pooled["pools"] = [{"name": "small", "namespace": "maas-vms", "cores": 2, "memory": "4Gi", "disk": "20Gi",
+                        "storage_class": "standard", "network": "pxe", "ready": 1, "max": 2, "tags": [],
+                        "on_release": "recreate"}]
+    return [values.load_values(None), gateway, traefik, pooled]
 
 
 def test_values_page_names_every_key_render_reads(tmp_path, capsys):

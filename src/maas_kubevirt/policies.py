@@ -29,6 +29,7 @@ from maas_kubevirt import identity
 from maas_kubevirt import exposure as exposure_module
 from maas_kubevirt import bmc_proxy
 from maas_kubevirt.exposure import exposure_context
+from maas_kubevirt.pools import spec as pool_spec, vm as pool_vm
 from maas_kubevirt.paths import data_dir, write_atomic
 from maas_kubevirt.values import NGINX_ALLOWLIST_ANNOTATIONS, ValuesError, nginx_allowlist_annotations, traefik_crds_served
 
@@ -114,12 +115,25 @@ RECONCILER_ACCOUNT = "maas-kubevirt-reconciler"
 RECONCILER_RBAC_FILE = "reconciler-rbac.yaml"
 # The rotations ConfigMap (identity.ROTATIONS_CONFIGMAP), rendered without data.
 ROTATIONS_FILE = "credential-rotations.yaml"
+# Warm pools (issue 42), rendered only with `pools`: the pools' own ServiceAccount (beside the
+# reconciler's), its ClusterRole bound in each pool namespace, and the policy that admits from it
+# nothing but the VMs pools.vm.manifest makes. Not in POLICY_NAMES: the default render has none.
+POOLS_ACCOUNT = "maas-kubevirt-pools"
+POOLS_POLICY = "maas-kubevirt-pools"
+POOLS_RBAC_FILE = "pools-rbac.yaml"
+POOLS_POLICY_FILE = "policy-pools.yaml"
+# KubeMacPool's VM webhook records each MAC allocation on the VM in this annotation
+# (pkg/webhook/mutatevirtualmachines in k8snetworkplumbingwg/kubemacpool), before validation.
+KUBEMACPOOL_TRANSACTION_ANNOTATION = "kubemacpool.io/transaction-timestamp"
+# Its finalizer, which releases the MAC when the VM goes (RuntimeObjectFinalizerName, same file).
+KUBEMACPOOL_FINALIZER = "k8s.v1.cni.cncf.io/kubeMacPool"
 # Output files. kustomize sorts the objects itself (namespaces, RBAC and Secrets before
 # custom resources), so this order is only the order of the kustomization's list.
 FILES = [
     "system-namespace.yaml",
     "rbac.yaml",
     RECONCILER_RBAC_FILE,
+    POOLS_RBAC_FILE,
     ROTATIONS_FILE,
     SEED_SECRET_FILE,
     "policy-vm-identity.yaml",
@@ -130,6 +144,7 @@ FILES = [
     "policy-route-isolation.yaml",
     "policy-credential-rotations.yaml",
     "policy-guest-power-off.yaml",
+    POOLS_POLICY_FILE,
     EXAMPLE_NAMESPACE_FILE,
 ]
 
@@ -434,6 +449,143 @@ def _route_isolation_context(values: dict) -> dict[str, Any]:
     }
 
 
+# What a pool VM's metadata may hold at validation: what pools.vm.manifest writes, what the API
+# server sets before validating a create (uid, creationTimestamp, generation, managedFields), and
+# KubeMacPool's annotation and finalizer (its webhook mutates before any validation).
+POOL_VM_METADATA_KEYS = ("name", "namespace", "labels", "annotations", "finalizers",
+                         "uid", "creationTimestamp", "generation", "managedFields")
+_POOL_VM = "request.object"
+
+
+def _json_literal(value: Any) -> str:
+    """A JMESPath JSON literal (backticks) of value; values are validated names and quantities. One
+    level of braces at most: Kyverno's variable syntax ends a {{ }} at the first nested '}}'
+    (RegexVariables in pkg/engine/variables/regex), and would judge a cut-off expression."""
+    text = json.dumps(value, sort_keys=True)
+    if "`" in text or "\\" in text or "}}" in text:
+        raise ValueError(f"cannot quote {value!r} into JMESPath")
+    return f"`{text}`"
+
+
+def pool_vm_name_regex(pool: str) -> str:
+    """RE2 (and Python re) of identity.is_pool_vm_name for this pool: <pool>-<5 of the alphabet>."""
+    return f"^{pool}-[{identity.POOL_SUFFIX_ALPHABET}]{{{identity.POOL_SUFFIX_LENGTH}}}$"
+
+
+def _keys_within(path: str, allowed: list[str] | tuple[str, ...], why: str) -> dict:
+    """A deny condition: the object at path holds a key that is not allowed."""
+    return {"why": why, "key": f"{{{{ keys({path} || `{{}}`) }}}}", "operator": "AnyNotIn", "value": list(allowed)}
+
+
+def _not(expression: str, why: str) -> dict:
+    """A deny condition: the JMESPath expression is false."""
+    return {"why": why, "key": f"{{{{ {expression} }}}}", "operator": "Equals", "value": False}
+
+
+def _not_quantity(path: str, quantity: str, why: str) -> dict:
+    """A deny condition: the quantity at path is not ``quantity`` (Kyverno's Equals parses both as
+    quantities, so the form KubeVirt's mutator writes back, 4Gi for 4096Mi, still matches)."""
+    return {"why": why, "key": f"{{{{ {path} || '' }}}}", "operator": "NotEquals", "value": quantity}
+
+
+def pool_vm_conditions(pool: dict) -> list[dict]:
+    """The deny conditions of one pool's rule: any deviation from pools.vm.manifest for that pool,
+    beyond what the mutating webhooks add before validation (Kyverno's identity stamp, KubeMacPool's
+    MAC, KubeVirt's machine type and architecture)."""
+    o, name = _POOL_VM, f"{_POOL_VM}.metadata.name"
+    dvt = f"{o}.spec.dataVolumeTemplates[0]"
+    template = f"{o}.spec.template"
+    spec = f"{template}.spec"
+    domain = f"{spec}.domain"
+    interface = f"{domain}.devices.interfaces[0]"
+    volume = f"{spec}.volumes[0]"
+    disk_name = f"join('-', [{name}, {_jmespath_string(pool_vm.DISK)}])"
+    serial = f"join('.', [{name}, {o}.metadata.namespace])"
+    pool_label = {pool_spec.POOL_LABEL: pool["name"]}
+    return [
+        _not(f"regex_match({_jmespath_string(pool_vm_name_regex(pool['name']))}, {name})", "the name: <pool>-<5 of the alphabet>"),
+        _keys_within(f"{o}.metadata", POOL_VM_METADATA_KEYS, "no ownerReferences, generateName or other metadata"),
+        _not(f"{o}.metadata.labels == {_json_literal({**pool_label, pool_spec.MANAGED_BY[0]: pool_spec.MANAGED_BY[1]})}",
+             "exactly the pool's label and the managed-by label"),
+        _keys_within(f"{o}.metadata.annotations", (pool_spec.PROOF_ANNOTATION, KUBEMACPOOL_TRANSACTION_ANNOTATION),
+                     "the proof annotation, and KubeMacPool's"),
+        _not(f"regex_match('^[0-9a-f]{{32}}$', {o}.metadata.annotations.\"{pool_spec.PROOF_ANNOTATION}\" || '')",
+             "a proof of the shape identity.pool_vm_proof gives (only the reconciler can compute its value)"),
+        _not(f"length({o}.metadata.finalizers || `[]`) == `0` || {o}.metadata.finalizers == {_json_literal([KUBEMACPOOL_FINALIZER])}",
+             "no finalizer but KubeMacPool's"),
+        _keys_within(f"{o}.spec", ("runStrategy", "dataVolumeTemplates", "template"), "no instancetype, preference or other spec"),
+        _not(f"{o}.spec.runStrategy == 'Once'", "runStrategy Once"),
+        _not(f"length({o}.spec.dataVolumeTemplates || `[]`) == `1`", "exactly one DataVolume template"),
+        _keys_within(dvt, ("metadata", "spec"), "a template of metadata and spec alone"),
+        # KubeVirt's mutator writes the templates back through Go types: creationTimestamp null.
+        _keys_within(f"{dvt}.metadata", ("name", "creationTimestamp"), "no labels or annotations on the DataVolume (CDI reads its own)"),
+        _not(f"{dvt}.metadata.name == {disk_name}", "the DataVolume <vm>-root"),
+        _keys_within(f"{dvt}.spec", ("source", "storage"), "no sourceRef, pvc, contentType, checkpoints or preallocation"),
+        _not(f"keys({dvt}.spec.source || `{{}}`) == ['blank'] && {dvt}.spec.source.blank == `{{}}`",
+             "a blank source: a clone, pvc, http, registry, upload or snapshot source would read data from elsewhere"),
+        _keys_within(f"{dvt}.spec.storage", ("storageClassName", "resources"), "no accessModes, volumeMode, selector, volumeName or dataSource"),
+        _not(f"{dvt}.spec.storage.storageClassName == {_jmespath_string(pool['storage_class'])}", "the pool's storage class"),
+        _keys_within(f"{dvt}.spec.storage.resources", ("requests",), "requests alone"),
+        _keys_within(f"{dvt}.spec.storage.resources.requests", ("storage",), "storage alone"),
+        _not_quantity(f"{dvt}.spec.storage.resources.requests.storage", pool["disk"], "the pool's disk size"),
+        _keys_within(template, ("metadata", "spec"), "a template of metadata and spec alone"),
+        _keys_within(f"{template}.metadata", ("labels", "creationTimestamp"),
+                     "no annotations on the instance: hooks.kubevirt.io/hookSidecars would run any image beside it"),
+        _not(f"{template}.metadata.labels == {_json_literal(pool_label)}", "the instance labelled with its pool alone"),
+        _keys_within(spec, ("domain", "networks", "volumes", "architecture"),
+                     "no accessCredentials, nodeSelector, affinity, tolerations, hostname or other instance setting"),
+        _keys_within(domain, ("cpu", "resources", "devices", "firmware", "machine"), "no other domain setting"),
+        _not(f"{domain}.cpu == {_json_literal({'cores': pool['cores']})}", "the pool's cores alone"),
+        _keys_within(f"{domain}.resources", ("requests",), "requests alone"),
+        _keys_within(f"{domain}.resources.requests", ("memory",), "memory alone"),
+        _not_quantity(f"{domain}.resources.requests.memory", pool["memory"], "the pool's memory"),
+        # Kyverno's identity stamp (policy-vm-identity.yaml) sets these two, and only to these values.
+        _keys_within(f"{domain}.firmware", ("serial", "uuid"), "no firmware but the stamped serial and UUID"),
+        _not(f"({domain}.firmware.serial || {serial}) == {serial}", "the VM's own serial, if any"),
+        _not(f"({domain}.firmware.uuid || {UUID_JMESPATH}) == {UUID_JMESPATH}", "the VM's own derived UUID, if any"),
+        # KubeVirt's mutator sets the machine type (vm-mutator.go, setDefaultMachineType).
+        _keys_within(f"{domain}.machine", ("type",), "a machine type alone"),
+        _keys_within(f"{domain}.devices", ("interfaces", "disks"),
+                     "no hostDevices, gpus, filesystems, watchdog, tpm or other device"),
+        _not(f"length({domain}.devices.interfaces || `[]`) == `1`", "exactly one interface"),
+        # KubeMacPool gives the interface its MAC before validation.
+        _keys_within(interface, ("name", "bridge", "bootOrder", "macAddress"), "no other interface setting"),
+        _not(f"{interface}.name == {_jmespath_string(pool_vm.INTERFACE)} && {interface}.bridge == `{{}}` && {interface}.bootOrder == `1`",
+             "a bridge on the PXE network, first to boot"),
+        _not(f"length({domain}.devices.disks || `[]`) == `1`", "exactly one disk"),
+        _keys_within(f"{domain}.devices.disks[0]", ("name", "disk", "bootOrder"), "no other disk setting"),
+        _not(f"{domain}.devices.disks[0].name == {_jmespath_string(pool_vm.DISK)} && "
+             f"{domain}.devices.disks[0].disk == {_json_literal({'bus': 'virtio'})} && {domain}.devices.disks[0].bootOrder == `2`",
+             "a virtio disk, second to boot"),
+        _not(f"length({spec}.networks || `[]`) == `1`", "exactly one network"),
+        _keys_within(f"{spec}.networks[0]", ("name", "multus"), "a Multus network alone"),
+        _not(f"{spec}.networks[0].name == {_jmespath_string(pool_vm.INTERFACE)} && "
+             f"{spec}.networks[0].multus == {_json_literal({'networkName': pool['network']})}", "the pool's Multus network"),
+        _not(f"length({spec}.volumes || `[]`) == `1`", "exactly one volume"),
+        _keys_within(volume, ("name", "dataVolume"), "the DataVolume alone: no hostDisk, containerDisk, cloudInit or other source"),
+        _keys_within(f"{volume}.dataVolume", ("name",), "the DataVolume by name alone"),
+        _not(f"{volume}.name == {_jmespath_string(pool_vm.DISK)} && {volume}.dataVolume.name == {disk_name}",
+             "the volume of the one DataVolume template"),
+    ]
+
+
+def _pools_context(values: dict) -> dict[str, Any]:
+    """What the pools' RBAC and policy read from the values (``pools``), rendered only with pools."""
+    pools = values["pools"]
+    return {
+        "pools_account": POOLS_ACCOUNT,
+        "pools_policy": POOLS_POLICY,
+        "pool_label": pool_spec.POOL_LABEL,
+        "pool_namespace_label": pool_spec.NAMESPACE_LABEL,
+        # Each namespace once, in the order of the values.
+        "pool_namespaces": list(dict.fromkeys(pool["namespace"] for pool in pools)),
+        "pool_refs": [f"{pool['namespace']}/{pool['name']}" for pool in pools],
+        "pool_vm_conditions": pool_vm_conditions,
+        "pool_vm_name_regex": pool_vm_name_regex,
+        "pool_suffix": f"[{identity.POOL_SUFFIX_ALPHABET}]{{{identity.POOL_SUFFIX_LENGTH}}}",
+    }
+
+
 def _context(values: dict, seed: str | None) -> dict[str, Any]:
     redfish, kubernetes, ingress = values["redfish"], values["kubernetes"], values["ingress"]
     annotations = {allowlist_annotation(ingress): ",".join(ingress["source_ranges"])}
@@ -443,7 +595,8 @@ def _context(values: dict, seed: str | None) -> dict[str, Any]:
         tls_secret_name = "{{ " + _VM + " }}-bmc-tls"
     annotations.update(ingress["annotations"])
     files = [name for name in FILES if (seed is not None or name != SEED_SECRET_FILE)
-             and (kubernetes_example(values) or name != EXAMPLE_NAMESPACE_FILE)]
+             and (kubernetes_example(values) or name != EXAMPLE_NAMESPACE_FILE)
+             and (values["pools"] or name not in (POOLS_RBAC_FILE, POOLS_POLICY_FILE))]
     if bmc_proxy.FILE in exposure_context(values)["exposure_files"]:
         files.insert(files.index("policy-vm-identity.yaml"), bmc_proxy.FILE)
     domain = redfish["domain"]
@@ -507,6 +660,7 @@ def _context(values: dict, seed: str | None) -> dict[str, Any]:
         "lease_namespace": values["reconciler"]["lease"]["namespace"] or kubernetes["system_namespace"],
         **exposure_context(values),
         **_route_isolation_context(values),
+        **_pools_context(values),
     }
 
 
