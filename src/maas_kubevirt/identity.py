@@ -234,10 +234,16 @@ def pool_vm_name(pool: str, suffix: str) -> str:
     return validate_vm_name(f"{_check_label(pool, 'pool')}-{suffix}")
 
 
+def pool_vm_name_pattern(pool: str) -> str:
+    """The names a pool's VMs may have, as a regular expression RE2 (Kyverno) and Python read alike:
+    ``<pool>-<rest>``, one DNS label (pool_vm_name's, or one given to ``compose --name``)."""
+    room = LABEL_MAX - len(pool) - 1
+    return f"^{re.escape(pool)}-[a-z0-9]([-a-z0-9]{{0,{room - 2}}}[a-z0-9])?$"
+
+
 def is_pool_vm_name(pool: str, vm: object) -> bool:
-    """Whether vm is ``<pool>-<rest>`` and one DNS label: the names a pool's VMs may have
-    (pool_vm_name's, or one given to ``compose --name``)."""
-    return isinstance(vm, str) and vm.startswith(pool + "-") and len(vm) > len(pool) + 1 and is_label(vm)
+    """Whether vm is a name pool_vm_name_pattern allows for this pool."""
+    return isinstance(vm, str) and is_label(pool) and re.fullmatch(pool_vm_name_pattern(pool)[1:-1], vm) is not None
 
 
 def pool_vm_proof(seed: str, namespace: str, vm: str, pool: str) -> str:

@@ -468,8 +468,8 @@ def _json_literal(value: Any) -> str:
 
 
 def pool_vm_name_regex(pool: str) -> str:
-    """RE2 (and Python re) of identity.is_pool_vm_name for this pool: <pool>-<5 of the alphabet>."""
-    return f"^{pool}-[{identity.POOL_SUFFIX_ALPHABET}]{{{identity.POOL_SUFFIX_LENGTH}}}$"
+    """RE2 of identity.is_pool_vm_name for this pool: <pool>-<rest>, one DNS label."""
+    return identity.pool_vm_name_pattern(pool)
 
 
 def _keys_within(path: str, allowed: list[str] | tuple[str, ...], why: str) -> dict:
@@ -503,7 +503,7 @@ def pool_vm_conditions(pool: dict) -> list[dict]:
     serial = f"join('.', [{name}, {o}.metadata.namespace])"
     pool_label = {pool_spec.POOL_LABEL: pool["name"]}
     return [
-        _not(f"regex_match({_jmespath_string(pool_vm_name_regex(pool['name']))}, {name})", "the name: <pool>-<5 of the alphabet>"),
+        _not(f"regex_match({_jmespath_string(pool_vm_name_regex(pool['name']))}, {name})", "the name: <pool>-<rest>, one DNS label"),
         _keys_within(f"{o}.metadata", POOL_VM_METADATA_KEYS, "no ownerReferences, generateName or other metadata"),
         _not(f"{o}.metadata.labels == {_json_literal({**pool_label, pool_spec.MANAGED_BY[0]: pool_spec.MANAGED_BY[1]})}",
              "exactly the pool's label and the managed-by label"),
@@ -582,7 +582,7 @@ def _pools_context(values: dict) -> dict[str, Any]:
         "pool_refs": [f"{pool['namespace']}/{pool['name']}" for pool in pools],
         "pool_vm_conditions": pool_vm_conditions,
         "pool_vm_name_regex": pool_vm_name_regex,
-        "pool_suffix": f"[{identity.POOL_SUFFIX_ALPHABET}]{{{identity.POOL_SUFFIX_LENGTH}}}",
+        "pool_suffix": "[a-z0-9]([-a-z0-9]*[a-z0-9])?",
     }
 
 
