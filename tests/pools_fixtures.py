@@ -120,7 +120,7 @@ DEVIATIONS: list[tuple[str, Callable[[dict], dict]]] = [
     ("other-size", _set(lambda vm: _dv(vm)["storage"]["resources"]["requests"].update(storage="21Gi"))),
     ("hook-sidecar", _set(lambda vm: vm["spec"]["template"]["metadata"].update(
         annotations={"hooks.kubevirt.io/hookSidecars": '[{"image": "registry.example/steal:1"}]'}))),
-    ("wrong-name", lambda vm: renamed(vm, "small-abcde")),
+    ("wrong-name", lambda vm: renamed(vm, "smaller-bcd24")),
     ("more-memory", _set(lambda vm: _template(vm)["domain"]["resources"]["requests"].update(memory="64Gi"))),
     ("gpu", _set(lambda vm: _template(vm)["domain"]["devices"].update(
         gpus=[{"name": "gpu", "deviceName": "nvidia.com/GA102"}]))),
