@@ -838,6 +838,57 @@ def web1_deployed(page: Page, result) -> None:
 
 # --- the runners -------------------------------------------------------------------------------
 
+# --- docs/how-to/pools.md ----------------------------------------------------------------------
+
+POOL = {"name": "small", "namespace": "pool-vms", "cores": 2, "memory": "4Gi", "disk": "20Gi",
+        "storage_class": "standard", "network": "pxe", "ready": 2, "max": 10}
+POOLS_KUBECONFIG = "/etc/maas-kubevirt/pools-kubeconfig"
+
+
+def installed_site_without_pool_vms(page: Page) -> None:
+    installed_site(page)
+    kubectl(page, "delete", "namespace", "pool-vms", "--ignore-not-found", "--wait=true", "--timeout=120s")
+
+
+def pool_values_edited(page: Page, result) -> None:
+    """The page's YAML block, added to the site's values."""
+    page.write_values(page.repo / "site.yaml", {"pools": [POOL], "reconciler": {"pools": {"kubeconfig": POOLS_KUBECONFIG}}})
+
+
+def pools_rendered(page: Page, result) -> None:
+    text = (page.repo / "build" / "kubernetes" / "kustomization.yaml").read_text()
+    assert "pools-rbac.yaml" in text and "policy-pools.yaml" in text
+
+
+def can_i_no(page: Page, result) -> None:
+    assert result.stdout.strip() == "no"
+
+
+def pools_etc_values(page: Page) -> None:
+    page.queue_edit(ETC, {"pools": [POOL], "reconciler": {"pools": {"kubeconfig": POOLS_KUBECONFIG}}})
+
+
+def pool_vms(page: Page) -> list[dict]:
+    listed = kubectl(page, "-n", "pool-vms", "get", "virtualmachines", "-l", "maas-kubevirt.io/pool=small", "-o", "json")
+    return json.loads(listed.stdout)["items"]
+
+
+def pool_filled(page: Page, result) -> None:
+    """The service's reconciler, on the pools' kubeconfig, makes the pool's ready VMs: admitted by the policy."""
+    eventually(lambda: len(pool_vms(page)) >= POOL["ready"], "the service made the pool's 2 ready VMs")
+
+
+def composed(page: Page, result) -> None:
+    vm, namespace, stage = result.stdout.split("\t")[:3]
+    assert namespace == "pool-vms" and stage == "VM created" and vm.startswith("small-"), result.stdout
+    page.notes["composed"] = vm
+
+
+def pool_vms_listed(page: Page, result) -> None:
+    assert page.notes["composed"] in result.stdout
+    assert len(pool_vms(page)) == POOL["ready"] + 1
+
+
 RUNNERS: dict[str, list[Step]] = {
     "README.md": [
         Step("make", RUN, after=bundle_rendered),
@@ -925,6 +976,33 @@ RUNNERS: dict[str, list[Step]] = {
         Step("kubectl -n tenant-a patch virtualmachine web1 --type json -p "
              "'[{\"op\": \"remove\", \"path\": \"/spec/template/spec/domain/firmware/serial\"}]'", CLUSTER,
              after=serial_removed),
+    ],
+    "docs/how-to/pools.md": [
+        Step("kubectl create namespace pool-vms", CLUSTER, before=installed_site_without_pool_vms),
+        Step("kubectl label namespace pool-vms maas.io/kubevirt-bmc=enabled mutatevirtualmachines.kubemacpool.io=allocate "
+             "maas-kubevirt.io/pools=enabled", CLUSTER, after=pool_values_edited),
+        Step("make VALUES=site.yaml", RUN, after=pools_rendered),
+        Step("kubectl apply -k build/kubernetes/", CLUSTER, after=policies_ready, retry="requires permissions"),
+        Step("NS=maas-kubevirt SA=maas-kubevirt-pools KC=pools.kubeconfig", CLUSTER),
+        Step("SERVER=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')", CLUSTER),
+        Step("kubectl config view --minify --raw -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' "
+             "| base64 -d >ca.crt", CLUSTER),
+        Step('kubectl --kubeconfig $KC config set-cluster site --server "$SERVER" --certificate-authority ca.crt '
+             '--embed-certs', CLUSTER),
+        Step('kubectl --kubeconfig $KC config set-credentials pools --token '
+             '"$(kubectl -n $NS create token $SA --duration 720h)"', CLUSTER),
+        Step("kubectl --kubeconfig $KC config set-context pools --cluster site --user pools", CLUSTER),
+        Step("kubectl --kubeconfig $KC config use-context pools", CLUSTER),
+        Step("kubectl --kubeconfig $KC auth can-i create virtualmachines -n pool-vms", CLUSTER, after=can_i_yes),
+        Step("kubectl --kubeconfig $KC auth can-i get secrets -n pool-vms", CLUSTER, codes=(1,), after=can_i_no),
+        Step("sudo install -m 0600 pools.kubeconfig /etc/maas-kubevirt/pools-kubeconfig", SHIM),
+        Step("sudo mkdir -p /etc/systemd/system/maas-kubevirt.service.d", SHIM),
+        Step("printf '[Service]\\nLoadCredential=pools-kubeconfig:/etc/maas-kubevirt/pools-kubeconfig\\n' | "
+             "sudo tee /etc/systemd/system/maas-kubevirt.service.d/pools.conf >/dev/null", SHIM),
+        Step("sudoedit /etc/maas-kubevirt/values.yaml", SHIM, before=pools_etc_values),
+        Step("sudo systemctl daemon-reload && sudo systemctl restart maas-kubevirt", SHIM, after=pool_filled),
+        Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml compose small", SHIM, after=composed),
+        Step("kubectl -n pool-vms get virtualmachines -l maas-kubevirt.io/pool=small", CLUSTER, after=pool_vms_listed),
     ],
     "docs/how-to/rotate.md": [
         Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml rotate web1.vms", SHIM,
