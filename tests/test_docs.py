@@ -1517,7 +1517,7 @@ def test_tutorial_states_the_releases_of_the_lock_file():
             f"{TUTORIAL}: {component} {rows[component]}, upstream.lock.yaml: {upstream.proven_releases(name, lock)}"
 
 
-@pytest.mark.parametrize("name", ["install", "monitor", "ha", "rotate", "upgrade", "uninstall"])
+@pytest.mark.parametrize("name", ["install", "monitor", "ha", "rotate", "upgrade", "uninstall", "pools"])
 def test_region_host_page(tmp_path, double, control_plane, name):
     run_on_region_host(region_host(tmp_path, f"docs/how-to/{name}.md", double, control_plane))
 

@@ -332,6 +332,7 @@ def exported() -> dict[str, tuple[str, tuple[str, ...], object]]:
     """Every metric family a reconcile process can export -> (type, label names, collector)."""
     registry = metrics.Metrics()
     registry.leader(lambda: False)
+    registry.pools(["small"])
     found = {}
     for collector in registry.registry._collector_to_names:
         name = collector._name + ("_total" if collector._type == "counter" else "")
@@ -350,6 +351,11 @@ LABEL_VALUES = {
     ("kind", "maas_kubevirt_actions_total"): (*metrics.KINDS, "other"),
     ("outcome", "maas_kubevirt_actions_total"): (*metrics.OUTCOMES, "other"),
     ("state", "maas_kubevirt_machines"): metrics.STATES,
+    ("pool", "maas_kubevirt_pool_machines"): ("<pools[].name>",),
+    ("state", "maas_kubevirt_pool_machines"): metrics.POOL_STATES,
+    ("pool", "maas_kubevirt_pool_actions_total"): ("<pools[].name>",),
+    ("kind", "maas_kubevirt_pool_actions_total"): (*metrics.POOL_KINDS, "other"),
+    ("outcome", "maas_kubevirt_pool_actions_total"): (*metrics.POOL_OUTCOMES, "other"),
 }
 
 
