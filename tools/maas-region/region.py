@@ -456,6 +456,28 @@ def start_openfga():
     return process
 
 
+def install_snap_standin() -> None:
+    """From master on MAAS runs only as a snap (provisioningserver/utils/version.py: get_versions_info
+    asks snap.get_snap_versions_info alone, no deb), so the region runs as MAAS's own test environment
+    sets it (maastesting/pytest/environment.py: SNAP_VERSION, SNAP_REVISION), with the installed
+    version, and a `snapctl` that, with no snapd here, fails: no refresh is pending. Before master,
+    the deb path's apt_pkg stand-in (standins.py) answers instead."""
+    import importlib.util
+    import stat
+    import tempfile
+    from importlib.metadata import version
+
+    if importlib.util.find_spec("provisioningserver.utils.deb") is not None:
+        return
+    os.environ.setdefault("SNAP_VERSION", version("maas"))
+    os.environ.setdefault("SNAP_REVISION", "0")
+    bin_dir = Path(tempfile.mkdtemp(prefix="maas-snapctl-"))
+    snapctl = bin_dir / "snapctl"
+    snapctl.write_text("#!/bin/sh\necho 'error: no snapd here (tools/maas-region/region.py)' >&2\nexit 1\n")
+    snapctl.chmod(stat.S_IRWXU)
+    os.environ["PATH"] = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
 def schema() -> int:
     """dbupgrade's steps (3.6: Django's migrations, triggers, views; 3.7: alembic's migrations;
     master: OpenFGA's, then alembic's, then OpenFGA's model)."""
@@ -642,6 +664,7 @@ def main(argv: list[str]) -> int:
     if args.command == "serve":
         die_with_parent()
     make_directories()
+    install_snap_standin()
     start_openfga()
     configure()
     fail_fast()
