@@ -13,7 +13,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from maas_kubevirt import doctor, policies
@@ -534,11 +534,13 @@ def test_maas_version_rule_follows_the_proven_releases(version, suffix, proven):
     if bad:
         assert check.status == "fail"
         return
-    if version in proven:
+    # A beta of a proven release is not that release; it sorts below it.
+    key = version + ((-2, 1) if suffix.startswith("~beta1") else (0, 0))
+    if key[3:] == (0, 0) and version in proven:
         assert check.status == "ok" and "proven on" in check.found
         return
     same = sorted(r for r in proven if r[:2] == version[:2])
-    older = sorted(r for r in proven if r < version)
+    older = sorted(r for r in proven if r + (0, 0) < key)
     nearest = (same or older or sorted(proven)[:1])[-1]
     assert check.status == "warn"
     assert f"the nearest proven is {_text(nearest)}" in check.found
@@ -565,22 +567,55 @@ def test_nearest_proven_is_proven_and_in_the_series_when_one_is(version, proven)
 
 
 def test_maas_version_row_on_the_matrix():
-    """upstream.lock.yaml's matrix: ok on 3.5.13, 3.6.5 and 3.7.3; each other release that works
-    names its series' proven release, or the nearest older."""
+    """upstream.lock.yaml's matrix: ok on 3.5.13, 3.6.5, 3.7.3 and 3.8.0a1 (as master serves it,
+    3.8.0~a1); each other release that works names its series' proven release, or the nearest older."""
     from maas_kubevirt import upstream
 
     lock = upstream.proven(Path(__file__).resolve().parents[1] / upstream.LOCK_NAME)
     matrix = upstream.proven_releases("maas", lock)
-    assert matrix == ("3.5.13", "3.6.5", "3.7.3") and lock["maas"] in matrix
+    assert matrix == ("3.5.13", "3.6.5", "3.7.3", "3.8.0a1") and lock["maas"] in matrix
     expected = {"3.5.13": ("ok", None), "3.6.5": ("ok", None), "3.7.3": ("ok", None),
+                "3.8.0a1": ("ok", None), "3.8.0~a1": ("ok", None), "3.8.0~alpha1-123-g.abc": ("ok", None),
+                "3.8.0~a2": ("warn", "3.8.0a1"), "3.8.0~beta1": ("warn", "3.8.0a1"), "3.8.0": ("warn", "3.8.0a1"),
+                "3.9.0": ("warn", "3.8.0a1"), "4.0.0~rc1": ("warn", "3.8.0a1"),
                 "3.5.4": ("warn", "3.5.13"), "3.5.14": ("warn", "3.5.13"), "3.6.6": ("warn", "3.6.5"),
-                "3.7.4": ("warn", "3.7.3"), "3.8.0": ("warn", "3.7.3"), "3.4.2": ("warn", "3.5.13"),
+                "3.7.4": ("warn", "3.7.3"), "3.4.2": ("warn", "3.5.13"),
                 "2.9.0": ("warn", "3.5.13"), "3.6.4": ("fail", None), "3.7.0": ("fail", None), "2.8.9": ("fail", None)}
     for text, (status, nearest) in expected.items():
         check = doctor.version_check(text, matrix)
         assert check.status == status, (text, check)
         if nearest:
             assert f"the nearest proven is {nearest}" in check.found, (text, check)
+
+
+_qualifiers = st.sampled_from([("", (0, 0)), ("~alpha{}", (-3, None)), ("a{}", (-3, None)), ("~a{}", (-3, None)),
+                               ("~beta{}", (-2, None)), ("b{}", (-2, None)), ("~rc{}", (-1, None)), ("rc{}", (-1, None))])
+
+
+@given(_versions, _qualifiers, st.integers(1, 30), st.sampled_from(["", "-16517-g.4c8b7a1", "-123"]))
+def test_a_release_key_orders_pre_releases_below_their_release(version, qualifier, number, build):
+    """MAAS's spellings (3.8.0~alpha1, as MAASVersion prints; 3.8.0a1, pyproject's; 3.8.0~a1, master's
+    version/) read as one key, with the build's suffix ignored; any pre-release sorts below its release."""
+    from maas_kubevirt.maas import parse_version, release_key
+
+    spelling, (order, _) = qualifier
+    text = f"{_text(version)}{spelling.format(number)}{build}"
+    key = release_key(text)
+    assert key == version + ((order, number) if spelling else (0, 0))
+    assert parse_version(text) == version
+    assert (key < version + (0, 0)) == bool(spelling)
+
+
+@given(_versions, _qualifiers, st.integers(1, 30),
+       st.lists(_versions.filter(lambda v: v >= (3, 7, 3)), min_size=1, max_size=4, unique=True))
+def test_a_release_newer_than_every_proven_one_is_a_warning_naming_the_newest(version, qualifier, number, proven):
+    """Above every proven release (a pre-release of one included), doctor warns and names the newest proven."""
+    spelling, _ = qualifier
+    newest = max(proven)
+    assume(version > newest)
+    check = doctor.version_check(f"{_text(version)}{spelling.format(number)}", [_text(r) for r in proven])
+    assert check.status == "warn", check
+    assert f"the nearest proven is {_text(newest)}" in check.found and _text(newest) in check.fix
 
 
 def test_an_unreadable_maas_version_is_a_warning():

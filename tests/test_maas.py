@@ -1369,9 +1369,21 @@ def test_the_environment_key_is_named_as_the_environment_variable(monkeypatch):
 @pytest.mark.parametrize("text, version", [
     ("3.5.0~beta1-14800-g1234", (3, 5, 0)), ("3.4", (3, 4, 0)), (" 2.9.1", (2, 9, 1)),
     ("10.20.30", (10, 20, 30)), ("garbage", None), ("3", None), ("", None),
+    ("3.8.0a1", (3, 8, 0)), ("3.8.0~a1", (3, 8, 0)),
 ])
 def test_parse_version(text, version):
     assert maas.parse_version(text) == version
+
+
+@pytest.mark.parametrize("text, key", [
+    # master's pyproject.toml says 3.8.0a1; its version/ serves MAASVersion's short_version, 3.8.0~a1
+    # (src/provisioningserver/utils/version.py, src/maasserver/api/version.py).
+    ("3.8.0a1", (3, 8, 0, -3, 1)), ("3.8.0~a1", (3, 8, 0, -3, 1)), ("3.8.0~alpha1-16517-g.4c8b7a1", (3, 8, 0, -3, 1)),
+    ("3.5.0~beta1-14800-g1234", (3, 5, 0, -2, 1)), ("3.6.0~rc2", (3, 6, 0, -1, 2)),
+    ("3.6.5-16517-g.4c8b7a1", (3, 6, 5, 0, 0)), ("3.4", (3, 4, 0, 0, 0)), ("garbage", None), ("", None),
+])
+def test_release_key(text, key):
+    assert maas.release_key(text) == key
 
 
 def test_version_messages_in_full():

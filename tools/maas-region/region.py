@@ -418,8 +418,69 @@ def install_temporal_standin() -> None:
                 setattr(module, attribute, get_client_async)
 
 
+# MAAS's OpenFGA server (from master on): the region asks it, over a Unix socket, what each user
+# may do (maasserver/auth/local.py, maascommon/openfga/sync_client.py), and dbupgrade runs its
+# migrators. tools/build-maas builds the three binaries of src/maasopenfga beside the venv.
+OPENFGA_SERVER = "maas-openfga"
+OPENFGA_SOCKET_ENV = "MAAS_OPENFGA_HTTP_SOCKET_PATH"  # maascommon/openfga/base.py, cmd/maas-openfga/main.go
+
+
+def openfga_dir() -> Path | None:
+    """Where tools/build-maas put MAAS's OpenFGA binaries (beside the venv), or None before master."""
+    path = Path(sys.prefix).parent / "openfga"
+    return path if (path / OPENFGA_SERVER).exists() else None
+
+
+def start_openfga():
+    """maas-openfga on a Unix socket, reading the region's database settings from regiond.conf
+    (it reads $SNAP_DATA/regiond.conf), as the snap runs it beside regiond; None before master."""
+    import atexit
+    import subprocess
+    import tempfile
+    import time
+
+    binaries = openfga_dir()
+    if binaries is None:
+        return None
+    # A short directory: a Unix socket's path is limited to 107 bytes.
+    socket_path = Path(tempfile.mkdtemp(prefix="maas-openfga-")) / "http.sock"
+    os.environ[OPENFGA_SOCKET_ENV] = str(socket_path)
+    env = {**os.environ, "SNAP_DATA": str(Path(os.environ["MAAS_REGION_CONFIG"]).parent)}
+    process = subprocess.Popen([str(binaries / OPENFGA_SERVER)], env=env, preexec_fn=die_with_parent)
+    atexit.register(process.terminate)
+    deadline = time.monotonic() + 60
+    while not socket_path.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{OPENFGA_SERVER} did not listen on {socket_path} (exit {process.poll()})")
+        time.sleep(0.1)
+    return process
+
+
+def install_snap_standin() -> None:
+    """From master on MAAS runs only as a snap (provisioningserver/utils/version.py: get_versions_info
+    asks snap.get_snap_versions_info alone, no deb), so the region runs as MAAS's own test environment
+    sets it (maastesting/pytest/environment.py: SNAP_VERSION, SNAP_REVISION), with the installed
+    version, and a `snapctl` that, with no snapd here, fails: no refresh is pending. Before master,
+    the deb path's apt_pkg stand-in (standins.py) answers instead."""
+    import importlib.util
+    import stat
+    import tempfile
+    from importlib.metadata import version
+
+    if importlib.util.find_spec("provisioningserver.utils.deb") is not None:
+        return
+    os.environ.setdefault("SNAP_VERSION", version("maas"))
+    os.environ.setdefault("SNAP_REVISION", "0")
+    bin_dir = Path(tempfile.mkdtemp(prefix="maas-snapctl-"))
+    snapctl = bin_dir / "snapctl"
+    snapctl.write_text("#!/bin/sh\necho 'error: no snapd here (tools/maas-region/region.py)' >&2\nexit 1\n")
+    snapctl.chmod(stat.S_IRWXU)
+    os.environ["PATH"] = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
 def schema() -> int:
-    """dbupgrade's steps (3.6: Django's migrations, triggers, views; 3.7: alembic's migrations)."""
+    """dbupgrade's steps (3.6: Django's migrations, triggers, views; 3.7: alembic's migrations;
+    master: OpenFGA's, then alembic's, then OpenFGA's model)."""
     import django
 
     django.setup()
@@ -430,7 +491,9 @@ def schema() -> int:
     # The last step sets up the Temporal server's own schema with its SQL tool: the web
     # application never talks to Temporal, so it is left out.
     dbupgrade.Command._temporal_migration = classmethod(lambda cls, database: None)
-    call_command("dbupgrade")
+    binaries = openfga_dir()
+    # dbupgrade's --openfga-path (master's maasserver/management/commands/dbupgrade.py).
+    call_command("dbupgrade", **({"openfga_path": str(binaries)} if binaries else {}))
     # Up to 3.6 the schema came from Django's migrate, whose post_migrate handler makes the sites
     # framework's default row; from 3.7 it is alembic's (maasservicelayer/db/alembic), which makes
     # the table and no row, and creating MAAS's administrator (createadmin) needs it. Made as
@@ -601,6 +664,8 @@ def main(argv: list[str]) -> int:
     if args.command == "serve":
         die_with_parent()
     make_directories()
+    install_snap_standin()
+    start_openfga()
     configure()
     fail_fast()
     install_power_stub()

@@ -23,6 +23,7 @@ from maas_kubevirt.maas import (
     MAASError,
     nearest_proven,
     parse_version,
+    release_key,
 )
 from maas_kubevirt.paths import SCRIPT_NAME
 from maas_kubevirt.reconcile import (RIGHT, Backoff, Exposure, Match, Passwords, Reconciler, Settings, Switched, Wait,
@@ -56,14 +57,16 @@ def version_check(text: str, proven: "Sequence[str] | str | None" = None) -> Che
                          f"({_version_text(low)}-{_version_text(high)}, LP:2150892): VMs enlist without power",
                          FIXED_DNS_VERSIONS)
     releases = proven.split() if isinstance(proven, str) else list(proven or ())
-    parsed = {parse_version(release): release for release in releases}
+    # Compared with their pre-releases: 3.8.0~a1 is proven 3.8.0a1, and neither is 3.8.0.
+    parsed = {release_key(release): release for release in releases}
     parsed.pop(None, None)
     if not parsed:
         return Check(name, OK, f"MAAS {_clean(text)}")
     listed = ", ".join(parsed[release] for release in sorted(parsed))
-    if version in parsed:
+    key = release_key(text)
+    if key in parsed:
         return Check(name, OK, f"MAAS {_clean(text)} (proven on {listed})")
-    nearest = parsed[nearest_proven(version, list(parsed))]
+    nearest = parsed[nearest_proven(key, list(parsed))]
     return Check(name, WARN, f"MAAS {_clean(text)}: not a release maas-kubevirt is proven on ({listed}, "
                  f"{upstream.LOCK_NAME}); the nearest proven is {nearest}",
                  f"run MAAS {nearest}, the nearest proven release")

@@ -45,7 +45,8 @@ from maas_kubevirt.maas.signing import (API_KEY_CREDENTIAL, ENV_KEY, KEY_FILE, S
                                         load_api_key, load_api_key_with_source, parse_api_key)
 from maas_kubevirt.maas.transport import (DEFAULT_MAX_RESPONSE, Response, Transport, TransportError,
                                           _causes, _connection_reason, _never_sent, _too_large)
-from maas_kubevirt.maas.versions import DNS_NAME_REJECTED, MIN_MAAS_VERSION, check_version, nearest_proven, parse_version
+from maas_kubevirt.maas.versions import (DNS_NAME_REJECTED, MIN_MAAS_VERSION, check_version, nearest_proven, parse_version,
+                                        release_key)
 
 # The retry policy of clients made from the values (tests shorten it). It lives here, where
 # client_from_values reads it, so that a test setting ``maas.RETRY`` reaches every client made.
@@ -74,7 +75,7 @@ __all__ = [
     "MAX_JSON_DEPTH", "MAX_MESSAGE", "MAX_QUERY", "MIN_MAAS_VERSION", "POLL", "POWER_PARAMETERS_CHUNK", "READS",
     "RETRY", "Endpoints", "Response", "RetryPolicy", "Signer", "Transport", "TransportError", "WITHHELD",
     "check_version", "cleartext_warning", "client_from_values", "json_nested_deeper", "load_api_key",
-    "load_api_key_with_source", "nearest_proven", "parse_api_key", "parse_version", "power_address_of", "readable_message",
+    "load_api_key_with_source", "nearest_proven", "parse_api_key", "parse_version", "release_key", "power_address_of", "readable_message",
     "segment", "valid_system_id", "withhold",
     # not public, but tests and tools name them here
     "_causes", "_chunks", "_connection_reason", "_json", "_never_sent", "_one_line", "_op", "_retry_after",

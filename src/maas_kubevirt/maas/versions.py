@@ -40,7 +40,23 @@ def check_version(text: str) -> list[str]:
     return []
 
 
-Version = tuple[int, int, int]
+Version = tuple[int, ...]
+
+# MAAS's pre-release qualifiers, ordered as its own MAASVersion orders them (src/provisioningserver/
+# utils/version.py: alpha, beta, rc, then the release), with the one-letter forms of a pyproject
+# version (master's "3.8.0a1", which it serves as "3.8.0~a1"; MAASVersion leaves "a" unordered).
+_QUALIFIERS = {"alpha": -3, "a": -3, "beta": -2, "b": -2, "rc": -1}
+_RELEASE = re.compile(r"\s*(\d+)\.(\d+)(?:\.(\d+))?(?:~?(alpha|beta|rc|a|b)(\d*))?")
+
+
+def release_key(text: str) -> tuple[int, int, int, int, int] | None:
+    """parse_version's (major, minor, point) then the pre-release's order and number, (0, 0) for
+    a release: 3.8.0a1 and 3.8.0~alpha1 are one key, below 3.8.0~beta1, below 3.8.0."""
+    match = _RELEASE.match(str(text))
+    if not match:
+        return None
+    qualifier = _QUALIFIERS[match[4]] if match[4] else 0
+    return int(match[1]), int(match[2]), int(match[3] or 0), qualifier, int(match[5] or 0)
 
 
 def nearest_proven(version: Version, proven: "list[Version] | tuple[Version, ...]") -> Version | None:
