@@ -122,9 +122,10 @@ RANK = {
     "cli": 6,
     "loop": 5, "status": 5, "upload": 5, "doctor": 5,   # the commands' entry points
     "compose": 5, "decompose": 5,  # the pool commands
+    "route": 5,                   # check-route: the path to a BMC, as MAAS's driver takes it
     "render": 4,                  # the render command, and what upload (and doctor) compare with
     "reconcile": 3, "policies": 3,
-    "pools": 3,                   # the warm pools' stage of a cycle: the cluster and MAAS, both written
+    "pools": 2.5,                 # the warm pools: the cluster and MAAS written; policies render their VM's shape
     "lease": 3,                   # the election on a Lease (reads it through kube for status and doctor)
     "rotate": 4,                  # the rotate command, and the reconciler's rotator on the Lease's access
     "rotations": 2,               # the credential generations in their ConfigMap
@@ -141,7 +142,8 @@ RANK = {
     "__init__": -1,               # PROG, the version and the exit codes: anyone may import them
 }
 COMMANDS = {"render": "render", "reconcile": "loop", "status": "status", "upload-script": "upload",
-            "doctor": "doctor", "rotate": "rotate", "compose": "compose", "decompose": "decompose"}
+            "doctor": "doctor", "rotate": "rotate", "compose": "compose", "decompose": "decompose",
+            "check-route": "route"}
 
 
 def _imports(path: Path) -> set[str]:

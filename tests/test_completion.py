@@ -33,7 +33,7 @@ BASH_COMPLETION = Path("/usr/share/bash-completion/bash_completion")
 # fails the tests until both scripts and this table say how to complete it.
 FILES, DIRECTORIES, NOTHING = "files", "directories", "nothing"
 METAVAR_KIND = {"FILE": FILES, "DIR": DIRECTORIES, "SECONDS": NOTHING, "NAME": NOTHING, "VM.NAMESPACE": NOTHING,
-                "POOL": NOTHING, "HOSTNAME|SYSTEM_ID": NOTHING}
+                "POOL": NOTHING, "HOSTNAME|SYSTEM_ID": NOTHING, "ADDRESS": NOTHING}
 
 # The directory every completion runs in: one file and one directory.
 A_FILE, A_DIRECTORY = "site-values.yaml", "out"

@@ -143,6 +143,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="a kubeconfig allowed to update that ConfigMap (default: reconciler.lease.kubeconfig, or, "
         "when that file is not on this host, $KUBECONFIG or ~/.kube/config as kubectl reads them)",
     )
+    route = commands.add_parser(
+        "check-route", parents=shared,
+        help="check the path from this host to one VM BMC, as the Redfish driver of MAAS takes it",
+        description="Run on a MAAS rack controller (no MAAS API key needed): resolve <vm>.<namespace>.<domain>, "
+        "compare the answer with bmc_proxy.address, connect to port 443, speak TLS with no SNI and no "
+        "certificate check, and GET the unauthenticated Redfish service root /redfish/v1/, exactly as MAAS's "
+        "Redfish driver reaches a BMC. One row per hop: what was found and, where it failed, what to do (a 403 "
+        "names the source address this host connected from). Works for a VM that has never booted.",
+        epilog="Examples:\n  maas-kubevirt check-route web1.tenant-a\n"
+        "  maas-kubevirt check-route web1.tenant-a --address 10.0.0.40   # before DNS has the record\n"
+        "  maas-kubevirt check-route web1.tenant-a -o json\n\n"
+        "Exit status: 0 a Redfish service root answered, 1 a hop failed, 2 usage or configuration error.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    route.add_argument("serial", metavar="VM.NAMESPACE", help="the VM, as its SMBIOS serial names it")
+    route.add_argument("--address", metavar="ADDRESS",
+                       help="connect to this IP address (optionally ADDRESS:PORT, [IPv6]:PORT) instead of DNS's answer")
+    route.add_argument("--source", metavar="ADDRESS",
+                       help="connect from this local address (the rack controller's, toward the BMC proxy)")
+    route.add_argument("-o", "--output", metavar="FORMAT", choices=("text", "json"), default="text",
+                       help="text (a table) or json (default: %(default)s)")
     compose = commands.add_parser(
         "compose", parents=shared,
         help="make one VM of a pool now, as vm-host compose did in MAAS",
@@ -211,6 +232,7 @@ def _command(name: str) -> ModuleType:
         "upload-script": "upload",
         "doctor": "doctor",
         "rotate": "rotate",
+        "check-route": "route",
         "compose": "compose",
         "decompose": "decompose",
     }[name]

@@ -184,6 +184,25 @@ def check(host: str, *, expected: str = "", connect: str = "", port: int = HTTPS
     return report
 
 
+def parse_address(text: str) -> tuple[str, int]:
+    """``ADDRESS``, ``ADDRESS:PORT`` (IPv4) or ``[IPv6]:PORT`` -> (address, port; 443 when none)."""
+    host, port = text, ""
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        if rest and not rest.startswith(":"):
+            raise ValueError("expected [IPv6]:PORT")
+        port = rest[1:]
+    elif text.count(":") == 1:
+        host, _, port = text.partition(":")
+    try:
+        address = str(ipaddress.ip_address(host))
+    except ValueError:
+        raise ValueError("expected an IP address, optionally with :PORT ([IPv6]:PORT)") from None
+    if port and not (port.isdigit() and 0 < int(port) < 65536 and port.isascii()):
+        raise ValueError(f"expected a port from 1 to 65535, found {port!r}")
+    return address, int(port) if port else HTTPS_PORT
+
+
 def _cidr(address: str) -> str:
     ip = ipaddress.ip_address(address)
     return f"{ip}/{ip.max_prefixlen}"
@@ -209,16 +228,11 @@ def main(values: dict, args: Any) -> int:
         error(f"check-route: {failure}")
         return EXIT_USAGE
     host = identity.redfish_host(vm, namespace, values["redfish"]["domain"])
-    connect, port = args.address or "", HTTPS_PORT
-    if connect:
-        connect, _, given_port = connect.rpartition(":") if connect.count(":") == 1 else (connect, "", "")
-        try:
-            ipaddress.ip_address(connect.strip("[]"))
-            port = int(given_port) if given_port else HTTPS_PORT
-        except ValueError:
-            error(f"check-route: --address {args.address!r}: expected an IP address, optionally with :PORT")
-            return EXIT_USAGE
-        connect = connect.strip("[]")
+    try:
+        connect, port = parse_address(args.address) if args.address else ("", HTTPS_PORT)
+    except ValueError as failure:
+        error(f"check-route: --address {args.address!r}: {failure}")
+        return EXIT_USAGE
     report = check(host, expected=values["bmc_proxy"]["address"], connect=connect, port=port, source=args.source)
     if args.output == "json":
         print(json.dumps({"host": report.host, "ok": report.ok, "hops": [asdict(hop) for hop in report.hops]}))

@@ -1,5 +1,5 @@
 """Bring django-piston3 0.3rc2 (PyPI, 2015) up to the Django and Python a MAAS release runs on
-(3.2 and 3.10 for MAAS 3.5, 4.2 and 3.12 for 3.6 and 3.7, 5.2 and 3.13 for master), in place, in the MAAS venv's
+(3.2 and 3.10 for MAAS 3.5, 4.2 and 3.12 for 3.6 and 3.7), in place, in the MAAS venv's
 site-packages. MAAS itself uses its team's fork, which is
 on neither PyPI nor Debian; these edits rename what Django and Python renamed or removed since
 2015, and add the two names MAAS imports that only the fork has.
@@ -63,16 +63,6 @@ EDITS = [
      "timestamp = models.IntegerField(default=get_default_timestamp)"),
     ("models.py", "class Nonce(models.Model):",
      "def get_default_timestamp():\n    return int(time.time())\n\n\nclass Nonce(models.Model):"),
-    # UserManager.make_random_password went in Django 5.1 (MAAS master runs 5.2): what it did (Django
-    # 4.2's django/contrib/auth/base_user.py), as a function, for keys, secrets and verifiers.
-    ("models.py", "User.objects.make_random_password(", "make_random_password(", 3),
-    ("managers.py", "User.objects.make_random_password(", "make_random_password(", 3),
-    ("models.py", "import User\nfrom django.core.mail", "import User\n"
-     "from .managers import make_random_password\nfrom django.core.mail"),
-    ("managers.py", "import User\n\nKEY_SIZE", "import User\n"
-     "from django.utils.crypto import get_random_string\n\n\n"
-     "def make_random_password(length=10, allowed_chars=\"abcdefghjkmnpqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ23456789\"):\n"
-     "    return get_random_string(length, allowed_chars)\n\nKEY_SIZE"),
     # A missing OAuth parameter is its own error (a 400 in MAAS, not a 401).
     ("oauth.py", "def build_authenticate_header(realm=''):",
      "class OAuthMissingParam(OAuthError):\n    pass\n\n\ndef build_authenticate_header(realm=''):"),
