@@ -574,7 +574,8 @@ def test_status_json_has_the_tables_rows_and_no_secret(tmp_path, double, capsys)
     out, err = capsys.readouterr()
     assert all(c.isprintable() or c == "\n" for c in out)            # json.dumps escaped them
     report = json.loads(out)
-    assert set(report) == {"domain", "rows", "duplicates", "pool_refused", "notes", "lease", "rotations", "switched", "summary"}
+    assert set(report) == {"domain", "rows", "duplicates", "pool_refused", "notes", "lease", "rotations", "switched",
+                           "pools", "pools_unread", "summary"}
     rows = {r["system_id"]: r for r in report["rows"]}
     evil = next(s for s, m in double.machines.items() if m["hostname"] == "evil1")
     assert set(rows) == {web1, web2, first, second, rogue, evil}

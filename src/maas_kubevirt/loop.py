@@ -23,9 +23,8 @@ from maas_kubevirt.audit import Audit
 from maas_kubevirt.console import error, note, table, warn
 from maas_kubevirt.maas import MAASAuthError, MAASVersionError, client_from_values
 from maas_kubevirt.notify import Notifier
-from maas_kubevirt.pools import spec as pool_spec
+from maas_kubevirt.pools import stage as pool_stage
 from maas_kubevirt.pools.access import PoolsConfigError
-from maas_kubevirt.pools import access as pools_access
 from maas_kubevirt.pools.stage import PoolStage
 from maas_kubevirt.rotate import rotator_from_values
 from maas_kubevirt.reconcile import Action, Cycle, Passwords, Reconciler, Settings, claim_of
@@ -198,16 +197,11 @@ def _wait_held(candidate: lease.Candidate, stop: threading.Event, timeout: float
 
 def _pool_stage(values: dict, client: Any, audit: Audit, metrics: Any, reconciler: Reconciler,
                 seed_text: str) -> PoolStage | None:
-    """The pools' stage of each cycle on their own cluster access, its records restored; None without pools."""
-    pools = pool_spec.from_values(values)
-    if not pools:
-        return None
-    stage = PoolStage(pools, pools_access.cluster(values), client, seed_text,
-                      reconciler.settings.domain, audit, metrics,
-                      lambda: reconciler.may_write is None or reconciler.may_write())
-    stage.records.restore(Audit.read_file(values["maas"].get("audit_log", "")))
-    if metrics is not None:
-        metrics.pools(pool.name for pool in pools)
+    """The pools' stage of each cycle, writing only while the reconciler may; None without pools."""
+    stage = pool_stage.from_values(values, client, audit, seed_text, reconciler.settings.domain, metrics,
+                                   lambda: reconciler.may_write is None or reconciler.may_write())
+    if stage is not None and metrics is not None:
+        metrics.pools(pool.name for pool in stage.pools)
     return stage
 
 
