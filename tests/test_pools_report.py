@@ -16,14 +16,14 @@ from maas_double import MaasDouble  # noqa: E402
 from reconcile_helpers import DOMAIN, SEED, assert_no_secrets, write_values  # noqa: E402
 from test_pools import FakeCluster  # noqa: E402
 
-from maas_kubevirt import EXIT_OK, EXIT_PENDING, cli  # noqa: E402
+from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_PENDING, cli  # noqa: E402
 from maas_kubevirt.kube import KubeError  # noqa: E402
 from maas_kubevirt.pools import access, observe, vm as pool_vm  # noqa: E402
 from maas_kubevirt.pools.spec import from_values  # noqa: E402
 
 NAMESPACE = "maas-pools"
 POOL = {"name": "small", "namespace": NAMESPACE, "cores": 2, "memory": "4Gi", "disk": "20Gi",
-        "storage_class": "standard", "network": "pxe", "ready": 3, "max": 5, "tags": ["web"]}
+        "storage_class": "standard", "network": "pxe", "ready": 3, "max": 6, "tags": ["web"]}
 
 
 class PoolCluster(FakeCluster):
@@ -66,27 +66,31 @@ def pool_values(tmp_path: Path, double: MaasDouble, kubeconfig: bool = True) -> 
     return path
 
 
-def add_pool_vm(cluster: PoolCluster, double: MaasDouble, name: str, mac: str, status: str | None) -> str | None:
+def add_pool_vm(cluster: PoolCluster, double: MaasDouble, name: str, mac: str, status: str | None,
+                tags: tuple[str, ...] = ("small", "web")) -> str | None:
     """A VM the pool made, with KubeMacPool's MAC, and (unless status is None) its enlisted machine."""
-    (pool,) = from_values({"pools": [{**POOL, "tags": POOL["tags"]}]})
+    (pool,) = from_values({"pools": [POOL]})
     made = pool_vm.manifest(pool, name, SEED)
     made["spec"]["template"]["spec"]["domain"]["devices"]["interfaces"][0]["macAddress"] = mac
     cluster.objects[f"{observe.vms_path(NAMESPACE)}/{name}"] = made
     if status is None:
         return None
     return double.add_vm(name, NAMESPACE, DOMAIN, hostname=name, status=status, mac_addresses=[mac],
-                         tag_names=["small", "web"])
+                         tag_names=list(tags))
 
 
 @pytest.fixture
 def site(tmp_path, double, monkeypatch):
-    """One pool of four VMs: Ready, Deployed, not enlisted yet, failed; a hand-made VM beside them."""
+    """One pool of five VMs: Ready without its tag web, Ready again after a user had it, Deployed,
+    not enlisted yet, failed; a hand-made VM beside them."""
     cluster = PoolCluster()
     monkeypatch.setattr(access, "cluster", lambda values: cluster)
-    ids = {"ready": add_pool_vm(cluster, double, "small-bcdfg", "02:00:00:00:00:01", "Ready"),
+    ids = {"ready": add_pool_vm(cluster, double, "small-bcdfg", "02:00:00:00:00:01", "Ready", ("small",)),
+           "released": add_pool_vm(cluster, double, "small-cdfgh", "02:00:00:00:00:05", "Ready"),
            "deployed": add_pool_vm(cluster, double, "small-hjklm", "02:00:00:00:00:02", "Deployed"),
            "failed": add_pool_vm(cluster, double, "small-npqrs", "02:00:00:00:00:04", "Failed commissioning")}
     add_pool_vm(cluster, double, "small-tvwxz", "02:00:00:00:00:03", None)
+    double.machines[ids["released"]]["current_installation_result_id"] = 7   # it was deployed
     hand_made = pool_vm.manifest(from_values({"pools": [POOL]})[0], "small-zzzzz", "another seed")
     cluster.objects[f"{observe.vms_path(NAMESPACE)}/small-zzzzz"] = hand_made
     double.writes.clear()
@@ -101,9 +105,9 @@ def test_status_shows_each_pool_after_the_machines_and_writes_nothing(site, doub
     at = next(i for i, line in enumerate(lines) if line.startswith("POOL "))
     assert lines[at].split() == ["POOL", "NAMESPACE", "READY", "ON_THE_WAY", "ALLOCATED", "FAILED", "RETIRING",
                                  "TOTAL/MAX", "WANTED"]
-    assert lines[at + 1].split() == ["small", NAMESPACE, "1", "1", "1", "1", "0", "4/5", "3"]
+    assert lines[at + 1].split() == ["small", NAMESPACE, "1", "1", "1", "1", "1", "5/6", "3"]
     assert any(ids["ready"] in line for line in lines[:at])          # the machines come first
-    assert double.writes == [] and len(cluster.objects) == 5 and cluster.closed
+    assert double.writes == [] and len(cluster.objects) == 6 and cluster.closed
     assert_no_secrets(double, out, err)
 
 
@@ -113,7 +117,7 @@ def test_status_json_has_a_pools_list(site, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["pools_unread"] is None
     assert report["pools"] == [{"pool": "small", "namespace": NAMESPACE, "ready": 1, "on_the_way": 1, "allocated": 1,
-                                "failed": 1, "retiring": 0, "total": 4, "max": 5, "wanted": 3, "creating": 1,
+                                "failed": 1, "retiring": 1, "total": 5, "max": 6, "wanted": 3, "creating": 1,
                                 "waiting": ["small-npqrs: Failed commissioning"]}]
 
 
@@ -150,3 +154,46 @@ def test_status_without_pools_has_no_pool_line(tmp_path, double, capsys):
     assert cli.main(["--values", str(path), "status", "--json"]) == EXIT_OK
     report = json.loads(capsys.readouterr().out)
     assert report["pools"] == [] and report["pools_unread"] is None
+
+
+# --- reconcile --dry-run -------------------------------------------------------------------------
+
+def test_the_dry_run_shows_the_pool_actions_and_writes_nothing(site, double, capsys):
+    cluster, ids, path = site
+    assert cli.main(["--values", str(path), "reconcile", "--dry-run"]) == EXIT_OK
+    out, err = capsys.readouterr()
+    rows = {line.split()[0] + " " + line.split()[1]: line for line in out.splitlines()[1:-1]}
+    assert rows[f"tag-machine {ids['ready']}"].split()[2:5] == ["small-bcdfg", "small-bcdfg", NAMESPACE]
+    assert rows[f"tag-machine {ids['ready']}"].rstrip().endswith("pool small: tags web")
+    assert "pool small: MAAS released small-cdfgh" in rows[f"retire-vm {ids['released']}"]
+    assert rows["create-vm -"].split()[:5] == ["create-vm", "-", "-", "-", NAMESPACE]
+    assert out.splitlines()[-1].endswith(", 3 for the pools; dry run: nothing changed")
+    assert double.writes == [] and len(cluster.objects) == 6
+    assert_no_secrets(double, out, err)
+
+
+def test_the_dry_run_json_lists_the_pool_actions_and_they_are_pending(site, capsys):
+    _, ids, path = site
+    assert cli.main(["--values", str(path), "reconcile", "--dry-run", "--json", "--detailed-exitcode"]) == EXIT_PENDING
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["summary"]["pool_actions"] == 3
+    retire, tag, create = plan["pool_actions"]
+    assert (retire["action"], retire["pool"], retire["namespace"], retire["vm"], retire["system_id"]) == (
+        "retire-vm", "small", NAMESPACE, "small-cdfgh", ids["released"])
+    assert retire["reason"].startswith("MAAS released small-cdfgh")
+    assert tag == {"action": "tag-machine", "pool": "small", "namespace": NAMESPACE, "vm": "small-bcdfg",
+                   "system_id": ids["ready"], "hostname": "small-bcdfg", "tags": ["web"], "reason": ""}
+    assert create == {"action": "create-vm", "pool": "small", "namespace": NAMESPACE, "vm": None, "system_id": None,
+                      "hostname": None, "tags": [], "reason": ""}
+
+
+def test_pool_actions_alone_are_pending_and_unreadable_pools_fail_the_dry_run(tmp_path, double, capsys, monkeypatch):
+    cluster = PoolCluster()
+    monkeypatch.setattr(access, "cluster", lambda values: cluster)
+    path = pool_values(tmp_path, double)
+    assert cli.main(["--values", str(path), "reconcile", "--dry-run", "--detailed-exitcode"]) == EXIT_PENDING
+    out = capsys.readouterr().out
+    assert out.count("create-vm") == 3 and "0 change(s) planned for 0 machine(s), 3 for the pools" in out
+    cluster.broken = True
+    assert cli.main(["--values", str(path), "reconcile", "--dry-run", "--detailed-exitcode"]) == EXIT_FAILED
+    assert "pools: " in capsys.readouterr().err

@@ -505,7 +505,7 @@ def test_dry_run_json_is_the_plan_and_the_detailed_exit_code_says_changes_are_pe
     assert cli.main(["--values", str(path), "reconcile", "--dry-run", "--json"]) == 0
     out, err = capsys.readouterr()
     plan = json.loads(out)
-    assert plan["dry_run"] is True and plan["summary"] == {"changes": 5, "machines": 1}
+    assert plan["dry_run"] is True and plan["summary"] == {"changes": 5, "machines": 1, "pool_actions": 0}
     assert {a["action"] for a in plan["actions"]} >= {"create-pool", "set-password", "rename", "move-pool", "commission"}
     assert all(set(a) == {"action", "system_id", "hostname", "vm", "namespace", "before", "after", "note", "changes"}
                for a in plan["actions"])
@@ -519,7 +519,7 @@ def test_dry_run_json_is_the_plan_and_the_detailed_exit_code_says_changes_are_pe
     assert cli.main(["--values", str(path), "reconcile", "--once"]) == 0
     capsys.readouterr()
     assert cli.main(["--values", str(path), "reconcile", "--dry-run", "--json", "--detailed-exitcode"]) == 0
-    assert json.loads(capsys.readouterr().out)["summary"] == {"changes": 0, "machines": 0}
+    assert json.loads(capsys.readouterr().out)["summary"] == {"changes": 0, "machines": 0, "pool_actions": 0}
 
 
 @pytest.mark.parametrize("option", ["--json", "--detailed-exitcode"])
