@@ -287,6 +287,7 @@ _MAC = re.compile(r"([0-9a-f]{1,2}:){5}[0-9a-f]{1,2}|([0-9a-f]{1,2}-){5}[0-9a-f]
 _TRUE, _FALSE = ("true", "t", "yes", "y", "on", "1"), ("false", "f", "no", "n", "off", "0")
 _HOSTNAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z", re.IGNORECASE)
 _POOL = re.compile(r"^\w[ \w-]*\Z")
+_TAG = re.compile(r"[a-zA-Z0-9_-]+")   # Tag._tag_name_regex (src/maasserver/models/tag.py)
 
 
 def address_refused(power_type: str, params: dict[str, Any]) -> bool:
@@ -512,6 +513,10 @@ class MaasDouble(LoopbackServer):
         self.pools: dict[str, dict] = {"default": {"id": 0, "name": "default",
                                                    "description": "Default pool"}}
         self.scripts: dict[str, dict] = {}
+        # Tags by name (src/maasserver/models/tag.py: name, definition, comment, kernel_opts); a
+        # machine's tag_names follow tags/{name}/?op=update_nodes.
+        self.tags: dict[str, dict] = {}
+        self._script_sets = itertools.count(10**6)   # installation script set ids, past the others
         # doctor: the key's user and MAAS's settings (enlist_commissioning defaults to true:
         # src/maasservicelayer/models/configurations.py, EnlistCommissioningConfig).
         self.username = "admin"
@@ -579,6 +584,8 @@ class MaasDouble(LoopbackServer):
                 self.add_pool(pool, "" if pool == "default" else pool_description(pool))
             number = next(self._numbers)
             virtual = power_type == "redfish"
+            self.macs[system_id] = [normalise_mac(mac) for mac in mac_addresses] if mac_addresses else \
+                [interface_mac(number, port) for port in range(1 if virtual else 2)]
             self.machines[system_id] = _Machine({
                 "system_id": system_id,
                 "hostname": hostname,
@@ -600,7 +607,7 @@ class MaasDouble(LoopbackServer):
                 "hardware_uuid": None,
                 "resource_uri": f"/MAAS/api/2.0/machines/{system_id}/",
                 **machine_fields(number, virtual),
-            }, machine_heavy_fields(system_id, number, virtual) if self.realistic else "")
+            }, machine_heavy_fields(system_id, number, virtual, self.macs[system_id]) if self.realistic else "")
             self._set_pool(system_id, pool)
             self._hostnames[hostname.lower()] = system_id
             params: dict[str, str] = {}
@@ -622,8 +629,6 @@ class MaasDouble(LoopbackServer):
             elif power_address is not None:
                 params = {"power_address": power_address, "power_pass": power_pass or ""}
             self._attach_power(system_id, power_type, params)
-            self.macs[system_id] = [normalise_mac(mac) for mac in mac_addresses] if mac_addresses else \
-                [interface_mac(number, port) for port in range(1 if virtual else 2)]
             if status != "New":
                 # MAAS's status signal compares with the value at load: creating a machine in
                 # another status than the default New records the transition.
@@ -1542,6 +1547,11 @@ class MaasDouble(LoopbackServer):
                 if method == "GET" and op is None:
                     if self.auto_advance:
                         self.advance()
+                    # MAC_FIELD_VALIDATOR (src/maasserver/fields.py) on each mac_address given;
+                    # the form's errors are a 400 (MAASAPIValidationError).
+                    bad = [mac for mac in request.query.get("mac_address", []) if not _MAC.fullmatch(mac)]
+                    if bad:
+                        return 400, {"mac_address": [f"'{mac}' is not a valid MAC address." for mac in bad]}, {}
                     return 200, self._encode(self._list_machines(request.query), self.extra_records), {}
                 if method == "POST" and op is None and request.anonymous:
                     return self._anonymous_create(request)
@@ -1549,6 +1559,8 @@ class MaasDouble(LoopbackServer):
             match = re.fullmatch(r"machines/([^/]+)/", path)
             if match:
                 return self._machine(request, match[1])
+            if path == "tags/" or re.fullmatch(r"tags/([^/]+)/", path):
+                return self._tags(request, path[len("tags/"):-1] or None)
             if path == "events/":
                 if method == "GET" and op == "query":
                     status, body = self._query_events(request.query)
@@ -1630,6 +1642,12 @@ class MaasDouble(LoopbackServer):
             machines = list(self.machines.values())
         if "hostname" in query:
             machines = [m for m in machines if m["hostname"] in query["hostname"]]
+        if "mac_address" in query:
+            # ReadNodesForm (src/maasserver/node_constraint_filter_forms.py): the MACs are only
+            # validated, then matched as given (current_config__interface__mac_address__in)
+            # against the stored lower-case, colon form; so an upper-case MAC matches nothing.
+            wanted = set(query["mac_address"])
+            machines = [m for m in machines if wanted & set(self.macs.get(m["system_id"], ()))]
         if "status" in query:
             wanted = {s.lower().replace("_", " ") for s in query["status"]}
             machines = [m for m in machines if m["status_name"].lower() in wanted]
@@ -1642,6 +1660,56 @@ class MaasDouble(LoopbackServer):
         return {**pool, "machine_total_count": len(members),
                 "machine_ready_count": sum(m["status_name"] == "Ready" for m in members),
                 "resource_uri": f"/MAAS/api/2.0/resourcepool/{pool['id']}/"}
+
+    def _tags(self, request: Request, name: str | None) -> tuple[int, Any, dict[str, str]]:
+        """tags/ and tags/{name}/ as src/maasserver/api/tags.py answers them: GET tags/ lists
+        every tag (TagHandler.fields), POST tags/ makes one through TagForm, POST
+        tags/{name}/?op=update_nodes adds or removes machines; both writes are a superuser's
+        (a bare PermissionDenied: an empty 403)."""
+        method, op = request.method, request.op
+        if name is None and method == "GET" and op is None:
+            return 200, [self._tag_json(tag) for tag in self.tags.values()], {}
+        if name is None and method == "POST" and op is None:
+            if not self.admin:
+                return 403, "", {}
+            given = request.fields.get("name", "")
+            # Tag.name: required, ^[a-zA-Z0-9_-]+$, at most 256 characters, unique (model validation).
+            if not given:
+                return 400, {"name": ["This field is required."]}, {}
+            if not _TAG.fullmatch(given) or len(given) > 256:
+                return 400, {"name": ["Enter a valid value."]}, {}
+            if given in self.tags:
+                return 400, {"name": ["Tag with this Name already exists."]}, {}
+            self.tags[given] = {"name": given, "definition": request.fields.get("definition", ""),
+                                "comment": request.fields.get("comment", ""),
+                                "kernel_opts": request.fields.get("kernel_opts", "")}
+            self.writes.append(("POST", "tags/", dict(request.fields)))
+            return 200, self._tag_json(self.tags[given]), {}
+        if name is not None and method == "GET" and op is None:
+            if name not in self.tags:
+                return 404, "No Tag matches the given query.", {}
+            return 200, self._tag_json(self.tags[name]), {}
+        if name is not None and method == "POST" and op == "update_nodes":
+            if not self.admin:
+                return 403, "", {}
+            if name not in self.tags:
+                return 404, "No Tag matches the given query.", {}
+            # _get_nodes_for: the nodes with these system ids, those that exist; a node already
+            # tagged counts as added again (tag.node_set.add is a no-op for it).
+            add = [sid for sid in dict.fromkeys(request.getlist("add")) if sid in self.machines]
+            remove = [sid for sid in dict.fromkeys(request.getlist("remove")) if sid in self.machines]
+            for sid in add:
+                if name not in self.machines[sid]["tag_names"]:
+                    self.machines[sid]["tag_names"] = [*self.machines[sid]["tag_names"], name]
+            for sid in remove:
+                self.machines[sid]["tag_names"] = [t for t in self.machines[sid]["tag_names"] if t != name]
+            self.writes.append(("POST", f"tags/{name}/", {"op": "update_nodes", **dict(request.fields)}))
+            return 200, {"added": len(add), "removed": len(remove)}, {}
+        return 400, f"Unrecognised signature: method={method} op={op}", {}
+
+    @staticmethod
+    def _tag_json(tag: dict) -> dict:
+        return {**tag, "resource_uri": f"/MAAS/api/2.0/tags/{tag['name']}/"}
 
     def _machine(self, request: Request, system_id: str) -> tuple[int, Any, dict[str, str]]:
         machine = self.machines.get(system_id)
@@ -1658,6 +1726,14 @@ class MaasDouble(LoopbackServer):
             return 200, self.power_parameters(system_id), {}
         if method == "GET" and op is None:
             return 200, machine.encoded(), {}
+        if method == "DELETE" and op is None:
+            # MachineHandler.delete (src/maasserver/api/machines.py): get_node_or_404 with
+            # NodePermission.admin (an empty 403 otherwise), Node.delete, then rc.DELETED (204).
+            if not self.admin:
+                return 403, "", {}
+            self.delete_machine(system_id)
+            self.writes.append(("DELETE", system_id, {}))
+            return 204, b"", {}
         if method == "PUT" and op is None:
             errors: dict[str, list[str]] = {}
             hostname = request.fields.get("hostname")
@@ -1763,6 +1839,11 @@ class MaasDouble(LoopbackServer):
         machine["osystem"], machine["distro_series"] = "ubuntu", series.split("/")[-1]
         self.record(system_id, "REQUEST_NODE_START_DEPLOYMENT", "(admin)", username="admin")
         self.set_status(system_id, "Deploying")
+        # _start_deployment makes the installation's script set (not for an ephemeral deploy);
+        # the API shows it as current_installation_result_id (src/maasserver/models/node.py,
+        # src/maasserver/api/nodes.py) until the machine is marked fixed or deleted.
+        if not machine.get("ephemeral_deploy"):
+            machine["current_installation_result_id"] = next(self._script_sets)
         self.record(system_id, "DEPLOYING")
         self.writes.append(("POST", system_id, {"op": "deploy", **fields}))
         if not self.rack:

@@ -66,18 +66,20 @@ def _interface(system_id: str, number: int, iface_id: int, name: str, kind: str,
     }
 
 
-def _interfaces(system_id: str, number: int, virtual: bool) -> list[dict[str, Any]]:
+def _interfaces(system_id: str, number: int, virtual: bool, macs: list[str] | None = None) -> list[dict[str, Any]]:
+    """The interfaces, their MACs (the physical ports') ``macs`` when given, synthetic otherwise."""
     base = number * 8
+    macs = (macs or []) + [_mac(number, port) for port in range(len(macs or []), 2)]
     octets = f"{number // 65536 % 256}.{number // 256 % 256}.{number % 256}"
     if virtual:
-        return [_interface(system_id, number, base, "enp1s0", "physical", _mac(number, 0),
+        return [_interface(system_id, number, base, "enp1s0", "physical", macs[0],
                            _FABRIC_VLANS[0], [], [], f"10.0.{number // 256 % 256}.{number % 256}")]
-    ports = [_interface(system_id, number, base + i, f"eno{i + 1}", "physical", _mac(number, i),
+    ports = [_interface(system_id, number, base + i, f"eno{i + 1}", "physical", macs[i],
                         _FABRIC_VLANS[0], [], ["bond0"], None) for i in range(2)]
-    vlans = [_interface(system_id, number, base + 3 + i, f"bond0.{vid}", "vlan", _mac(number, 0),
+    vlans = [_interface(system_id, number, base + 3 + i, f"bond0.{vid}", "vlan", macs[0],
                         (vid, name, vlan_id), ["bond0"], [], f"10.{vid}.{octets}".rsplit(".", 1)[0])
              for i, (vid, name, vlan_id) in enumerate(_FABRIC_VLANS[1:])]
-    bond = _interface(system_id, number, base + 2, "bond0", "bond", _mac(number, 0), _FABRIC_VLANS[0],
+    bond = _interface(system_id, number, base + 2, "bond0", "bond", macs[0], _FABRIC_VLANS[0],
                       ["eno1", "eno2"], [v["name"] for v in vlans], f"10.0.{octets}".rsplit(".", 1)[0])
     return ports + [bond] + vlans
 
@@ -159,10 +161,10 @@ def machine_fields(number: int, virtual: bool) -> dict[str, Any]:
     }
 
 
-def machine_heavy_fields(system_id: str, number: int, virtual: bool) -> str:
+def machine_heavy_fields(system_id: str, number: int, virtual: bool, macs: list[str] | None = None) -> str:
     """The interfaces, block devices and NUMA nodes of one machine as a JSON object body
     (``"interface_set": [...], ...`` without braces), serialised once: they never change."""
-    interfaces = _interfaces(system_id, number, virtual)
+    interfaces = _interfaces(system_id, number, virtual, macs)
     disks = [_disk(system_id, number, i, virtual) for i in range(2 if virtual else 3)]
     cores = 2 if virtual else 32
     numa = [{"index": n, "memory": 4096 if virtual else 131072, "cores": list(range(n * cores, (n + 1) * cores)),

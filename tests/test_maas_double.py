@@ -583,3 +583,67 @@ def test_deploy_of_an_allocated_machine_starts_without_acquiring_it_again(double
     assert answer.status_code == 200 and answer.json()["status_name"] == "Deploying"
     assert answer.json()["distro_series"] == "jammy"
     assert "User acquiring node" not in [e[0] for e in events(double, sid)]
+
+
+# --- the pool stage's requests ------------------------------------------------------------------
+# machines/?mac_address=: ReadNodesForm (src/maasserver/node_constraint_filter_forms.py) validates
+# each MAC (MAC_FIELD_VALIDATOR, src/maasserver/fields.py) and matches them as given; tags/ and
+# tags/{name}/?op=update_nodes: src/maasserver/api/tags.py; DELETE machines/{id}/:
+# MachineHandler.delete (src/maasserver/api/machines.py); current_installation_result_id: the
+# installation script set Node._start_deployment makes (src/maasserver/models/node.py).
+
+
+def test_machines_are_filtered_by_mac_as_given_and_a_malformed_mac_is_400():
+    with MaasDouble() as double:   # realistic: the interfaces carry the MACs
+        pxe = double.add_vm("small-bcdfg", "pools", mac_addresses=["02:AA:00:00:00:01"])
+        double.add_vm("web1", "vms")
+        answer = api(double, "GET", "machines/", {"mac_address": ["02:aa:00:00:00:01", "02:bb:00:00:00:02"]})
+        assert answer.status_code == 200 and [m["system_id"] for m in answer.json()] == [pxe]
+        assert answer.json()[0]["boot_interface"]["mac_address"] == "02:aa:00:00:00:01"
+        assert api(double, "GET", "machines/", {"mac_address": "02:AA:00:00:00:01"}).json() == []
+        refused = api(double, "GET", "machines/", {"mac_address": "not-a-mac"})
+        assert refused.status_code == 400
+        assert refused.json() == {"mac_address": ["'not-a-mac' is not a valid MAC address."]}
+
+
+def test_a_tag_is_made_once_and_update_nodes_sets_the_machines_tag_names(double):
+    sid = double.add_vm("small-bcdfg", "pools", status="Ready")
+    assert api(double, "GET", "tags/").json() == []
+    made = api(double, "POST", "tags/", {"name": "small", "comment": "pool"})
+    assert made.status_code == 200 and made.json()["name"] == "small" and made.json()["definition"] == ""
+    again = api(double, "POST", "tags/", {"name": "small"})
+    assert again.status_code == 400 and again.json() == {"name": ["Tag with this Name already exists."]}
+    assert api(double, "POST", "tags/", {"name": "no spaces"}).status_code == 400
+    assert [t["name"] for t in api(double, "GET", "tags/").json()] == ["small"]
+    added = api(double, "POST", "tags/small/", {"op": "update_nodes", "add": sid})
+    assert added.json() == {"added": 1, "removed": 0}
+    assert api(double, "GET", f"machines/{sid}/").json()["tag_names"] == ["small"]
+    assert api(double, "POST", "tags/other/", {"op": "update_nodes", "add": sid}).status_code == 404
+    removed = api(double, "POST", "tags/small/", {"op": "update_nodes", "remove": sid})
+    assert removed.json() == {"added": 0, "removed": 1} and double.machines[sid]["tag_names"] == []
+
+
+def test_tag_writes_and_deletes_are_an_administrators():
+    with MaasDouble(admin=False, realistic=False) as double:
+        sid = double.add_vm("small-bcdfg", "pools", status="Ready")
+        double.tags["small"] = {"name": "small", "definition": "", "comment": "", "kernel_opts": ""}
+        assert api(double, "POST", "tags/", {"name": "web"}).status_code == 403
+        assert api(double, "POST", "tags/small/", {"op": "update_nodes", "add": sid}).status_code == 403
+        assert api(double, "DELETE", f"machines/{sid}/").status_code == 403 and sid in double.machines
+
+
+def test_delete_answers_204_and_the_machine_is_gone(double):
+    sid = double.add_vm("small-bcdfg", "pools", status="Ready")
+    answer = api(double, "DELETE", f"machines/{sid}/")
+    assert answer.status_code == 204 and answer.content == b""
+    assert api(double, "GET", f"machines/{sid}/").status_code == 404
+    assert api(double, "DELETE", f"machines/{sid}/").status_code == 404
+
+
+def test_a_deployment_sets_current_installation_result_id_and_it_stays(double):
+    sid = double.add_vm("small-bcdfg", "pools", status="Ready")
+    assert api(double, "GET", f"machines/{sid}/").json()["current_installation_result_id"] is None
+    deployed = api(double, "POST", f"machines/{sid}/", {"op": "deploy"}).json()
+    assert isinstance(deployed["current_installation_result_id"], int)
+    double.advance()
+    assert double.machine_json(sid)["current_installation_result_id"] == deployed["current_installation_result_id"]

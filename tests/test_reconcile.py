@@ -505,7 +505,7 @@ def test_dry_run_json_is_the_plan_and_the_detailed_exit_code_says_changes_are_pe
     assert cli.main(["--values", str(path), "reconcile", "--dry-run", "--json"]) == 0
     out, err = capsys.readouterr()
     plan = json.loads(out)
-    assert plan["dry_run"] is True and plan["summary"] == {"changes": 5, "machines": 1}
+    assert plan["dry_run"] is True and plan["summary"] == {"changes": 5, "machines": 1, "pool_actions": 0}
     assert {a["action"] for a in plan["actions"]} >= {"create-pool", "set-password", "rename", "move-pool", "commission"}
     assert all(set(a) == {"action", "system_id", "hostname", "vm", "namespace", "before", "after", "note", "changes"}
                for a in plan["actions"])
@@ -519,7 +519,7 @@ def test_dry_run_json_is_the_plan_and_the_detailed_exit_code_says_changes_are_pe
     assert cli.main(["--values", str(path), "reconcile", "--once"]) == 0
     capsys.readouterr()
     assert cli.main(["--values", str(path), "reconcile", "--dry-run", "--json", "--detailed-exitcode"]) == 0
-    assert json.loads(capsys.readouterr().out)["summary"] == {"changes": 0, "machines": 0}
+    assert json.loads(capsys.readouterr().out)["summary"] == {"changes": 0, "machines": 0, "pool_actions": 0}
 
 
 @pytest.mark.parametrize("option", ["--json", "--detailed-exitcode"])
@@ -574,7 +574,8 @@ def test_status_json_has_the_tables_rows_and_no_secret(tmp_path, double, capsys)
     out, err = capsys.readouterr()
     assert all(c.isprintable() or c == "\n" for c in out)            # json.dumps escaped them
     report = json.loads(out)
-    assert set(report) == {"domain", "rows", "duplicates", "pool_refused", "notes", "lease", "rotations", "switched", "summary"}
+    assert set(report) == {"domain", "rows", "duplicates", "pool_refused", "notes", "lease", "rotations", "switched",
+                           "pools", "pools_unread", "summary"}
     rows = {r["system_id"]: r for r in report["rows"]}
     evil = next(s for s, m in double.machines.items() if m["hostname"] == "evil1")
     assert set(rows) == {web1, web2, first, second, rogue, evil}

@@ -401,13 +401,16 @@ def _status_of(node: ast.expr) -> set[str]:
 
 
 def _name_of(node: ast.expr, known: dict[str, str]) -> str:
-    """A Check's name: a string, a name bound to one, or an f-string (its fixed prefix, as `x/`)."""
+    """A Check's name: a string, a name bound to one, or an f-string (its fixed prefix, as `x/`,
+    or the name it starts with, as `{NAME}/`)."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
     if isinstance(node, ast.Name) and node.id in known:
         return known[node.id]
     if isinstance(node, ast.JoinedStr) and isinstance(node.values[0], ast.Constant):
         return node.values[0].value.rstrip("/")
+    if isinstance(node, ast.JoinedStr) and isinstance(node.values[0], ast.FormattedValue):
+        return _name_of(node.values[0].value, known)
     raise AssertionError(f"a Check's name this test cannot read: {ast.unparse(node)}")
 
 
@@ -426,7 +429,7 @@ def doctor_statuses() -> dict[str, set[str]]:
                 if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and \
                         isinstance(node.value, (ast.Constant, ast.JoinedStr)):
                     try:
-                        known[node.targets[0].id] = _name_of(node.value, {})
+                        known[node.targets[0].id] = _name_of(node.value, module)
                     except AssertionError:
                         pass
             for call in ast.walk(function):
@@ -436,8 +439,8 @@ def doctor_statuses() -> dict[str, set[str]]:
 
 
 def page_name(name: str) -> str:
-    """A row as doctor names it: `cluster.vms/<ns>` and `cluster.kyverno_rbac/…` by their prefix."""
-    return re.sub(r"/(…|<ns>)$", "", name)
+    """A row as doctor names it: `cluster.vms/<ns>`, `pools.network/<pool>` and `cluster.kyverno_rbac/…` by their prefix."""
+    return re.sub(r"/(…|<ns>|<pool>)$", "", name)
 
 
 def test_doctor_page_lists_every_check_doctor_makes():

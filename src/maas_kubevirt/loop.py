@@ -23,9 +23,9 @@ from maas_kubevirt.audit import Audit
 from maas_kubevirt.console import error, note, table, warn
 from maas_kubevirt.maas import MAASAuthError, MAASVersionError, client_from_values
 from maas_kubevirt.notify import Notifier
-from maas_kubevirt.pools import spec as pool_spec
+from maas_kubevirt.pools import stage as pool_stage
 from maas_kubevirt.pools.access import PoolsConfigError
-from maas_kubevirt.pools import access as pools_access
+from maas_kubevirt.pools.plan import RETIRE, TAG, PoolAction
 from maas_kubevirt.pools.stage import PoolStage
 from maas_kubevirt.rotate import rotator_from_values
 from maas_kubevirt.reconcile import Action, Cycle, Passwords, Reconciler, Settings, claim_of
@@ -35,40 +35,61 @@ from maas_kubevirt.reconcile import Action, Cycle, Passwords, Reconciler, Settin
 WATCHDOG_MARGIN = 60
 
 
-def plan_table(actions: Sequence[Action]) -> str:
+def _pool_note(action: PoolAction) -> str:
+    """What a pool action's NOTE says: its pool, and the tags it adds or why it retires."""
+    if action.kind == TAG:
+        return f"pool {action.pool}: tags {', '.join(action.tags)}"
+    if action.kind == RETIRE:
+        return f"pool {action.pool}: {action.reason}"
+    return f"pool {action.pool}: one more spare (its VM is named when it is made)"
+
+
+def plan_table(actions: Sequence[Action], pool_actions: Sequence[PoolAction] = ()) -> str:
+    """The machines' actions, then the pools' (their pool and tags or reason in NOTE)."""
     rows = [
         (a.kind, a.system_id or "-", a.hostname or "-", a.vm or "-", a.namespace or "-",
          "-" if a.before is None else a.before, "-" if a.after is None else a.after, a.note)
         for a in actions
     ]
+    rows += [(a.kind, a.system_id or "-", a.hostname or "-", a.vm or "-", a.namespace, "-", "-", _pool_note(a))
+             for a in pool_actions]
     return table(("ACTION", "SYSTEM_ID", "HOSTNAME", "VM", "NAMESPACE", "BEFORE", "AFTER", "NOTE"), rows)
 
 
-def plan_json(actions: Sequence[Action]) -> str:
+def plan_json(actions: Sequence[Action], pool_actions: Sequence[PoolAction] = ()) -> str:
     """The plan as JSON: each action's fields as the table shows them (labels such as derived or
-    placeholder, never a password), and the counts of the summary line."""
+    placeholder, never a password), each pool action's, and the counts of the summary line."""
     changes = [a for a in actions if a.changes]
     rows = [{"action": a.kind, "system_id": a.system_id, "hostname": a.hostname, "vm": a.vm,
              "namespace": a.namespace, "before": a.before, "after": a.after, "note": a.note,
              "changes": a.changes} for a in actions]
-    summary = {"changes": len(changes), "machines": len({a.system_id for a in changes if a.system_id})}
-    return json.dumps({"dry_run": True, "actions": rows, "summary": summary}, indent=2)
+    pools = [{"action": a.kind, "pool": a.pool, "namespace": a.namespace, "vm": a.vm, "system_id": a.system_id,
+              "hostname": a.hostname, "tags": list(a.tags), "reason": a.reason} for a in pool_actions]
+    summary = {"changes": len(changes), "machines": len({a.system_id for a in changes if a.system_id}),
+               "pool_actions": len(pools)}
+    return json.dumps({"dry_run": True, "actions": rows, "pool_actions": pools, "summary": summary}, indent=2)
 
 
 def _print_plan(result: Cycle, args: Any) -> int:
-    """The dry run's plan as a table (or JSON); its exit status (EXIT_PENDING: see the epilog)."""
+    """The dry run's plan as a table (or JSON); its exit status (EXIT_PENDING: see the epilog).
+    Every pool action is a change pending; pools that could not be read fail the dry run."""
     if result.error:
         return EXIT_FAILED
     changes = [a for a in result.actions if a.changes]
+    pool_actions = result.pool_actions
     if getattr(args, "json", False):
-        print(plan_json(result.actions), flush=True)
+        print(plan_json(result.actions, pool_actions), flush=True)
     else:
-        if result.actions:
-            print(plan_table(result.actions), flush=True)
+        if result.actions or pool_actions:
+            print(plan_table(result.actions, pool_actions), flush=True)
         print(f"{len(changes)} change(s) planned for "
-              f"{len({a.system_id for a in changes if a.system_id})} machine(s); "
-              "dry run: nothing changed", flush=True)
-    return EXIT_PENDING if changes and getattr(args, "detailed_exitcode", False) else EXIT_OK
+              f"{len({a.system_id for a in changes if a.system_id})} machine(s)"
+              + (f", {len(pool_actions)} for the pools" if pool_actions else "")
+              + "; dry run: nothing changed", flush=True)
+    if result.pool_failed:
+        return EXIT_FAILED
+    pending = changes or pool_actions
+    return EXIT_PENDING if pending and getattr(args, "detailed_exitcode", False) else EXIT_OK
 
 
 class _Signals:
@@ -198,16 +219,11 @@ def _wait_held(candidate: lease.Candidate, stop: threading.Event, timeout: float
 
 def _pool_stage(values: dict, client: Any, audit: Audit, metrics: Any, reconciler: Reconciler,
                 seed_text: str) -> PoolStage | None:
-    """The pools' stage of each cycle on their own cluster access, its records restored; None without pools."""
-    pools = pool_spec.from_values(values)
-    if not pools:
-        return None
-    stage = PoolStage(pools, pools_access.cluster(values), client, seed_text,
-                      reconciler.settings.domain, audit, metrics,
-                      lambda: reconciler.may_write is None or reconciler.may_write())
-    stage.records.restore(Audit.read_file(values["maas"].get("audit_log", "")))
-    if metrics is not None:
-        metrics.pools(pool.name for pool in pools)
+    """The pools' stage of each cycle, writing only while the reconciler may; None without pools."""
+    stage = pool_stage.from_values(values, client, audit, seed_text, reconciler.settings.domain, metrics,
+                                   lambda: reconciler.may_write is None or reconciler.may_write())
+    if stage is not None and metrics is not None:
+        metrics.pools(pool.name for pool in stage.pools)
     return stage
 
 

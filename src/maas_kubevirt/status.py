@@ -1,6 +1,7 @@
 """``maas-kubevirt status``: one row per MAAS machine whose power address names a KubeVirt VM's
 BMC (its address shown, a look-alike marked suspect), whether its password is the derived one,
-why its commission waits if it does, and one line per duplicate claim; with reconciler.lease,
+why its commission waits if it does, and one line per duplicate claim; with ``pools``, one row
+per warm pool (the pool stage's plan, as a dry run: nothing written); with reconciler.lease,
 who holds the site's Lease and since when; each VM whose password may have leaked and the command
 that rotates it. ``--json`` prints the same as one JSON document."""
 
@@ -15,6 +16,8 @@ from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, lease, rotate, seed
 from maas_kubevirt.audit import Audit
 from maas_kubevirt.console import error, escape_controls, table, warn
 from maas_kubevirt.maas import MAASAuthError, MAASError, client_from_values
+from maas_kubevirt.pools import stage as pool_stage
+from maas_kubevirt.pools.access import PoolsConfigError
 from maas_kubevirt.reconcile import (SKIP, Passwords, Reconciler, Settings, claims, duplicate_note, needs_pools,
                                      plan, pool_of, rotate_command)
 
@@ -23,6 +26,7 @@ SUSPECT_MARK = " (suspect: not the bare host)"
 POOL_REFUSED = "was not created by maas-kubevirt"
 HEADERS = ("VM", "NAMESPACE", "HOSTNAME", "SYSTEM_ID", "STATUS", "POOL", "POWER", "PASSWORD", "ADDRESS", "WAITING")
 NO_AUDIT_LOG = "commission backoffs are shown from maas.audit_log, which is not set"
+POOL_HEADERS = ("POOL", "NAMESPACE", "READY", "ON_THE_WAY", "ALLOCATED", "FAILED", "RETIRING", "TOTAL/MAX", "WANTED")
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,9 @@ class Report:
     # Machines an enlistment switched to another power type, their VM's credentials taken back
     # (from maas.audit_log) and still of that type: MAAS has no power control of the VM.
     switched: list[dict] = field(default_factory=list)
+    # One dict per warm pool (``pool_rows``); why they could not be read, None when they were or there are none.
+    pools: list[dict] = field(default_factory=list)
+    pools_unread: str | None = None
 
     @property
     def suspects(self) -> int:
@@ -68,7 +75,8 @@ def main(values: dict, args: Any) -> int:
     """``status [--json]``: one row per matching machine; 1 when MAAS cannot be read, 2 when the key is refused."""
     settings = Settings.from_values(values)
     generations, unread = rotate.read_generations(values) if lease.configured(values) else ({}, "")
-    passwords = Passwords(seed.load(values), generations or {})
+    seed_text = seed.load(values)
+    passwords = Passwords(seed_text, generations or {})
     client = client_from_values(values, warn)
     audit_log = values["maas"].get("audit_log", "")
     try:
@@ -80,6 +88,7 @@ def main(values: dict, args: Any) -> int:
                 reconciler.check_version()
                 machines, power, matches = reconciler.observe()
                 pools = client.pools() if needs_pools(matches) else []
+                warm, warm_unread = pool_rows(values, client, settings.domain, seed_text)
         except MAASAuthError as failure:
             error(str(failure))
             return EXIT_USAGE
@@ -89,6 +98,7 @@ def main(values: dict, args: Any) -> int:
     finally:
         client.close()
     report = build_report(values, settings, reconciler, machines, power, matches, pools, getattr(args, "values", None))
+    report.pools, report.pools_unread = warm, warm_unread
     if generations is None:
         report.notes.append(f"credential generations not read ({unread}): a rotated VM's password shows as other")
     print(render_json(report) if getattr(args, "json", False) else render_table(report), flush=True)
@@ -136,6 +146,39 @@ def build_report(values: dict, settings: Settings, reconciler: Reconciler, machi
     return report
 
 
+def pool_rows(values: dict, client: Any, domain: str, seed_text: str) -> tuple[list[dict], str | None]:
+    """Each warm pool's counts from the pool stage's observe and plan, as a dry run on the pools'
+    kubeconfig; ([], why) when they cannot be read, ([], None) without pools."""
+    from maas_kubevirt.kube import KubeError
+
+    try:
+        stage = pool_stage.from_values(values, client, Audit(), seed_text, domain)
+    except PoolsConfigError as failure:
+        return [], str(failure)
+    if stage is None:
+        return [], None
+    try:
+        stage.run(dry_run=True)
+    except (KubeError, MAASError) as failure:
+        return [], f"the pools cannot be read: {failure}"
+    finally:
+        stage.cluster.close()
+    namespaces = {pool.name: pool.namespace for pool in stage.pools}
+    return [{"pool": t.pool, "namespace": namespaces[t.pool], "ready": t.ready, "on_the_way": t.on_the_way,
+             "allocated": t.held, "failed": t.failed, "retiring": t.retiring, "total": t.total, "max": t.max,
+             "wanted": t.wanted, "creating": t.creating, "waiting": list(t.waiting)} for t in stage.tallies], None
+
+
+def pool_table(report: Report) -> list[str]:
+    """The pools' table after the machines', or the line that says why there is none."""
+    if report.pools_unread is not None:
+        return [escape_controls(f"pools: {report.pools_unread}")]
+    if not report.pools:
+        return []
+    return [table(POOL_HEADERS, [(p["pool"], p["namespace"], p["ready"], p["on_the_way"], p["allocated"], p["failed"],
+                                  p["retiring"], f"{p['total']}/{p['max']}", p["wanted"]) for p in report.pools])]
+
+
 def table_rows(report: Report) -> list[tuple]:
     """The table's cells of each row: the address as ascii() shows it (non-ASCII escaped), a
     suspect marked after it, ``-`` when not waiting."""
@@ -155,6 +198,7 @@ def summary_line(report: Report) -> str:
 def render_table(report: Report) -> str:
     lines = [table(HEADERS, table_rows(report))] if report.rows else []
     lines.append(summary_line(report))
+    lines += pool_table(report)
     lines += report.notes
     lines += [escape_controls(f"duplicate claim: {d['note']}") for d in report.duplicates]
     lines += [escape_controls(f"{p['system_id']} {p['hostname']}: {p['note']}") for p in report.pool_refused]
@@ -189,6 +233,8 @@ def render_json(report: Report) -> str:
         "lease": report.lease,
         "rotations": report.rotations,
         "switched": report.switched,
+        "pools": report.pools,
+        "pools_unread": report.pools_unread,
         "summary": {
             "machines": len(report.rows) - suspects, "suspects": suspects,
             "waiting": sum(row.waiting is not None for row in report.rows),

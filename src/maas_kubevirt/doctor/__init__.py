@@ -3,8 +3,9 @@
 Each check gives one row: its name, ok / warn / fail / skip, what it found and the exact fix.
 The checks themselves are pure functions over what MAAS, the API server and the local system
 answer, one module per family (:mod:`.maas`, :mod:`.cluster` with the exposure's rows in
-:mod:`.gateway`, the BMC proxy's in :mod:`.bmc_proxy`, :mod:`.network`; what the cluster's
-families read alike in :mod:`.inventory`); ``run`` gathers those answers (read-only everywhere) and ``main`` prints them as a table or as JSON.
+:mod:`.gateway`, the BMC proxy's in :mod:`.bmc_proxy`, the warm pools' in :mod:`.pools`,
+:mod:`.network`; what the cluster's families read alike in :mod:`.inventory`); ``run`` gathers
+those answers (read-only everywhere) and ``main`` prints them as a table or as JSON.
 Exit status: 0 when nothing fails, 1 otherwise, 2 for usage or configuration errors.
 
 Secrets: the seed, the BMC passwords and the API key are compared (in constant time, or by
@@ -103,7 +104,7 @@ from maas_kubevirt.doctor.gateway import (  # noqa: E402
     hostname_matches, ingress_allowlist_check, programmed_check, route_problem, routes_check,
 )
 from maas_kubevirt.doctor.gateway import allowlist_check as gateway_allowlist_check  # noqa: E402
-from maas_kubevirt.doctor import bmc_proxy  # noqa: E402
+from maas_kubevirt.doctor import bmc_proxy, pools  # noqa: E402
 
 # What callers and tests use from the families, under one name: maas_kubevirt.doctor.
 __all__ = [
@@ -121,7 +122,7 @@ __all__ = [
     "lease_check", "lease_checks", "cluster_check_names",
     "GATEWAY_CHECKS", "INGRESS_CHECKS", "admits", "allowed_routes_check", "exposure_checks", "gateway_allowlist_check",
     "hostname_covers", "hostname_matches", "ingress_allowlist_check", "programmed_check", "route_problem",
-    "routes_check", "bmc_proxy",
+    "routes_check", "bmc_proxy", "pools",
 ]
 
 
@@ -158,8 +159,8 @@ class _Fixes:
 
 
 def run(values: Mapping[str, Any], client: MAASClient, cluster: Any | None, options: Options) -> list[Check]:
-    """Every check, in order: MAAS, the seed file, the reconciler's lease, the cluster, the
-    Ingress allowlist's width, the network."""
+    """Every check, in order: MAAS, the seed file, the reconciler's lease, the cluster, the warm
+    pools, the Ingress allowlist's width, the network."""
     fixes = _Fixes(options.command, values)
     reach = Reach()
     seed_check, seed = seed_file_check(values["seed"]["file"])
@@ -173,6 +174,7 @@ def run(values: Mapping[str, Any], client: MAASClient, cluster: Any | None, opti
                             f"`{options.command} doctor --kubeconfig FILE` (read access is enough)"))
     else:
         checks.extend(cluster_checks(values, cluster, seed, fixes, reach))
+    checks.extend(pools.pools_checks(values, cluster, fixes.apply, any(c.name == "cluster.api" for c in checks)))
     checks.append(source_ranges_check(values["ingress"]["source_ranges"], fixes.apply,
                                       _rack_controllers(client, checks)))
     resolve = options.resolve or system_resolve

@@ -453,6 +453,12 @@ def proxy_checks(values: Mapping[str, Any], cluster: Any, ingresses: list[dict] 
     return checks
 
 
+def api_check(error: Exception) -> Check:
+    """The row of an API server that stopped answering; the rows after it are skipped."""
+    return Check("cluster.api", FAIL, _clean(error),
+                 "check the kubeconfig's server and that its user may get and list these objects")
+
+
 def cluster_checks(values: Mapping[str, Any], cluster: Any, seed: str | None, fixes: _Fixes,
                    reach: Reach) -> list[Check]:
     """The cluster checks (read-only), and one VM host per opted-in namespace for the DNS check."""
@@ -503,8 +509,7 @@ def cluster_checks(values: Mapping[str, Any], cluster: Any, seed: str | None, fi
         checks.extend(proxy_checks(values, cluster, every_ingress, inventories, fixes))
     except KubeError as error:
         done = {c.name.split("/")[0] for c in checks}
-        checks.append(Check("cluster.api", FAIL, _clean(error),
-                            "check the kubeconfig's server and that its user may get and list these objects"))
+        checks.append(api_check(error))
         return checks + _skipped([n for n in cluster_check_names(values) if n not in done],
                                  "the API server did not answer")
     for inventory in inventories:

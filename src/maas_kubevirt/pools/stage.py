@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from maas_kubevirt.audit import Audit
-from maas_kubevirt.pools import observe
+from maas_kubevirt.pools import access, observe, spec
 from maas_kubevirt.pools.apply import Applier, Done, Records
 from maas_kubevirt.pools.plan import PoolAction, Tally, plan
 from maas_kubevirt.pools.spec import Pool, by_name
@@ -48,3 +48,15 @@ class PoolStage:
             for action, _ in done.failed:
                 self.metrics.pool_action(action.pool, action.kind, "failed")
         return done
+
+
+def from_values(values: Mapping[str, Any], client: Any, audit: Audit, seed: str, domain: str, metrics: Any = None,
+                may_write: Callable[[], bool] | None = None) -> PoolStage | None:
+    """The values' pools' stage on their own cluster access, its records restored from
+    maas.audit_log; None without pools. PoolsConfigError without usable access."""
+    pools = spec.from_values(values)
+    if not pools:
+        return None
+    stage = PoolStage(pools, access.cluster(values), client, seed, domain, audit, metrics, may_write)
+    stage.records.restore(Audit.read_file(values["maas"].get("audit_log", "")))
+    return stage
