@@ -57,6 +57,9 @@ class _Handler(BaseHTTPRequestHandler):
         account = responder.accounts.get(host)
         if account is None:
             return self._send(404, {"error": "no such host"})
+        if self.path.rstrip("/") == "/redfish/v1":   # kubevirtBMC serves its service root to anyone
+            return self._send(200, {"@odata.id": "/redfish/v1", "@odata.type": "#ServiceRoot.v1_16_1.ServiceRoot",
+                                    "RedfishVersion": "1.16.1"})
         expected = "Basic " + base64.b64encode(f"{account[0]}:{account[1]}".encode()).decode()
         if auth != expected:
             return self._send(401, {"error": {"code": "Base.1.0.GeneralError", "message": "Unauthorized"}})

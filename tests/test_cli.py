@@ -122,7 +122,7 @@ RANK = {
     "cli": 6,
     "loop": 5, "status": 5, "upload": 5, "doctor": 5,   # the commands' entry points
     "compose": 5, "decompose": 5,  # the pool commands
-    "route": 5,                   # check-route: the path to a BMC, as MAAS's driver takes it
+    "route": 4,                   # check-route, and doctor's network.route row: the path to a BMC
     "render": 4,                  # the render command, and what upload (and doctor) compare with
     "reconcile": 3, "policies": 3,
     "pools": 2.5,                 # the warm pools: the cluster and MAAS written; policies render their VM's shape

@@ -127,15 +127,16 @@ def test_a_healthy_site_passes_every_maas_and_network_check(site):
         "maas.commission": "ok",
         "maas.rotations": "ok", "maas.generations": "skip", "maas.power_types": "ok",
         "maas.seed_file": "ok", "reconciler.lease": "ok", "cluster": "skip", "ingress.source_ranges": "ok",
-        "network.dns": "ok", "network.redfish": "ok",
+        "network.dns": "ok", "network.route": "ok", "network.redfish": "ok",
     }
     assert checks["ingress.source_ranges"].found == (
         "10.0.0.5/32, 10.0.0.6/32, fd00::5/128: 3 address(es) may reach the BMCs; MAAS lists no rack controller")
     assert "3 machine(s)" in checks["maas.power_password"].found
-    # One VM per namespace is probed, with the Host header of its BMC.
-    assert sorted(r["host"] for r in site.responder.requests) == sorted(
-        [site.host("db1", "tenant"), site.host("web1", "vms")])
-    assert {r["path"] for r in site.responder.requests} == {"/redfish/v1/Systems/1"}
+    # One VM per namespace is probed, with the Host header of its BMC: its service root without
+    # credentials (network.route), then its system with MAAS's (network.redfish).
+    assert sorted((r["host"], r["path"]) for r in site.responder.requests) == sorted(
+        (site.host(vm, namespace), path) for vm, namespace in (("db1", "tenant"), ("web1", "vms"))
+        for path in ("/redfish/v1/", "/redfish/v1/Systems/1"))
 
 
 @pytest.mark.parametrize("version, status", [
@@ -363,12 +364,12 @@ def test_doctor_command_table_and_json(site, monkeypatch, capsys):
     header = out.splitlines()[0].split()
     assert header == ["CHECK", "STATUS", "FOUND", "FIX"]
     assert table_statuses(out)["cluster"] == "skip"
-    assert out.rstrip().endswith("16 ok, 0 warn, 0 fail, 2 skip")
+    assert out.rstrip().endswith("17 ok, 0 warn, 0 fail, 2 skip")
     code = cli.main(["--values", str(site.values_file), "doctor", "--json"])
     out, err = capsys.readouterr()
     report = json.loads(out)
     assert code == 0
-    assert report["summary"] == {"ok": 16, "warn": 0, "fail": 0, "skip": 2}
+    assert report["summary"] == {"ok": 17, "warn": 0, "fail": 0, "skip": 2}
     assert all(set(c) == {"check", "status", "found", "fix", "subjects"} for c in report["checks"])
     assert report["checks"][0]["check"] == "maas.version"
     assert {c["check"]: c["status"] for c in report["checks"]} == table_statuses(table)
@@ -420,7 +421,7 @@ def test_wide_source_ranges_warn_and_doctor_still_exits_0(site, monkeypatch, cap
     (row,) = [c for c in report["checks"] if c["check"] == "ingress.source_ranges"]
     assert row["status"] == "warn" and row["subjects"] == ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]
     assert "17,891,328 addresses may reach the BMCs" in row["found"] and "rack-controllers read" in row["fix"]
-    assert report["summary"] == {"ok": 15, "warn": 1, "fail": 0, "skip": 2}
+    assert report["summary"] == {"ok": 16, "warn": 1, "fail": 0, "skip": 2}
 
 
 def test_doctor_command_exits_1_on_a_failure_and_prints_no_secret(site, monkeypatch, capsys):
@@ -435,6 +436,27 @@ def test_doctor_command_exits_1_on_a_failure_and_prints_no_secret(site, monkeypa
     assert rows["network.redfish"] == rows["maas.power_password"] == "fail"
     for secret in site.secrets() + ["other-S3CRET"]:
         assert secret not in out + err
+
+
+def test_without_a_maas_key_every_other_row_runs(site, monkeypatch, capsys, tmp_path):
+    """On a rack controller or a workstation: no key at all. Each MAAS row is skipped with why, and
+    the seed, the allowlist's width and the route (no credentials needed) still run."""
+    monkeypatch.delenv("MAAS_API_KEY", raising=False)
+    monkeypatch.setattr(doctor, "system_resolve", site.resolve)
+    monkeypatch.setattr(doctor, "HTTPS_PORT", site.redfish_port)
+    asked = dict(site.double.counts)
+    values = yaml.safe_load(site.values_file.read_text())
+    values["maas"]["api_key_file"] = str(tmp_path / "no-such-key")
+    keyless = tmp_path / "keyless.yaml"
+    keyless.write_text(yaml.safe_dump(values))
+    code = cli.main(["--values", str(keyless), "doctor", "--json"])
+    out, err = capsys.readouterr()
+    rows = {c["check"]: c for c in json.loads(out)["checks"]}
+    assert code == 0, out + err
+    for name in doctor.MAAS_CHECKS:
+        assert rows[name]["status"] == "skip" and "no MAAS API key" in rows[name]["found"], rows[name]
+    assert rows["maas.seed_file"]["status"] == "ok" and rows["ingress.source_ranges"]["status"] == "ok"
+    assert dict(site.double.counts) == asked, "MAAS was asked without a key"
 
 
 def test_doctor_usage_errors_exit_2(site, capsys, tmp_path):

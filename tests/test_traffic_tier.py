@@ -753,6 +753,32 @@ def test_a_host_with_no_route_reaches_no_bmc(phase):
     assert phase.proxy.reached(host) == 0
 
 
+def test_check_route_reports_each_hop_of_the_real_proxy(phase, tmp_path):
+    """check-route (issue 43 item 1), sent as MAAS's driver sends, against this exposure's BMC proxy:
+    a working route, a wrong DNS answer, the allowlist refusing, and a host with no route."""
+    from maas_kubevirt import route
+
+    host = phase.host()
+    before = phase.proxy.reached(host)
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump(phase.values))
+    done = subprocess.run([sys.executable, "-m", "maas_kubevirt", "--values", str(values), "check-route",
+                           f"{VM}.{phase.tenant}", "--address", f"127.0.0.1:{phase.port}", "-o", "json"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    working = json.loads(done.stdout)
+    assert working["ok"] and [hop["name"] for hop in working["hops"]][-1] == "redfish", working
+    assert phase.proxy.reached(host) == before + 1, "the service root did not come from the VM's BMC"
+    wrong = route.check(host, expected="127.0.0.1", port=phase.port, resolve=lambda name: ["127.0.0.3"])
+    assert [(hop.name, hop.status) for hop in wrong.hops][-1] == ("address", "fail")
+    refused = route.check(host, connect="127.0.0.1", port=phase.port, source=OUTSIDE)
+    assert (refused.hops[-1].name, refused.hops[-1].status) == ("http", "fail"), refused.hops
+    assert "403" in refused.hops[-1].found and OUTSIDE in refused.hops[-1].found
+    ghost = route.check(phase.host("ghost"), connect="127.0.0.1", port=phase.port)
+    assert "no route" in ghost.hops[-1].found, ghost.hops
+    assert phase.proxy.reached(host) == before + 1 and phase.proxy.reached(phase.host("ghost")) == 0
+
+
 def test_after_the_vm_is_deleted_its_route_is_gone_and_its_password_reaches_nothing(phase):
     """Runs last for each exposure: it deletes the VM. Its route carries
     ownerReferences to the VM, so the garbage collector removes them (Kyverno's synchronize would

@@ -84,6 +84,7 @@ def _skipped(names: Iterable[str], reason: str) -> list[Check]:
 # The families import the helpers above from this module, so they are imported after them.
 from maas_kubevirt.doctor.network import (  # noqa: E402
     HTTPS_PORT, MAX_ALLOWED_ADDRESSES, REDFISH_DEADLINE, Credentials, allowed_addresses, dns_check, redfish_check,
+    route_check,
     redfish_probe, redfish_url, source_ranges_check, system_resolve,
 )
 from maas_kubevirt.doctor.maas import (  # noqa: E402
@@ -158,14 +159,20 @@ class _Fixes:
         self.key_source = "MAAS_API_KEY" if os.environ.get("MAAS_API_KEY") else values["maas"]["api_key_file"]
 
 
-def run(values: Mapping[str, Any], client: MAASClient, cluster: Any | None, options: Options) -> list[Check]:
+def run(values: Mapping[str, Any], client: MAASClient | None, cluster: Any | None, options: Options,
+        no_key: str = "") -> list[Check]:
     """Every check, in order: MAAS, the seed file, the reconciler's lease, the cluster, the warm
-    pools, the Ingress allowlist's width, the network."""
+    pools, the Ingress allowlist's width, the network. Without a client (no_key: why there is no
+    MAAS API key) each MAAS row is skipped with that reason and every other row runs."""
     fixes = _Fixes(options.command, values)
     reach = Reach()
     seed_check, seed = seed_file_check(values["seed"]["file"])
     generations, unread = cluster_generations(values, cluster)
-    checks = maas_checks(values, client, seed, fixes, reach, generations, unread)
+    if client is None:
+        checks = _skipped(MAAS_CHECKS, f"no MAAS API key ({no_key}): MAAS was not asked; the cluster, the route "
+                                       "and the network rows below need none")
+    else:
+        checks = maas_checks(values, client, seed, fixes, reach, generations, unread)
     checks.append(seed_check)
     checks.append(lease_checks(values, client))
     if cluster is None:
@@ -179,6 +186,8 @@ def run(values: Mapping[str, Any], client: MAASClient, cluster: Any | None, opti
                                       _rack_controllers(client, checks)))
     resolve = options.resolve or system_resolve
     checks.append(dns_check(reach.hosts, resolve, values["redfish"]["domain"]))
+    checks.append(route_check(reach.hosts, values["bmc_proxy"]["address"], resolve,
+                              options.redfish_https_port or HTTPS_PORT))
     checks.append(redfish_check(reach.credentials, resolve, options.redfish_deadline,
                                 options.redfish_https_port or HTTPS_PORT))
     reach.credentials.clear()
@@ -237,6 +246,17 @@ def render_json(checks: Sequence[Check]) -> str:
     return json.dumps({"checks": [c.as_dict() for c in checks], "summary": summary(checks)}, indent=2)
 
 
+def _no_key(values: Mapping[str, Any]) -> str:
+    """Why this host has no MAAS API key at all ("" when it has one to try)."""
+    from maas_kubevirt.maas import API_KEY_CREDENTIAL, ENV_KEY
+    from maas_kubevirt.paths import credential_path
+
+    if os.environ.get(ENV_KEY) or credential_path(API_KEY_CREDENTIAL) is not None:
+        return ""
+    path = values["maas"]["api_key_file"]
+    return "" if os.path.exists(path) else f"${ENV_KEY} is not set and maas.api_key_file {path} does not exist"
+
+
 def main(values: dict, args: Any) -> int:
     """``doctor [--kubeconfig FILE [--context NAME]] [--json]``: 0 nothing fails, 1 something does."""
     from maas_kubevirt.maas import RetryPolicy, client_from_values
@@ -260,13 +280,18 @@ def main(values: dict, args: Any) -> int:
             return EXIT_USAGE
         if cluster.insecure:
             warn(f"the kubeconfig skips verifying the API server's certificate ({cluster.host})")
-    client = client_from_values(values, warn)
-    # A diagnosis should not sit through the reconciler's patient retries.
-    client.retry = RetryPolicy(attempts=2, backoff=1.0, max_retry_after=5.0)
+    # No key on this host (a rack controller, a workstation): every row but MAAS's still runs. A
+    # key that is there but unusable is a configuration error, as for every command.
+    no_key = _no_key(values)
+    client = None if no_key else client_from_values(values, warn)
+    if client is not None:
+        # A diagnosis should not sit through the reconciler's patient retries.
+        client.retry = RetryPolicy(attempts=2, backoff=1.0, max_retry_after=5.0)
     try:
-        checks = run(values, client, cluster, options)
+        checks = run(values, client, cluster, options, no_key)
     finally:
-        client.close()
+        if client is not None:
+            client.close()
         if cluster is not None:
             cluster.close()
     print(render_json(checks) if getattr(args, "json", False) else render_table(checks, terminal_width()),

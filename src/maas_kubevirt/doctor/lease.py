@@ -69,16 +69,18 @@ def lease_check(values: Mapping[str, Any], regions: Sequence[Any] | None, region
     return Check(NAME, OK, found)
 
 
-def lease_checks(values: Mapping[str, Any], client: MAASClient) -> Check:
-    """Read what lease_check needs: MAAS's region controllers, the Lease and the token's expiry."""
+def lease_checks(values: Mapping[str, Any], client: MAASClient | None) -> Check:
+    """Read what lease_check needs: MAAS's region controllers (not without a client), the Lease
+    and the token's expiry."""
     from maas_kubevirt.kube import KubeError
 
     regions: list[Any] | None = None
-    regions_problem = ""
-    try:
-        regions = client.region_controllers()
-    except MAASError as failure:
-        regions_problem = str(failure)
+    regions_problem = "no MAAS API key"
+    if client is not None:
+        try:
+            regions, regions_problem = client.region_controllers(), ""
+        except MAASError as failure:
+            regions_problem = str(failure)
     if not lease.configured(values):
         return lease_check(values, regions, regions_problem)
     try:

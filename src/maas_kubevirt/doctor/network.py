@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 from urllib.parse import urlsplit
 
+from maas_kubevirt import route
 from maas_kubevirt.doctor import FAIL, OK, SKIP, WARN, Check, Resolver, _some
 
 REDFISH_DEADLINE = 5.0
@@ -115,6 +116,27 @@ def dns_check(hosts: Mapping[str, str], resolve: Resolver, domain: str) -> Check
                      f"opted-in namespace), or delegate {domain} to a server that answers for it, resolvable "
                      "from the MAAS rack controllers", tuple(failed))
     return Check("network.dns", OK, _some(answered))
+
+
+def route_check(hosts: Mapping[str, str], expected: str, resolve: Resolver, https_port: int = HTTPS_PORT) -> Check:
+    """For one VM per namespace, the route as MAAS's driver takes it (check-route): DNS, the proxy's
+    address, TLS without SNI, a Redfish service root without credentials. Needs no MAAS key, and
+    works for a VM that never booted."""
+    if not hosts:
+        return Check("network.route", SKIP, "no VM known in MAAS or the cluster yet")
+    failed, passed = [], []
+    for namespace, host in sorted(hosts.items()):
+        report = route.check(host, expected=expected, port=https_port, resolve=resolve, timeout=REDFISH_DEADLINE)
+        if report.ok:
+            passed.append(f"{host}: {report.hops[-1].found}")
+        else:
+            hop = next(h for h in report.hops if h.status == route.FAIL)
+            failed.append((f"{host}: {hop.name}: {hop.found}", hop.fix, host))
+    if failed:
+        return Check("network.route", FAIL, _some([found for found, _, _ in failed]),
+                     f"{failed[0][1]}; each hop: `maas-kubevirt check-route VM.NAMESPACE` on a rack controller",
+                     tuple(host for _, _, host in failed))
+    return Check("network.route", OK, _some(passed))
 
 
 @dataclass(frozen=True)
