@@ -20,11 +20,12 @@ control plane for the whole run). The object it yields has:
 - `log_tail(name, lines)`: the end of one component's log (etcd, kube-apiserver,
   kube-controller-manager, kyverno-admission-controller, kyverno-background-controller).
 
-CRDs installed besides Kyverno's: kubevirtBMC's `VirtualMachineBMC` and KubeVirt's
+CRDs installed besides Kyverno's: kubevirtBMC's `VirtualMachineBMC`, KubeVirt's
 `VirtualMachine`, `VirtualMachineInstance`, `VirtualMachineInstanceReplicaSet` and
-`VirtualMachinePool`. Neither project's CRD text is on the Go module proxy (kubevirtBMC is
-not published there; KubeVirt generates its CRDs in code), so they are written below from the
-upstream contracts, kubevirtBMC's with the structural schema of the fields the bundle sets.
+`VirtualMachinePool`, and CDI's `DataVolume`. kubevirtBMC's and KubeVirt's CRD texts are not on
+the Go module proxy (kubevirtBMC is not published there; KubeVirt generates its CRDs in code), so
+all of them are written below from the upstream contracts, kubevirtBMC's with the structural
+schema of the fields the bundle sets.
 
 With `TRAEFIK` set (the directory `tools/build-traefik` prints; the Makefile's `test` target sets
 it), the CRDs of its `crds/` are installed too, before Kyverno starts (Kyverno, run without
@@ -218,6 +219,11 @@ TEST_CRDS = (
          {"type": "object", "x-kubernetes-preserve-unknown-fields": True}, short_names=("vmirs", "vmirss")),
     _crd("pool.kubevirt.io", "VirtualMachinePool", "virtualmachinepools", ("v1beta1", "v1alpha1"),
          {"type": "object", "x-kubernetes-preserve-unknown-fields": True}, short_names=("vmpool", "vmpools")),
+    # CDI's DataVolume (cdi.kubevirt.io/v1beta1, short names dv and dvs: the DataVolume type in
+    # staging/src/kubevirt.io/containerized-data-importer-api/pkg/apis/core/v1beta1/types.go of
+    # kubevirt/containerized-data-importer), which a pool VM's disk is; the pools' account reads them.
+    _crd("cdi.kubevirt.io", "DataVolume", "datavolumes", ("v1beta1",),
+         {"type": "object", "x-kubernetes-preserve-unknown-fields": True}, short_names=("dv", "dvs")),
 )
 
 

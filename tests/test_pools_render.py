@@ -94,7 +94,7 @@ def test_the_policy_has_a_rule_per_pool_and_none_for_updates():
         for key in ("storage_class", "memory", "disk", "network"):
             assert any(c["value"] == pool[key] or f'"{pool[key]}"' in c["key"] or f"'{pool[key]}'" in c["key"]
                        for c in conditions), key
-        assert any(f'"cores": {pool["cores"]}' in c["key"] for c in conditions)
+        assert any(c["value"] == pool["cores"] and "cpu.cores" in c["key"] for c in conditions)
 
 
 def test_every_condition_is_one_whole_kyverno_variable():
@@ -106,8 +106,10 @@ def test_every_condition_is_one_whole_kyverno_variable():
     assert len(keys) > 40
     for key in keys:
         assert VARIABLE.fullmatch(key), key
-    with pytest.raises(ValueError):
-        policies._json_literal({"blank": {}})
+    for nested_or_numeric in ({"blank": {}}, {"cores": 2}, [1], 3):
+        with pytest.raises(ValueError):
+            policies._json_literal(nested_or_numeric)
+    assert policies._json_literal({"networkName": "maas/pxe-2"}) == '`{"networkName": "maas/pxe-2"}`'
 
 
 @pytest.mark.parametrize("name", ["small-bcd24", "small-22222", "small-bcd2", "small-bcd245", "small-abcde",

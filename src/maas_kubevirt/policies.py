@@ -462,7 +462,8 @@ def _json_literal(value: Any) -> str:
     level of braces at most: Kyverno's variable syntax ends a {{ }} at the first nested '}}'
     (RegexVariables in pkg/engine/variables/regex), and would judge a cut-off expression."""
     text = json.dumps(value, sort_keys=True)
-    if "`" in text or "\\" in text or "}}" in text:
+    # No number either: see _not_number.
+    if "`" in text or "\\" in text or "}}" in text or re.search(r'(^|[\[:,] ?)-?[0-9]', text):
         raise ValueError(f"cannot quote {value!r} into JMESPath")
     return f"`{text}`"
 
@@ -486,6 +487,13 @@ def _not_quantity(path: str, quantity: str, why: str) -> dict:
     """A deny condition: the quantity at path is not ``quantity`` (Kyverno's Equals parses both as
     quantities, so the form KubeVirt's mutator writes back, 4Gi for 4096Mi, still matches)."""
     return {"why": why, "key": f"{{{{ {path} || '' }}}}", "operator": "NotEquals", "value": quantity}
+
+
+def _not_number(path: str, number: int, why: str) -> dict:
+    """A deny condition: the number at path is not ``number``. Kyverno's operator, not JMESPath's
+    ==: the API server's object holds whole numbers as int64 and a JSON literal is a float64, which
+    JMESPath's == (reflect.DeepEqual) never finds equal (measured: the exact VM was refused)."""
+    return {"why": why, "key": f"{{{{ {path} || `0` }}}}", "operator": "NotEquals", "value": number}
 
 
 def pool_vm_conditions(pool: dict) -> list[dict]:
@@ -535,7 +543,8 @@ def pool_vm_conditions(pool: dict) -> list[dict]:
         _keys_within(spec, ("domain", "networks", "volumes", "architecture"),
                      "no accessCredentials, nodeSelector, affinity, tolerations, hostname or other instance setting"),
         _keys_within(domain, ("cpu", "resources", "devices", "firmware", "machine"), "no other domain setting"),
-        _not(f"{domain}.cpu == {_json_literal({'cores': pool['cores']})}", "the pool's cores alone"),
+        _keys_within(f"{domain}.cpu", ("cores",), "cores alone"),
+        _not_number(f"{domain}.cpu.cores", pool["cores"], "the pool's cores"),
         _keys_within(f"{domain}.resources", ("requests",), "requests alone"),
         _keys_within(f"{domain}.resources.requests", ("memory",), "memory alone"),
         _not_quantity(f"{domain}.resources.requests.memory", pool["memory"], "the pool's memory"),
@@ -550,13 +559,13 @@ def pool_vm_conditions(pool: dict) -> list[dict]:
         _not(f"length({domain}.devices.interfaces || `[]`) == `1`", "exactly one interface"),
         # KubeMacPool gives the interface its MAC before validation.
         _keys_within(interface, ("name", "bridge", "bootOrder", "macAddress"), "no other interface setting"),
-        _not(f"{interface}.name == {_jmespath_string(pool_vm.INTERFACE)} && {interface}.bridge == `{{}}` && {interface}.bootOrder == `1`",
-             "a bridge on the PXE network, first to boot"),
+        _not(f"{interface}.name == {_jmespath_string(pool_vm.INTERFACE)} && {interface}.bridge == `{{}}`", "a bridge on the PXE network"),
+        _not_number(f"{interface}.bootOrder", 1, "first to boot"),
         _not(f"length({domain}.devices.disks || `[]`) == `1`", "exactly one disk"),
         _keys_within(f"{domain}.devices.disks[0]", ("name", "disk", "bootOrder"), "no other disk setting"),
         _not(f"{domain}.devices.disks[0].name == {_jmespath_string(pool_vm.DISK)} && "
-             f"{domain}.devices.disks[0].disk == {_json_literal({'bus': 'virtio'})} && {domain}.devices.disks[0].bootOrder == `2`",
-             "a virtio disk, second to boot"),
+             f"{domain}.devices.disks[0].disk == {_json_literal({'bus': 'virtio'})}", "a virtio disk"),
+        _not_number(f"{domain}.devices.disks[0].bootOrder", 2, "second to boot"),
         _not(f"length({spec}.networks || `[]`) == `1`", "exactly one network"),
         _keys_within(f"{spec}.networks[0]", ("name", "multus"), "a Multus network alone"),
         _not(f"{spec}.networks[0].name == {_jmespath_string(pool_vm.INTERFACE)} && "

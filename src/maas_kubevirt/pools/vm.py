@@ -10,8 +10,9 @@
 - Its pool's label and the reconciler's proof annotation; Kyverno stamps its identity and
   generates its BMC as for any VM of an opted-in namespace.
 
-The Kyverno rule ``pool-vms-only`` (templates/policy-pools.yaml.j2) admits from the pools'
-ServiceAccount nothing but this shape.
+The Kyverno policy ``maas-kubevirt-pools`` (templates/policy-pools.yaml.j2: ``pool-vms-only``
+and each pool's ``pool-vm-<pool>``) admits from the pools' ServiceAccount nothing but this shape,
+and what the mutating webhooks add to it; a change here needs the same change there.
 """
 
 from __future__ import annotations
