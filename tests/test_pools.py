@@ -54,7 +54,7 @@ def test_a_pool_vm_name_is_its_pool_and_a_suffix(pool, suffix):
 @given(dns_labels(20), st.text(max_size=30))
 def test_is_pool_vm_name_takes_only_one_label_after_the_pool(pool, rest):
     name = f"{pool}-{rest}"
-    assert identity.is_pool_vm_name(pool, name) == (bool(rest) and identity.is_label(name))
+    assert identity.is_pool_vm_name(pool, name) == (identity.is_label(rest) and identity.is_label(name))
 
 
 @given(st.text(min_size=1, max_size=20), dns_labels(20), dns_labels(20), dns_labels(20))
