@@ -300,7 +300,8 @@ def test_next_steps_name_the_files_and_the_values_just_used(tmp_path, capsys, mo
     monkeypatch.setattr("sys.argv", [argv0])
     assert cli.main(["--values", str(values_file), "render", "--output", str(out)]) == 0
     printed = capsys.readouterr().out.splitlines()
-    written = [p for p in out.rglob("*") if p.is_file() and p.name != "seed"]  # generated, not rendered
+    # The seed is generated and .values-source is render's note of its values file: neither is rendered.
+    written = [p for p in out.rglob("*") if p.is_file() and p.name not in ("seed", ".values-source")]
     assert printed[0] == f"Rendered {len(written)} files into {out}/"
     assert printed[1] == f"Generated a new site seed in {out / 'seed'} (mode 0600): every BMC password derives from it."
     assert printed[2].startswith("  Back it up now")
@@ -485,3 +486,24 @@ def test_example_namespace_is_true_or_false(tmp_path, value):
     with pytest.raises(ValuesError) as refused:
         load_values(path)
     assert str(refused.value).startswith("kubernetes.example_namespace: expected true or false, found")
+
+
+def test_a_bare_render_after_a_site_render_refuses_to_drop_the_sites_values(tmp_path, capsys):
+    """`make VALUES=site.yaml` then `make`: the second would render the defaults over the site's
+    bundle without a word (issue 43 item 3). It refuses, saying how to go on; a site render again works."""
+    from maas_kubevirt import cli
+
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump({"redfish": {"domain": "bmc.site.example"}}))
+    output = tmp_path / "build"
+    assert cli.main(["--values", str(site), "render", "--output", str(output)]) == 0
+    rendered = {p: p.read_bytes() for p in output.rglob("*.yaml")}
+    capsys.readouterr()
+    assert cli.main(["render", "--output", str(output)]) == 2
+    err = capsys.readouterr().err
+    assert str(site) in err and "--values" in err and "remove" in err
+    assert {p: p.read_bytes() for p in output.rglob("*.yaml")} == rendered, "the refused render wrote something"
+    assert cli.main(["--values", str(site), "render", "--output", str(output)]) == 0
+    fresh = tmp_path / "fresh"
+    assert cli.main(["render", "--output", str(fresh)]) == 0
+    assert cli.main(["render", "--output", str(fresh)]) == 0, "defaults over defaults is no loss"

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from maas_kubevirt import EXIT_OK, PROG, bmc_proxy, exposure, policies
-from maas_kubevirt.console import warn
+from maas_kubevirt import EXIT_OK, EXIT_USAGE, PROG, bmc_proxy, exposure, policies
+from maas_kubevirt.console import error, warn
 from maas_kubevirt import seed as seeds
 from maas_kubevirt.paths import SCRIPT_NAME, data_dir, write_atomic
 from maas_kubevirt.policies import KUSTOMIZATION_FILE, SEED_SECRET_FILE, render_kubernetes
@@ -153,8 +153,29 @@ def tls_warning(values: dict) -> str | None:
             f"controller of class {ingress['class_name']!r} serves these hosts over HTTPS with its default certificate")
 
 
+# Which values file rendered an output directory: a later render with the built-in defaults
+# (a bare `make` after `make VALUES=site.yaml`) would silently replace the site's bundle.
+VALUES_SOURCE = ".values-source"
+
+
+def overwrites_site(output: Path, given: str | None) -> str:
+    """Why rendering the defaults into output would drop a site's values ("" when it would not)."""
+    try:
+        recorded = (output / VALUES_SOURCE).read_text(encoding="utf-8").strip()
+    except OSError:
+        return ""
+    if not recorded or given:
+        return ""
+    return (f"{output}/ holds the bundle rendered from {recorded}; rendering the built-in defaults over it would "
+            f"drop that site's values: give --values {recorded} (make VALUES={recorded}), or remove {output}/ "
+            "to start from the defaults")
+
+
 def main(values: dict, args: Any) -> int:
     """``render [--output DIR | -]``: render the bundle and print the next commands."""
+    if str(args.output) != "-" and (problem := overwrites_site(Path(args.output), getattr(args, "values", None))):
+        error(f"render: {problem}")
+        return EXIT_USAGE
     previous = {} if str(args.output) == "-" else policies.cluster_policies(Path(args.output) / "kubernetes")
     # Whether render is about to generate the seed (seeds.for_render's rule), to announce it.
     seed_file = Path(args.output) / seeds.SEED_FILE
@@ -164,6 +185,8 @@ def main(values: dict, args: Any) -> int:
         warn(problem)
     if written:
         output = Path(args.output)
+        given = getattr(args, "values", None)
+        write_atomic(output / VALUES_SOURCE, (os.path.abspath(given) if given else "") + "\n")
         # What Kyverno would refuse to update in place, compared with the last render here.
         current = policies.cluster_policies(output / "kubernetes")
         recreate = policies.policies_to_recreate(previous, current)
