@@ -194,3 +194,18 @@ def test_doctor_fails_an_allowlist_that_is_missing_changed_or_unattached(change,
     change(objects)
     check = checks.allowlist_check(values, objects.get("ConfigMap"), [objects["Deployment"]], "APPLY")
     assert check.status == doctor.FAIL and problem in check.found and check.fix == "APPLY"
+
+
+def test_the_example_gateway_listens_where_the_proxy_does_and_the_pages_agree():
+    """Issue 43 item 3: a Gateway listener is on the proxy's entry point port (Traefik attaches a
+    listener to the entry point of its port), while MAAS connects to the Service's 443. Every page
+    that gives a listener's port gives that one."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    gateway = yaml.safe_load((root / "examples" / "bmc-gateway.yaml").read_text())
+    assert {listener["port"] for listener in gateway["spec"]["listeners"]} == {bmc_proxy.PORT}
+    for page in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
+        for said in re.findall(r"listeners?[^.\n]{0,80}?\bport (\d+)", page.read_text()):
+            assert int(said) == bmc_proxy.PORT, f"{page.name} gives a listener port {said}, not {bmc_proxy.PORT}"

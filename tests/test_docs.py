@@ -254,6 +254,19 @@ def tenant_a_with_web1(page: Page) -> None:
     web1_gets_its_bmc(page, None)
 
 
+def web1_started_once(page: Page, result) -> None:
+    assert get(page, "virtualmachine", "web1", "tenant-a")["spec"]["runStrategy"] == "RerunOnFailure"
+
+
+def test_no_page_has_maas_power_on_a_vm_it_does_not_know():
+    """Issue 43 item 3: MAAS knows a machine only once it has enlisted; a page that says MAAS
+    starts a VM for its enlistment sends the reader to wait for nothing."""
+    for page in PAGES:
+        text = " ".join((ROOT / page).read_text().split())
+        for wrong in ("until MAAS powers it on through its BMC", "Once MAAS powers it on, the VM PXE-boots and enlists"):
+            assert wrong not in text, f"{page}: {wrong!r}"
+
+
 def bmc_objects_gone(page: Page, result) -> None:
     assert "deleted" in result.stdout
     for kind in ("secret", "virtualmachinebmc", "ingress", "networkpolicy"):
@@ -270,7 +283,10 @@ def serial_removed(page: Page, result) -> None:
 # --- docs/how-to/run-reconciler.md -------------------------------------------------------------
 
 def maas_site(page: Page) -> None:
-    """The site's values (README: cp values.yaml site.yaml, edited) and the operator's api-key file."""
+    """The site's values (README: cp values.yaml site.yaml, edited, with the seed.file the page
+    tells to set) and the operator's api-key file."""
+    assert "seed:\n  file: build/seed" in (page.repo / "docs/how-to/run-reconciler.md").read_text(), \
+        "run-reconciler.md no longer says to set seed.file"
     shutil.copy(page.repo / "values.yaml", page.repo / "site.yaml")
     page.write_values(page.repo / "site.yaml", maas_values(page, seed={"file": "build/seed"}))
     (page.repo / "api-key").write_text(page.double.api_key_text + "\n")
@@ -970,6 +986,8 @@ RUNNERS: dict[str, list[Step]] = {
         Step("kubectl label namespace tenant-a maas.io/kubevirt-bmc=enabled mutatevirtualmachines.kubemacpool.io=allocate",
              CLUSTER),
         Step("kubectl -n tenant-a apply -f examples/pxe-vm.yaml", CLUSTER, after=web1_gets_its_bmc),
+        Step("kubectl -n tenant-a patch virtualmachine web1 --type merge -p "
+             "'{\"spec\":{\"runStrategy\":\"RerunOnFailure\"}}'", CLUSTER, after=web1_started_once),
         Step("kubectl label namespace tenant-a maas.io/kubevirt-bmc-", CLUSTER),
         Step("kubectl -n tenant-a delete secret,virtualmachinebmc,ingress,networkpolicy -l app.kubernetes.io/part-of=maas-kubevirt",
              CLUSTER, after=bmc_objects_gone),
