@@ -6,7 +6,7 @@ BUILD ?= build
 VALUES ?=
 CLI = $(BIN)/maas-kubevirt $(if $(VALUES),--values $(VALUES))
 
-.PHONY: all render venv test-venv deps kyverno test bench mutate deb clean
+.PHONY: all render venv test-venv deps kyverno test bench mutate deb clean diagrams
 
 all: render
 
@@ -81,6 +81,14 @@ $(VENV)/.mutate-installed: $(VENV)/.test-installed
 
 deb:
 	tools/build-deb $(BUILD)/deb
+
+# The pictures of the docs, from their Graphviz sources: every docs/diagrams/*.dot to the .svg beside
+# it, which is committed so that GitHub shows it. Every source is rendered each time (a clone's
+# file times say nothing of which is newer); tests/test_diagrams.py fails when an SVG is stale.
+DIAGRAMS := $(wildcard docs/diagrams/*.dot)
+diagrams:
+	@command -v dot >/dev/null || { echo "dot not found: install Graphviz (apt-get install graphviz)" >&2; exit 2; }
+	@for source in $(DIAGRAMS); do dot -Tsvg "$$source" -o "$${source%.dot}.svg" && echo "rendered $${source%.dot}.svg"; done
 
 # The generated seed is the site secret every BMC password derives from: clean keeps it.
 clean:

@@ -155,10 +155,10 @@ def _kubeconfig(path: Path, server: str, ca: Path, user: dict) -> Path:
 
 
 def _crd(group: str, kind: str, plural: str, versions: tuple[str, ...], spec_schema: dict, short_names=(),
-         status_subresource: bool = True) -> dict:
+         status_subresource: bool = True, singular: str | None = None) -> dict:
     """A namespaced CustomResourceDefinition, the first version stored, with a status subresource
     unless status_subresource is False."""
-    names = {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": kind.lower()}
+    names = {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": singular or kind.lower()}
     if short_names:
         names["shortNames"] = list(short_names)
     return {
@@ -224,6 +224,13 @@ TEST_CRDS = (
     # kubevirt/containerized-data-importer), which a pool VM's disk is; the pools' account reads them.
     _crd("cdi.kubevirt.io", "DataVolume", "datavolumes", ("v1beta1",),
          {"type": "object", "x-kubernetes-preserve-unknown-fields": True}, short_names=("dv", "dvs")),
+    # Multus's NetworkAttachmentDefinition, as the CRD of deployments/multus-daemonset.yml in
+    # github.com/k8snetworkplumbingwg/multus-cni declares it (plural network-attachment-definitions,
+    # short names nad and net-attach-def, spec.config a string holding the CNI configuration as
+    # JSON, no status subresource), so that examples/pxe-nad.yaml is admitted here as in a cluster.
+    _crd("k8s.cni.cncf.io", "NetworkAttachmentDefinition", "network-attachment-definitions", ("v1",),
+         {"type": "object", "properties": {"config": {"type": "string"}}}, short_names=("nad", "net-attach-def"),
+         status_subresource=False, singular="network-attachment-definition"),
 )
 
 

@@ -1029,3 +1029,18 @@ def test_a_power_on_after_the_guest_power_off_is_not_undone(control_plane, bundl
     eventually(cp, lambda: run_strategy_of(cp, "sentinel", namespace) == HALTED, "the sentinel to be Halted")
     time.sleep(5)
     assert run_strategy_of(cp, "again", namespace) == RERUN
+
+
+def test_the_pxe_network_example_is_admitted_in_an_opted_in_namespace(control_plane, namespace):
+    """examples/pxe-nad.yaml, as docs/how-to/pxe-network.md applies it: Multus's CRD takes it, and
+    no policy of the bundle refuses it in a namespace the policies serve; it is the network
+    examples/pxe-vm.yaml's interface names."""
+    example = ROOT / "examples"
+    control_plane.kubectl("-n", namespace, "apply", "-f", str(example / "pxe-nad.yaml"))
+    nad = json.loads(control_plane.kubectl("-n", namespace, "get", "network-attachment-definitions", "pxe",
+                                           "-o", "json").stdout)
+    config = json.loads(nad["spec"]["config"])
+    assert config["type"] == "bridge" and config["bridge"] == "br-pxe"
+    assert not config.get("ipam"), "MAAS's rack answers DHCP on the PXE segment: no IPAM"
+    vm = next(d for d in yaml.safe_load_all((example / "pxe-vm.yaml").read_text()) if d and d["kind"] == "VirtualMachine")
+    assert [n["multus"]["networkName"] for n in vm["spec"]["template"]["spec"]["networks"]] == [nad["metadata"]["name"]]

@@ -23,7 +23,9 @@ How a command runs (the `how` of its Step):
   dpkg's tools, else skipped (failing under CI=true).
 - CHECKED: cannot run inside a test (it is the test suite itself, or takes hours): the page marks
   it with `<!-- docs-test: checked-only: COMMAND (why) -->` before its block, and the test checks
-  it with `make -n` (the target exists and expands) and that every value it passes exists.
+  it with `make -n` (the target exists and expands) and that every value it passes exists; an
+  upstream install command (it fetches from the network), with upstream.lock.yaml: the lock file
+  pins the release it names, or, for a component the page calls not pinned, pins none.
 """
 
 from __future__ import annotations
@@ -591,6 +593,58 @@ def every_policy_ready(page: Page, result) -> None:
     assert "READY" in header and all(line[header.index("READY")] == "True" for line in rows), result.stdout
 
 
+# --- docs/how-to/pxe-network.md ---------------------------------------------------------------
+
+def tenant_a_opted_in(page: Page) -> None:
+    """An opted-in namespace under the bundle in build/, as namespaces.md leaves it."""
+    bundle_for_namespaces(page)
+    kubectl(page, "create", "namespace", "tenant-a")
+    kubectl(page, "label", "namespace", "tenant-a", "maas.io/kubevirt-bmc=enabled",
+            "mutatevirtualmachines.kubemacpool.io=allocate")
+
+
+def pxe_network_made(page: Page, result) -> None:
+    nad = json.loads(kubectl(page, "-n", "tenant-a", "get", "network-attachment-definitions", "pxe", "-o", "json").stdout)
+    assert json.loads(nad["spec"]["config"])["bridge"] == "br-pxe"
+
+
+# --- docs/reference/prerequisites.md ----------------------------------------------------------
+
+def lock_pins(key: str, version: str) -> str:
+    """The check of an upstream install command: upstream.lock.yaml pins the release it installs."""
+    return f"grep -qxF {quote(f'{key}: {version}')} upstream.lock.yaml"
+
+
+def not_pinned(key: str) -> str:
+    """The check of a command for a component the page calls not pinned: the lock file does not
+    pin it (once it does, the command must name that release)."""
+    return f"! grep -q {quote(f'^{key}:')} upstream.lock.yaml"
+
+
+KUBEVIRT = "https://github.com/kubevirt/kubevirt/releases/download/v1.7.0"
+CDI = "https://github.com/kubevirt/containerized-data-importer/releases/download/$VERSION"
+# Each upstream install command of the page fetches from the network or changes this host (see its
+# marker), so it is checked: against the lock file's release, or its absence there.
+PREREQUISITE_CHECKS = [
+    ("sudo kubeadm init --kubernetes-version v1.36.3", lock_pins("kubernetes", "v1.36.3")),
+    (f"kubectl apply -f {KUBEVIRT}/kubevirt-operator.yaml", lock_pins("kubevirt", "v1.7.0")),
+    (f"kubectl apply -f {KUBEVIRT}/kubevirt-cr.yaml", lock_pins("kubevirt", "v1.7.0")),
+    (f"kubectl create -f {CDI}/cdi-operator.yaml", not_pinned("cdi")),
+    (f"kubectl create -f {CDI}/cdi-cr.yaml", not_pinned("cdi")),
+    ("kubectl apply -f https://github.com/cert-manager/cert-manager/releases/download/v1.19.2/cert-manager.yaml",
+     not_pinned("cert-manager")),
+    ("helm upgrade --install kubevirtbmc kubevirtbmc --repo https://charts.zespre.com/ --namespace kubevirtbmc-system "
+     "--create-namespace --set image.tag=v0.7.0", lock_pins("kubevirtbmc", "v0.7.0")),
+    ("kubectl apply -f https://raw.githubusercontent.com/k8snetworkplumbingwg/kubemacpool/v0.50.0/config/release/"
+     "kubemacpool.yaml", lock_pins("kubemacpool", "v0.50.0")),
+    ("kubectl apply -f https://raw.githubusercontent.com/k8snetworkplumbingwg/multus-cni/master/deployments/"
+     "multus-daemonset-thick.yml", not_pinned("multus")),
+    ("kubectl create -f https://github.com/kyverno/kyverno/releases/download/v1.19.1/install.yaml",
+     lock_pins("kyverno", "v1.19.1")),
+    ("sudo snap install --channel=3.6/stable maas", "grep -qE '^maas-proven:.* 3[.]6[.][5-9]' upstream.lock.yaml"),
+]
+
+
 # --- docs/reference/doctor.md -----------------------------------------------------------------
 
 documented_checks = reference_pages.doctor_check_names
@@ -1131,6 +1185,13 @@ RUNNERS: dict[str, list[Step]] = {
         Step("maas admin machine deploy $SYSTEM_ID", SHIM, after=web1_deploying),
         Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml status", SHIM, after=web1_deployed),
     ],
+    "docs/how-to/pxe-network.md": [
+        Step("kubectl -n tenant-a apply -f examples/pxe-nad.yaml", CLUSTER, before=tenant_a_opted_in,
+             after=pxe_network_made),
+    ],
+    "docs/reference/prerequisites.md": [
+        Step(command, CHECKED, check=check) for command, check in PREREQUISITE_CHECKS
+    ],
     "docs/reference/doctor.md": [
         Step(".venv/bin/maas-kubevirt --values site.yaml doctor", MAAS, before=doctor_site, codes=(0, 1),
              after=doctor_rows_are_documented),
@@ -1369,6 +1430,11 @@ def test_development(tmp_path):
     run_page(sandbox(tmp_path, "docs/development.md"))
 
 
+def test_prerequisites_page(tmp_path):
+    """Its commands are all checked-only: each names the release upstream.lock.yaml pins."""
+    run_page(sandbox(tmp_path, "docs/reference/prerequisites.md"))
+
+
 @pytest.mark.parametrize("name", ["run-reconciler", "upgrade-maas"])
 def test_maas_page(tmp_path, double, name):
     page = sandbox(tmp_path, f"docs/how-to/{name}.md")
@@ -1380,7 +1446,7 @@ def without_tenant_a(page: Page) -> None:
     kubectl(page, "delete", "namespace", "tenant-a", "--ignore-not-found", "--wait=false", check=False)
 
 
-@pytest.mark.parametrize("name", ["namespaces", "change-values", "seed-backup"])
+@pytest.mark.parametrize("name", ["namespaces", "change-values", "seed-backup", "pxe-network"])
 def test_cluster_page(tmp_path, control_plane, name):
     page = sandbox(tmp_path, f"docs/how-to/{name}.md")
     with_cluster(page, control_plane)
