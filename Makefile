@@ -65,10 +65,14 @@ MAAS_REGIONS = for release in $(MAAS_RELEASES); do \
 
 # The reconciler's cost to MAAS against the double, then on MAAS's own region of each proven
 # release: the idle cycle and the writes per VM, and a fleet at MAAS's pace with its rack stand-in
-# (BENCH_REAL_N VMs, BENCH_REAL_T s per power-on; tools/bench-real-maas says the defaults).
+# (BENCH_REAL_N VMs, BENCH_REAL_T s per power-on; tools/bench-real-maas says the defaults); then a
+# warm pool filled from empty (BENCH_POOL_N machines, BENCH_POOL_T s; tools/bench-pools). Both run on
+# the same regions whatever the first says; either one's goal not met fails the target.
 bench: test-venv
 	$(BIN)/python tools/bench.py
-	REAL_MAAS="$$($(MAAS_REGIONS))" $(BIN)/python tools/bench-real-maas
+	regions="$$($(MAAS_REGIONS))"; \
+	REAL_MAAS="$$regions" $(BIN)/python tools/bench-real-maas; fleet=$$?; \
+	REAL_MAAS="$$regions" $(BIN)/python tools/bench-pools && exit $$fleet
 
 # Mutation testing of the core modules against the fast tests (slow: not part of `make test`).
 # MODULES picks some of: identity values render reconcile maas script.

@@ -523,6 +523,7 @@ class Timed:
     status: int
     seconds: float
     wire: int = 0   # bytes on the client's connection, both ways, request line and headers included
+    started: float = 0.0   # time.monotonic() when it was passed on: overlapping requests are told apart
 
 
 class _Counted:
@@ -605,7 +606,8 @@ class TimingProxy(LoopbackServer):
                 except requests.RequestException:
                     self.close_connection = True
                     return
-                timed = Timed(self.command, self.path, body, reply.status_code, time.monotonic() - started)
+                timed = Timed(self.command, self.path, body, reply.status_code, time.monotonic() - started,
+                              started=started)
                 try:
                     self.send_response(reply.status_code)
                     for name, value in reply.headers.items():
