@@ -378,16 +378,20 @@ def test_doctor_command_table_and_json(site, monkeypatch, capsys):
         assert secret not in out + err
 
 
-@pytest.mark.parametrize("columns", [80, 132])
-def test_doctor_table_fits_the_terminal_and_json_does_not_change(site, monkeypatch, capsys, columns):
+def _timeless_probe(monkeypatch) -> None:
+    """The Redfish probe as it is, less the round-trip time it reports: 0.1 s in one run, 0.2 s in the next."""
     probe = doctor.network.redfish_probe
 
     def timeless(*args, **kwargs):
-        """The probe as it is, less the round-trip time it reports: 0.1 s in one run, 0.2 s in the next."""
         status, _, problem = probe(*args, **kwargs)
         return status, 0.0, problem
 
     monkeypatch.setattr(doctor.network, "redfish_probe", timeless)
+
+
+@pytest.mark.parametrize("columns", [80, 132])
+def test_doctor_table_fits_the_terminal_and_json_does_not_change(site, monkeypatch, capsys, columns):
+    _timeless_probe(monkeypatch)
     monkeypatch.setattr(doctor, "system_resolve", site.resolve)
     monkeypatch.setattr(doctor, "HTTPS_PORT", site.redfish_port)
     monkeypatch.delenv("COLUMNS", raising=False)
@@ -413,14 +417,7 @@ def test_doctor_table_fits_the_terminal_and_json_does_not_change(site, monkeypat
 def test_piped_the_table_fits_120_columns_and_wide_json_and_yaml_say_the_same(site, monkeypatch, capsys):
     """Not a terminal and no COLUMNS (a mail, a CI log): 120 columns, not rows of ~300; -o wide
     keeps a row on one line for grep; -o yaml is -o json's document, --json its old name."""
-    probe = doctor.network.redfish_probe
-
-    def timeless(*args, **kwargs):
-        """The probe less its round-trip time, which differs between two runs."""
-        status, _, problem = probe(*args, **kwargs)
-        return status, 0.0, problem
-
-    monkeypatch.setattr(doctor.network, "redfish_probe", timeless)
+    _timeless_probe(monkeypatch)
     monkeypatch.setattr(doctor, "system_resolve", site.resolve)
     monkeypatch.setattr(doctor, "HTTPS_PORT", site.redfish_port)
     outputs = {}
