@@ -18,6 +18,7 @@ from maas_kubevirt import __version__, cli  # noqa: E402
 from maas_kubevirt.paths import SCRIPT_NAME  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("command", [[str(VENV_BIN / "maas-kubevirt")], [sys.executable, "-m", "maas_kubevirt"]])
@@ -34,10 +35,12 @@ def test_version_from_console_script_and_module(command):
         (["render"], ["--output DIR", "kubectl apply -f -", "seed"]),
         (["reconcile"], ["--once", "--interval SECONDS", "--dry-run", "audit record", "Exit status", "--json",
                          "--detailed-exitcode, 3 changes pending (0 none)"]),
-        (["status"], ["power state", "--json"]),
+        (["status"], ["power state", "-o FORMAT, --output FORMAT", "--json deprecated: the same as -o json",
+                      "--watch", "--interval SECONDS"]),
         (["upload-script"], ["--script FILE", "POST scripts/", "read it back", "bmc-config and enlisting",
                              "not rendered from these values"]),
-        (["doctor"], ["--kubeconfig FILE", "--context NAME", "--json", "Read-only", "Exit status"]),
+        (["doctor"], ["--kubeconfig FILE", "--context NAME", "-o FORMAT, --output FORMAT",
+                      "--json deprecated: the same as -o json", "Read-only", "Exit status"]),
     ],
 )
 def test_help_describes_every_command(sub, mentions, capsys):
@@ -122,6 +125,7 @@ RANK = {
     "cli": 6,
     "loop": 5, "status": 5, "upload": 5, "doctor": 5,   # the commands' entry points
     "compose": 5, "decompose": 5,  # the pool commands
+    "completions": 5,             # the completion command: prints the scripts in completion/
     "route": 4,                   # check-route, and doctor's network.route row: the path to a BMC
     "render": 4,                  # the render command, and what upload (and doctor) compare with
     "reconcile": 3, "policies": 3,
@@ -143,7 +147,7 @@ RANK = {
 }
 COMMANDS = {"render": "render", "reconcile": "loop", "status": "status", "upload-script": "upload",
             "doctor": "doctor", "rotate": "rotate", "compose": "compose", "decompose": "decompose",
-            "check-route": "route"}
+            "check-route": "route", "completion": "completions"}
 
 
 def _imports(path: Path) -> set[str]:
@@ -292,13 +296,59 @@ def test_a_render_to_a_closed_pipe_ends_quietly_with_exit_0(tmp_path):
 
 
 def test_head_of_a_render_reads_its_first_line_and_the_render_exits_0(tmp_path):
-    """`render -o - | head -1`: 80 kB of manifests, more than a pipe holds, so the write fails."""
+    """`render --output - | head -1`: 80 kB of manifests, more than a pipe holds, so the write fails."""
     subprocess.run([sys.executable, "-m", "maas_kubevirt", "render", "--output", "build"], cwd=tmp_path,
                    check=True, capture_output=True)
     (tmp_path / "values.yaml").write_text(f"seed:\n  file: {tmp_path / 'build' / 'seed'}\n"
                                           "ingress:\n  tls_secret: bmc-tls\n")   # no TLS warning on stderr
-    result = subprocess.run(f"{sys.executable} -m maas_kubevirt --values values.yaml render -o - | head -1; "
+    result = subprocess.run(f"{sys.executable} -m maas_kubevirt --values values.yaml render --output - | head -1; "
                             "echo \"exit ${PIPESTATUS[0]}\" >&2", shell=True, executable="/bin/bash",
                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.stdout.startswith("# Rendered by maas-kubevirt") and result.stdout.count("\n") == 1
     assert result.stderr == "exit 0\n"
+
+
+@pytest.mark.parametrize("command", [[], *([name] for name in COMMANDS)], ids=lambda c: c[0] if c else "(none)")
+def test_every_help_gives_examples_and_the_exit_status(command, capsys):
+    """As man pages and kubectl's help: Examples, each a command line kept as written, then Exit status."""
+    with pytest.raises(SystemExit):
+        cli.main(command + ["--help"])
+    out = capsys.readouterr().out
+    examples = out.split("\nExamples:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert examples and all(line.startswith("  maas-kubevirt ") or line.startswith("  sudo maas-kubevirt ")
+                            or line.startswith("  source <(maas-kubevirt ") for line in examples), out
+    assert "\nExit status: 0 " in out
+
+
+def test_render_takes_no_o_which_is_a_format_elsewhere(capsys):
+    """`render -o json` would have rendered into a directory named json: -o is -o FORMAT, as kubectl's."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["render", "-o", "json"])
+    assert exited.value.code == 2
+    assert "unrecognized arguments: -o" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("shell, name", [("bash", "maas-kubevirt"), ("zsh", "_maas-kubevirt")])
+def test_completion_prints_the_shipped_script_from_a_clone_or_the_package(shell, name, tmp_path, monkeypatch, capsys):
+    from maas_kubevirt import completions
+
+    assert cli.main(["completion", shell]) == 0
+    assert capsys.readouterr().out == (ROOT / "completion" / name).read_text()
+    # Installed: the data directory holds no completion/, the script is where the package put it.
+    monkeypatch.setattr(completions, "data_dir", lambda: tmp_path)
+    installed = tmp_path / "usr-share" / name
+    monkeypatch.setitem(completions.INSTALLED, shell, installed)
+    assert cli.main(["completion", shell]) == 1
+    assert f"completion {shell}: {installed}: No such file or directory" in capsys.readouterr().err
+    installed.parent.mkdir()
+    installed.write_text("# the installed script\n")
+    assert cli.main(["completion", shell]) == 0
+    assert capsys.readouterr().out == "# the installed script\n"
+
+
+def test_the_package_installs_the_completion_scripts_where_completion_reads_them():
+    from maas_kubevirt import completions
+
+    install = (ROOT / "debian" / "maas-kubevirt.install").read_text().splitlines()
+    for shell, path in completions.INSTALLED.items():
+        assert f"completion/{path.name} {str(path.parent).lstrip('/')}/" in install, shell

@@ -351,7 +351,8 @@ def test_credentials_hide_the_password():
 
 
 def table_statuses(out: str) -> dict[str, str]:
-    return {line.split()[0]: line.split()[1] for line in out.splitlines()[1:-1]}
+    """CHECK -> STATUS of each row (a wrapped row's further lines start blank)."""
+    return {line.split()[0]: line.split()[1] for line in out.splitlines()[1:-1] if not line.startswith(" ")}
 
 
 def test_doctor_command_table_and_json(site, monkeypatch, capsys):
@@ -377,24 +378,28 @@ def test_doctor_command_table_and_json(site, monkeypatch, capsys):
         assert secret not in out + err
 
 
-@pytest.mark.parametrize("columns", [80, 132])
-def test_doctor_table_fits_the_terminal_and_json_does_not_change(site, monkeypatch, capsys, columns):
+def _timeless_probe(monkeypatch) -> None:
+    """The Redfish probe as it is, less the round-trip time it reports: 0.1 s in one run, 0.2 s in the next."""
     probe = doctor.network.redfish_probe
 
     def timeless(*args, **kwargs):
-        """The probe as it is, less the round-trip time it reports: 0.1 s in one run, 0.2 s in the next."""
         status, _, problem = probe(*args, **kwargs)
         return status, 0.0, problem
 
     monkeypatch.setattr(doctor.network, "redfish_probe", timeless)
+
+
+@pytest.mark.parametrize("columns", [80, 132])
+def test_doctor_table_fits_the_terminal_and_json_does_not_change(site, monkeypatch, capsys, columns):
+    _timeless_probe(monkeypatch)
     monkeypatch.setattr(doctor, "system_resolve", site.resolve)
     monkeypatch.setattr(doctor, "HTTPS_PORT", site.redfish_port)
     monkeypatch.delenv("COLUMNS", raising=False)
-    assert cli.main(["--values", str(site.values_file), "doctor"]) == 0
+    assert cli.main(["--values", str(site.values_file), "doctor", "-o", "wide"]) == 0
     whole = capsys.readouterr().out
     assert cli.main(["--values", str(site.values_file), "doctor", "--json"]) == 0
     json_out = capsys.readouterr().out
-    assert max(len(line) for line in whole.splitlines()) > columns   # not a terminal: one line a row
+    assert max(len(line) for line in whole.splitlines()) > columns   # wide: one line a row
     monkeypatch.setenv("COLUMNS", str(columns))
     assert cli.main(["--values", str(site.values_file), "doctor"]) == 0
     fitted = capsys.readouterr().out
@@ -407,6 +412,37 @@ def test_doctor_table_fits_the_terminal_and_json_does_not_change(site, monkeypat
                                                   for c in checks)
     assert cli.main(["--values", str(site.values_file), "doctor", "--json"]) == 0
     assert capsys.readouterr().out == json_out
+
+
+def test_piped_the_table_fits_120_columns_and_wide_json_and_yaml_say_the_same(site, monkeypatch, capsys):
+    """Not a terminal and no COLUMNS (a mail, a CI log): 120 columns, not rows of ~300; -o wide
+    keeps a row on one line for grep; -o yaml is -o json's document, --json its old name."""
+    _timeless_probe(monkeypatch)
+    monkeypatch.setattr(doctor, "system_resolve", site.resolve)
+    monkeypatch.setattr(doctor, "HTTPS_PORT", site.redfish_port)
+    outputs = {}
+    for output in (["-o", "wide"], [], ["-o", "json"], ["--output", "yaml"], ["--json"]):
+        assert cli.main(["--values", str(site.values_file), "doctor", *output]) == 0
+        outputs[" ".join(output)] = capsys.readouterr().out
+    piped, wide = outputs[""], outputs["-o wide"]
+    assert max(len(line) for line in piped.splitlines()) <= doctor.PIPED_WIDTH < max(map(len, wide.splitlines()))
+    assert len(wide.splitlines()) == len(json.loads(outputs["-o json"])["checks"]) + 2   # the header, the summary
+    assert yaml.safe_load(outputs["--output yaml"]) == json.loads(outputs["-o json"])
+    assert outputs["--json"] == outputs["-o json"]
+
+
+def test_a_kubeconfig_variable_naming_no_file_is_said_so(site, monkeypatch, capsys, tmp_path):
+    """KUBECONFIG=/nonexistent is not "no $KUBECONFIG": the row names the files and what to do."""
+    monkeypatch.setattr(doctor, "system_resolve", site.resolve)
+    monkeypatch.setattr(doctor, "HTTPS_PORT", site.redfish_port)
+    monkeypatch.setenv("KUBECONFIG", f"/nonexistent:{tmp_path / 'gone'}")
+    assert cli.main(["--values", str(site.values_file), "doctor", "-o", "json"]) == 0
+    (row,) = [c for c in json.loads(capsys.readouterr().out)["checks"] if c["check"] == "cluster"]
+    assert row["status"] == "skip"
+    assert row["found"].startswith(f"no --kubeconfig given, and $KUBECONFIG names files that do not exist "
+                                   f"(/nonexistent, {tmp_path / 'gone'})")
+    assert "no $KUBECONFIG" not in row["found"]
+    assert row["fix"].startswith("point $KUBECONFIG at an existing kubeconfig")
 
 
 def test_wide_source_ranges_warn_and_doctor_still_exits_0(site, monkeypatch, capsys):

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -522,12 +523,56 @@ def test_dry_run_json_is_the_plan_and_the_detailed_exit_code_says_changes_are_pe
     assert json.loads(capsys.readouterr().out)["summary"] == {"changes": 0, "machines": 0, "pool_actions": 0}
 
 
-@pytest.mark.parametrize("option", ["--json", "--detailed-exitcode"])
-def test_the_plan_options_need_a_dry_run(option, capsys):
+@pytest.mark.parametrize("options, named", [(["--json"], "-o/--json"), (["-o", "yaml"], "-o/--json"),
+                                            (["--detailed-exitcode"], "--detailed-exitcode")])
+def test_the_plan_options_need_a_dry_run(options, named, capsys):
     with pytest.raises(SystemExit) as exited:
-        cli.main(["reconcile", option])
+        cli.main(["reconcile", *options])
     assert exited.value.code == 2
-    assert f"reconcile: {option} only with --dry-run" in capsys.readouterr().err
+    assert f"reconcile: {named} only with --dry-run" in capsys.readouterr().err
+
+
+def test_the_plan_and_status_print_as_o_says_as_kubectl(tmp_path, double, capsys):
+    """-o json and -o yaml are one document, --json (deprecated) is -o json, -o wide is the
+    table (it leaves no column out and never wraps)."""
+    add_noise(double)
+    double.add_vm("web1", "vms")
+    path = write_values(tmp_path, double)
+    for command in (["reconcile", "--dry-run"], ["status"]):
+        printed = {}
+        for output in ([], ["-o", "wide"], ["-o", "json"], ["--output", "yaml"], ["--json"]):
+            assert cli.main(["--values", str(path), *command, *output]) == 0
+            printed[" ".join(output)] = capsys.readouterr().out
+        assert printed["-o wide"] == printed[""], command
+        assert yaml.safe_load(printed["--output yaml"]) == json.loads(printed["-o json"]), command
+        assert printed["--json"] == printed["-o json"], command
+        assert_no_secrets(double, *printed.values())
+
+
+def test_status_watch_prints_until_interrupted_and_exits_0(tmp_path, double):
+    """`status --watch --interval 1`, piped: a table each second, a blank line between; SIGINT ends it with 0."""
+    double.add_vm("web1", "vms")
+    path = write_values(tmp_path, double)
+    watching = subprocess.Popen([sys.executable, "-m", "maas_kubevirt", "--values", str(path), "status", "--watch",
+                                 "--interval", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        seen = ""
+        while seen.count("MAAS machine(s) with a Redfish power address") < 2:
+            assert time.monotonic() < deadline and watching.poll() is None, seen
+            seen += watching.stdout.readline()
+    finally:
+        watching.send_signal(signal.SIGINT)
+        out, err = watching.communicate(timeout=30)
+    assert watching.returncode == 0, err
+    assert err == "" and "\n\nVM " in seen
+
+
+def test_status_interval_needs_watch(capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["status", "--interval", "3"])
+    assert exited.value.code == 2
+    assert "status: --interval only with --watch" in capsys.readouterr().err
 
 
 def test_status_table(tmp_path, double, capsys):

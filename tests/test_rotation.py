@@ -255,3 +255,24 @@ def test_status_names_each_vm_to_rotate_and_the_exact_command(double, tmp_path, 
     assert document["rotations"] == [{"vm": "web1", "namespace": "vms", "system_id": sid, "generation": 0,
                                       "command": f"maas-kubevirt --values {values} rotate web1.vms"}]
     assert document["summary"]["rotations"] == 1
+
+
+@pytest.mark.parametrize("given", [[], ["--kubeconfig", "admin.conf"], ["KUBECONFIG"]])
+def test_rotate_by_hand_without_a_lease_is_refused_with_why_even_with_a_kubeconfig(given, tmp_path, monkeypatch,
+                                                                                  capsys):
+    """Without reconciler.lease the reconciler reads no generation: a bump would have Kyverno
+    derive the new password while the reconciler sets the old one back. $KUBECONFIG or
+    --kubeconfig reaches the ConfigMap, not the reconciler, so they do not make it safe."""
+    from maas_kubevirt import cli, rotate
+
+    kubeconfig = tmp_path / "admin.conf"
+    kubeconfig.write_text("{}")
+    if given == ["KUBECONFIG"]:
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        given = []
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["rotate", "web1.vms", *given]) == 2
+    err = capsys.readouterr().err
+    assert err == f"maas-kubevirt: error: rotate: {rotate.NEEDS_LEASE}\n"
+    assert "the values have no reconciler.lease" in err and "set the old password back" in err
+    assert "$KUBECONFIG or --kubeconfig does not change that" in err

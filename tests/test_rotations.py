@@ -159,7 +159,7 @@ def test_rotate_reads_kubeconfig_as_kubectl_when_the_lease_kubeconfig_is_not_her
     reads $KUBECONFIG (every file of the list merged, a missing one skipped) and says so."""
     import socket
 
-    from maas_kubevirt import cli
+    from maas_kubevirt import cli, kubeconfigs
 
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
@@ -180,4 +180,11 @@ def test_rotate_reads_kubeconfig_as_kubectl_when_the_lease_kubeconfig_is_not_her
     assert f"cannot reach the API server at http://127.0.0.1:{port} (connection refused)" in err
     monkeypatch.delenv("KUBECONFIG")
     assert cli.main(["--values", str(values), "rotate", "web1.vms"]) == 2
-    assert "reconciler.lease.kubeconfig: cannot read '/nonexistent/kubeconfig'" in capsys.readouterr().err
+    assert ("reconciler.lease.kubeconfig /nonexistent/kubeconfig is not on this host, and no $KUBECONFIG is set "
+            f"and {kubeconfigs.HOME_CONFIG} does not exist: give --kubeconfig FILE, or set $KUBECONFIG"
+            ) in capsys.readouterr().err
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    assert cli.main(["--values", str(values), "rotate", "web1.vms"]) == 2
+    assert (f"is not on this host, and $KUBECONFIG names a file that does not exist ({tmp_path / 'missing'}), and "
+            f"{kubeconfigs.HOME_CONFIG} is then not read, as by kubectl: point $KUBECONFIG at an existing kubeconfig (or unset "
+            f"it to read {kubeconfigs.HOME_CONFIG}), or give --kubeconfig FILE") in capsys.readouterr().err

@@ -8,11 +8,14 @@ cannot write megabytes into the journal.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
 import textwrap
 from typing import Any, Iterable, Sequence
+
+import yaml
 
 from maas_kubevirt import PROG
 
@@ -104,9 +107,26 @@ def _wrapped(text: str, width: int) -> list[str]:
     return textwrap.wrap(text, width, break_long_words=True, break_on_hyphens=False) or [""]
 
 
-def terminal_width() -> int | None:
-    """The width to fit a table to: COLUMNS, else stdout's terminal; None (no limit) when stdout is
-    not a terminal, as ps does, so that `doctor | grep` still finds a whole row on one line."""
+# -o FORMAT of status, doctor and reconcile --dry-run, as kubectl's: the table is the default.
+TABLE, JSON, YAML, WIDE = "table", "json", "yaml", "wide"
+OUTPUT_FORMATS = (JSON, YAML, WIDE)
+
+
+def output_format(args: Any) -> str:
+    """-o's format; the deprecated --json (a bool where a caller builds args itself) is -o json."""
+    return getattr(args, "output", None) or (JSON if getattr(args, "json", False) else TABLE)
+
+
+def document(data: Any, output: str) -> str:
+    """data as YAML for -o yaml, else as JSON; both escape every control character it holds."""
+    if output == YAML:
+        return yaml.safe_dump(data, sort_keys=False, default_flow_style=False).rstrip("\n")
+    return json.dumps(data, indent=2)
+
+
+def terminal_width(piped: int | None = None) -> int | None:
+    """The width to fit a table to: COLUMNS, else stdout's terminal; when stdout is not a
+    terminal, piped (None: no limit, as ps does, so that `status | grep` finds a whole row)."""
     try:
         columns = int(os.environ.get("COLUMNS", ""))
     except ValueError:
@@ -115,9 +135,9 @@ def terminal_width() -> int | None:
         return columns
     try:
         if not os.isatty(sys.stdout.fileno()):
-            return None
+            return piped
     except (OSError, ValueError, AttributeError):
-        return None
+        return piped
     return shutil.get_terminal_size().columns
 
 

@@ -25,3 +25,20 @@ def default() -> tuple[str, str] | None:
 def files(kubeconfig: str) -> list[str]:
     """The files of a kubeconfig setting: one path, or default()'s ':'-joined list."""
     return [path for path in kubeconfig.split(os.pathsep) if path]
+
+
+def none_found() -> str:
+    """Why default() found no kubeconfig, for messages: $KUBECONFIG naming only files that do not
+    exist (kubectl then does not read ~/.kube/config either), or neither set nor there."""
+    listed = [p for p in os.environ.get(ENV, "").split(os.pathsep) if p]
+    if listed:
+        return (f"${ENV} names {'a file that does' if len(listed) == 1 else 'files that do'} not exist "
+                f"({', '.join(listed)}), and {HOME_CONFIG} is then not read, as by kubectl")
+    return f"no ${ENV} is set and {HOME_CONFIG} does not exist"
+
+
+def fix() -> str:
+    """What to do when default() found none."""
+    if os.environ.get(ENV):
+        return f"point ${ENV} at an existing kubeconfig (or unset it to read {HOME_CONFIG}), or give --kubeconfig FILE"
+    return f"give --kubeconfig FILE, or set ${ENV}"

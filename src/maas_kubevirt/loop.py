@@ -12,7 +12,6 @@ configuration error (bad values, unreadable API key or kubeconfig, key refused, 
 
 from __future__ import annotations
 
-import json
 import signal
 import threading
 import time
@@ -20,7 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_PENDING, EXIT_USAGE, lease, seed
 from maas_kubevirt.audit import Audit
-from maas_kubevirt.console import error, note, table, warn
+from maas_kubevirt.console import TABLE, WIDE, document, error, note, output_format, table, warn
 from maas_kubevirt.maas import MAASAuthError, MAASVersionError, client_from_values
 from maas_kubevirt.notify import Notifier
 from maas_kubevirt.pools import stage as pool_stage
@@ -56,9 +55,9 @@ def plan_table(actions: Sequence[Action], pool_actions: Sequence[PoolAction] = (
     return table(("ACTION", "SYSTEM_ID", "HOSTNAME", "VM", "NAMESPACE", "BEFORE", "AFTER", "NOTE"), rows)
 
 
-def plan_json(actions: Sequence[Action], pool_actions: Sequence[PoolAction] = ()) -> str:
-    """The plan as JSON: each action's fields as the table shows them (labels such as derived or
-    placeholder, never a password), each pool action's, and the counts of the summary line."""
+def plan_document(actions: Sequence[Action], pool_actions: Sequence[PoolAction], output: str) -> str:
+    """The plan as JSON or YAML: each action's fields as the table shows them (labels such as derived
+    or placeholder, never a password), each pool action's, and the counts of the summary line."""
     changes = [a for a in actions if a.changes]
     rows = [{"action": a.kind, "system_id": a.system_id, "hostname": a.hostname, "vm": a.vm,
              "namespace": a.namespace, "before": a.before, "after": a.after, "note": a.note,
@@ -67,18 +66,20 @@ def plan_json(actions: Sequence[Action], pool_actions: Sequence[PoolAction] = ()
               "hostname": a.hostname, "tags": list(a.tags), "reason": a.reason} for a in pool_actions]
     summary = {"changes": len(changes), "machines": len({a.system_id for a in changes if a.system_id}),
                "pool_actions": len(pools)}
-    return json.dumps({"dry_run": True, "actions": rows, "pool_actions": pools, "summary": summary}, indent=2)
+    return document({"dry_run": True, "actions": rows, "pool_actions": pools, "summary": summary}, output)
 
 
 def _print_plan(result: Cycle, args: Any) -> int:
-    """The dry run's plan as a table (or JSON); its exit status (EXIT_PENDING: see the epilog).
-    Every pool action is a change pending; pools that could not be read fail the dry run."""
+    """The dry run's plan as -o says (wide: the table, which leaves no column out and never wraps);
+    its exit status (EXIT_PENDING: see the epilog). Every pool action is a change pending; pools
+    that could not be read fail the dry run."""
     if result.error:
         return EXIT_FAILED
     changes = [a for a in result.actions if a.changes]
     pool_actions = result.pool_actions
-    if getattr(args, "json", False):
-        print(plan_json(result.actions, pool_actions), flush=True)
+    output = output_format(args)
+    if output not in (TABLE, WIDE):
+        print(plan_document(result.actions, pool_actions, output), flush=True)
     else:
         if result.actions or pool_actions:
             print(plan_table(result.actions, pool_actions), flush=True)

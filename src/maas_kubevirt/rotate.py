@@ -17,9 +17,14 @@ from maas_kubevirt.audit import Audit
 from maas_kubevirt.console import error, note, warn
 from maas_kubevirt.reconcile import ROTATE, ROTATION_SETTLE
 
-NEEDS_LEASE = ("reconciler.lease.kubeconfig is not set: the reconciler reads each VM's credential "
-               "generation through that cluster access, and without it would set the old password back; "
-               "configure the lease (docs/how-to/ha.md), then rotate")
+# Refused, not merely warned: without a lease the reconciler reads no generation, so after a bump
+# Kyverno derives the new password while the reconciler keeps putting the old one into MAAS, and
+# MAAS can no longer power the VM. A workstation's kubeconfig reaches the ConfigMap, not the reconciler.
+NEEDS_LEASE = ("the values have no reconciler.lease: the reconciler reads each VM's credential generation "
+               "only through the lease's cluster access, so after this rotation it would set the old password "
+               "back in MAAS while Kyverno derives the new one, and MAAS could no longer power the VM; "
+               "$KUBECONFIG or --kubeconfig does not change that. Configure the lease (docs/how-to/ha.md), "
+               "then rotate with the site's values file")
 
 
 class Rotator:
@@ -73,9 +78,9 @@ def read_generations(values: Mapping[str, Any]) -> tuple[dict | None, str]:
 
 
 def _kubeconfig(values: Mapping[str, Any], given: str | None) -> str | None:
-    """--kubeconfig, else reconciler.lease.kubeconfig where it exists here (the region host), else
-    what kubectl would read ($KUBECONFIG, ~/.kube/config: a workstation), said on stderr; None
-    leaves the lease's path, for its error to name."""
+    """--kubeconfig, else reconciler.lease.kubeconfig where it exists here (None: the region host),
+    else what kubectl would read ($KUBECONFIG, ~/.kube/config: a workstation), said on stderr.
+    Raises lease.LeaseConfigError naming both when neither is here."""
     if given:
         return given
     configured = lease.kubeconfig_path(values)
@@ -83,7 +88,8 @@ def _kubeconfig(values: Mapping[str, Any], given: str | None) -> str | None:
         return None
     found = kubeconfigs.default()
     if found is None:
-        return None
+        raise lease.LeaseConfigError(f"reconciler.lease.kubeconfig {configured} is not on this host, and "
+                                     f"{kubeconfigs.none_found()}: {kubeconfigs.fix()}")
     note(f"rotate: reconciler.lease.kubeconfig {configured} is not on this host: using {found[1]}")
     return found[0]
 

@@ -3,18 +3,22 @@ BMC (its address shown, a look-alike marked suspect), whether its password is th
 why its commission waits if it does, and one line per duplicate claim; with ``pools``, one row
 per warm pool (the pool stage's plan, as a dry run: nothing written); with reconciler.lease,
 who holds the site's Lease and since when; each VM whose password may have leaked and the command
-that rotates it. ``--json`` prints the same as one JSON document."""
+that rotates it. ``-o json``/``-o yaml`` print the same as one document; ``--watch`` prints it
+again every ``--interval`` seconds until interrupted."""
 
 from __future__ import annotations
 
-import json
+import os
 import socket
+import sys
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, lease, rotate, seed
 from maas_kubevirt.audit import Audit
-from maas_kubevirt.console import error, escape_controls, table, warn
+from maas_kubevirt.console import (TABLE, WIDE, YAML, document, error, escape_controls, output_format, table,
+                                   warn)
 from maas_kubevirt.maas import MAASAuthError, MAASError, client_from_values
 from maas_kubevirt.pools import stage as pool_stage
 from maas_kubevirt.pools.access import PoolsConfigError
@@ -71,8 +75,44 @@ class Report:
         return sum(row.suspect for row in self.rows)
 
 
+WATCH_INTERVAL = 5   # seconds, as kubectl get -w's habit of a glance that stays current
+CLEAR = "\033[H\033[2J"   # what watch(1) does between two prints on a terminal
+
+
 def main(values: dict, args: Any) -> int:
-    """``status [--json]``: one row per matching machine; 1 when MAAS cannot be read, 2 when the key is refused."""
+    """``status [-o FORMAT] [--watch [--interval SECONDS]]``: one row per matching machine; 1 when
+    MAAS cannot be read, 2 when the key is refused."""
+    if not getattr(args, "watch", False):
+        return show(values, args)
+    return watch(values, args, getattr(args, "interval", None) or WATCH_INTERVAL)
+
+
+def watch(values: dict, args: Any, interval: float) -> int:
+    """show() every interval seconds until interrupted (0); a MAAS that does not answer is said
+    and asked again next time, a configuration error (2) ends it."""
+    try:
+        tty = os.isatty(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        tty = False
+    output = output_format(args)
+    try:
+        first = True
+        while True:
+            if tty and output in (TABLE, WIDE):
+                print(CLEAR, end="")
+            elif not first:
+                # Piped: one document after another, as kubectl get -w appends.
+                print("---" if output == YAML else "", flush=True)
+            first = False
+            if show(values, args) == EXIT_USAGE:
+                return EXIT_USAGE
+            time.sleep(interval)
+    except KeyboardInterrupt:   # Ctrl-C is how a watch ends, as watch(1)'s
+        return EXIT_OK
+
+
+def show(values: dict, args: Any) -> int:
+    """One observation of MAAS, printed as -o says."""
     settings = Settings.from_values(values)
     generations, unread = rotate.read_generations(values) if lease.configured(values) else ({}, "")
     seed_text = seed.load(values)
@@ -101,7 +141,10 @@ def main(values: dict, args: Any) -> int:
     report.pools, report.pools_unread = warm, warm_unread
     if generations is None:
         report.notes.append(f"credential generations not read ({unread}): a rotated VM's password shows as other")
-    print(render_json(report) if getattr(args, "json", False) else render_table(report), flush=True)
+    output = output_format(args)
+    # wide is the table: it leaves out no column and never wraps.
+    print(render_table(report) if output in (TABLE, WIDE) else document(report_document(report), output),
+          flush=True)
     return EXIT_OK
 
 
@@ -221,10 +264,10 @@ def switched_line(switched: dict) -> str:
             f"credentials were taken back, so MAAS cannot power the VM; {switched['fix']}")
 
 
-def render_json(report: Report) -> str:
-    """One JSON document for scripts; json.dumps escapes every control character MAAS may send."""
+def report_document(report: Report) -> dict:
+    """The report as -o json and -o yaml print it (both escape every control character MAAS may send)."""
     suspects = report.suspects
-    return json.dumps({
+    return {
         "domain": report.domain,
         "rows": [asdict(row) for row in report.rows],
         "duplicates": report.duplicates,
@@ -241,7 +284,7 @@ def render_json(report: Report) -> str:
             "duplicates": len(report.duplicates), "pool_refused": len(report.pool_refused),
             "rotations": len(report.rotations), "switched": len(report.switched),
         },
-    }, indent=2)
+    }
 
 
 def lease_state(values: dict) -> dict:

@@ -5,7 +5,7 @@ The checks themselves are pure functions over what MAAS, the API server and the 
 answer, one module per family (:mod:`.maas`, :mod:`.cluster` with the exposure's rows in
 :mod:`.gateway`, the BMC proxy's in :mod:`.bmc_proxy`, the warm pools' in :mod:`.pools`,
 :mod:`.network`; what the cluster's families read alike in :mod:`.inventory`); ``run`` gathers
-those answers (read-only everywhere) and ``main`` prints them as a table or as JSON.
+those answers (read-only everywhere) and ``main`` prints them as a table, JSON or YAML.
 Exit status: 0 when nothing fails, 1 otherwise, 2 for usage or configuration errors.
 
 Secrets: the seed, the BMC passwords and the API key are compared (in constant time, or by
@@ -15,14 +15,13 @@ SHA-256 digest) and never printed; the seed Secret's value never leaves :mod:`ku
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import shlex
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG, kubeconfigs, policies
-from maas_kubevirt.console import error, table, terminal_width, warn
+from maas_kubevirt.console import TABLE, WIDE, document, error, output_format, table, terminal_width, warn
 from maas_kubevirt.paths import SCRIPT_NAME
 
 if TYPE_CHECKING:
@@ -34,6 +33,9 @@ STATUSES = (OK, WARN, FAIL, SKIP)
 # `render`'s default output directory, named in the fixes.
 RENDER_DIR = "build"
 LISTED = 5  # offenders named in one row; the JSON "subjects" holds them all
+# The table's width when stdout is not a terminal and COLUMNS is unset: unbounded rows run to
+# 300 columns in a mail or a CI log. -o wide keeps each row on one line, -o json is for scripts.
+PIPED_WIDTH = 120
 
 Resolver = Callable[[str], list[str]]
 
@@ -110,7 +112,7 @@ from maas_kubevirt.doctor import bmc_proxy, pools  # noqa: E402
 # What callers and tests use from the families, under one name: maas_kubevirt.doctor.
 __all__ = [
     "OK", "WARN", "FAIL", "SKIP", "STATUSES", "Check", "Options", "Reach", "run", "summary",
-    "render_table", "render_json", "main",
+    "render_table", "checks_document", "render", "main",
     "HTTPS_PORT", "REDFISH_DEADLINE", "Credentials", "dns_check", "redfish_check", "redfish_probe", "redfish_url",
     "system_resolve", "MAX_ALLOWED_ADDRESSES", "allowed_addresses", "source_ranges_check",
     "FIXED_DNS_VERSIONS", "MAAS_CHECKS", "admin_check", "claims", "claims_check", "enlist_commissioning_check",
@@ -176,9 +178,10 @@ def run(values: Mapping[str, Any], client: MAASClient | None, cluster: Any | Non
     checks.append(seed_check)
     checks.append(lease_checks(values, client))
     if cluster is None:
-        checks.append(Check("cluster", SKIP, "no --kubeconfig given, and no $KUBECONFIG or ~/.kube/config: "
+        checks.append(Check("cluster", SKIP, f"no --kubeconfig given, and {kubeconfigs.none_found()}: "
                             "the cluster was not checked",
-                            f"`{options.command} doctor --kubeconfig FILE` (read access is enough)"))
+                            f"{kubeconfigs.fix()}: `{options.command} doctor --kubeconfig FILE` "
+                            "(read access is enough)"))
     else:
         checks.extend(cluster_checks(values, cluster, seed, fixes, reach))
     checks.extend(pools.pools_checks(values, cluster, fixes.apply, any(c.name == "cluster.api" for c in checks)))
@@ -242,8 +245,19 @@ def render_table(checks: Sequence[Check], width: int | None = None) -> str:
         ", ".join(f"{n} {status}" for status, n in counts.items())
 
 
-def render_json(checks: Sequence[Check]) -> str:
-    return json.dumps({"checks": [c.as_dict() for c in checks], "summary": summary(checks)}, indent=2)
+def checks_document(checks: Sequence[Check]) -> dict:
+    """The checks as -o json and -o yaml print them: each with its subjects, and the summary."""
+    return {"checks": [c.as_dict() for c in checks], "summary": summary(checks)}
+
+
+def render(checks: Sequence[Check], output: str) -> str:
+    """The checks as -o says: the table fitted to the terminal (piped: PIPED_WIDTH), wide never
+    wrapped, or a document."""
+    if output == TABLE:
+        return render_table(checks, terminal_width(PIPED_WIDTH))
+    if output == WIDE:
+        return render_table(checks)
+    return document(checks_document(checks), output)
 
 
 def _no_key(values: Mapping[str, Any]) -> str:
@@ -258,7 +272,7 @@ def _no_key(values: Mapping[str, Any]) -> str:
 
 
 def main(values: dict, args: Any) -> int:
-    """``doctor [--kubeconfig FILE [--context NAME]] [--json]``: 0 nothing fails, 1 something does."""
+    """``doctor [--kubeconfig FILE [--context NAME]] [-o FORMAT]``: 0 nothing fails, 1 something does."""
     from maas_kubevirt.maas import RetryPolicy, client_from_values
 
     command = PROG + (f" --values {shlex.quote(args.values)}" if getattr(args, "values", None) else "")
@@ -294,8 +308,7 @@ def main(values: dict, args: Any) -> int:
             client.close()
         if cluster is not None:
             cluster.close()
-    print(render_json(checks) if getattr(args, "json", False) else render_table(checks, terminal_width()),
-          flush=True)
+    print(render(checks, output_format(args)), flush=True)
     # A refused key is a configuration error, as for every other command: no check could run.
     if any(c.name == "maas.admin" and c.status == FAIL and c.found.startswith(KEY_REFUSED) for c in checks):
         return EXIT_USAGE
