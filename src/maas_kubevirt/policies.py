@@ -482,6 +482,14 @@ def _not(expression: str, why: str) -> dict:
     return {"why": why, "key": f"{{{{ {expression} }}}}", "operator": "Equals", "value": False}
 
 
+def _whole(path: str, number: int) -> str:
+    """A JMESPath test that the integer at path is number, compared as text. In Kyverno v1.19.1's
+    admission webhook, == against a number literal found the pool VM's own cores and bootOrders
+    unequal, where `kyverno apply` finds them equal (tests/test_pools_maas_tier.py refused every
+    pool VM until then); to_string writes both sides alike."""
+    return f"to_string({path}) == '{int(number)}'"
+
+
 def _not_quantity(path: str, quantity: str, why: str) -> dict:
     """A deny condition: the quantity at path is not ``quantity`` (Kyverno's Equals parses both as
     quantities, so the form KubeVirt's mutator writes back, 4Gi for 4096Mi, still matches)."""
@@ -535,7 +543,8 @@ def pool_vm_conditions(pool: dict) -> list[dict]:
         _keys_within(spec, ("domain", "networks", "volumes", "architecture"),
                      "no accessCredentials, nodeSelector, affinity, tolerations, hostname or other instance setting"),
         _keys_within(domain, ("cpu", "resources", "devices", "firmware", "machine"), "no other domain setting"),
-        _not(f"{domain}.cpu == {_json_literal({'cores': pool['cores']})}", "the pool's cores alone"),
+        _not(f"keys({domain}.cpu || `{{}}`) == ['cores'] && {_whole(f'{domain}.cpu.cores', pool['cores'])}",
+             "the pool's cores alone"),
         _keys_within(f"{domain}.resources", ("requests",), "requests alone"),
         _keys_within(f"{domain}.resources.requests", ("memory",), "memory alone"),
         _not_quantity(f"{domain}.resources.requests.memory", pool["memory"], "the pool's memory"),
@@ -550,12 +559,13 @@ def pool_vm_conditions(pool: dict) -> list[dict]:
         _not(f"length({domain}.devices.interfaces || `[]`) == `1`", "exactly one interface"),
         # KubeMacPool gives the interface its MAC before validation.
         _keys_within(interface, ("name", "bridge", "bootOrder", "macAddress"), "no other interface setting"),
-        _not(f"{interface}.name == {_jmespath_string(pool_vm.INTERFACE)} && {interface}.bridge == `{{}}` && {interface}.bootOrder == `1`",
+        _not(f"{interface}.name == {_jmespath_string(pool_vm.INTERFACE)} && {interface}.bridge == `{{}}` && {_whole(f'{interface}.bootOrder', 1)}",
              "a bridge on the PXE network, first to boot"),
         _not(f"length({domain}.devices.disks || `[]`) == `1`", "exactly one disk"),
         _keys_within(f"{domain}.devices.disks[0]", ("name", "disk", "bootOrder"), "no other disk setting"),
         _not(f"{domain}.devices.disks[0].name == {_jmespath_string(pool_vm.DISK)} && "
-             f"{domain}.devices.disks[0].disk == {_json_literal({'bus': 'virtio'})} && {domain}.devices.disks[0].bootOrder == `2`",
+             f"{domain}.devices.disks[0].disk == {_json_literal({'bus': 'virtio'})} && "
+             f"{_whole(f'{domain}.devices.disks[0].bootOrder', 2)}",
              "a virtio disk, second to boot"),
         _not(f"length({spec}.networks || `[]`) == `1`", "exactly one network"),
         _keys_within(f"{spec}.networks[0]", ("name", "multus"), "a Multus network alone"),
