@@ -38,8 +38,11 @@ def _now() -> str:
 class Audit:
     """One JSON line per change: to stdout and, if configured, appended to maas.audit_log."""
 
-    def __init__(self, path: str = ""):
+    def __init__(self, path: str = "", stream: Any = None):
         self.path = path
+        # Where each record is printed (None: stdout, read at each write); a command whose stdout
+        # is its answer (compose -o json) prints them on stderr.
+        self.stream = stream
         if path:
             try:
                 self._append(b"")
@@ -70,7 +73,7 @@ class Audit:
         record.update((_capped(key, NAME_LIMIT), _capped(value, MESSAGE_LIMIT))
                       for key, value in extra.items())
         line = json.dumps(record, sort_keys=False)
-        print(line, file=sys.stdout, flush=True)
+        print(line, file=self.stream or sys.stdout, flush=True)
         if self.path:
             try:
                 self._append((line + "\n").encode("utf-8"))

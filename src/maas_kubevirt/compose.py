@@ -8,6 +8,7 @@ does for its machine what it does for every VM's, and counts it among the pool's
 from __future__ import annotations
 
 import json
+import sys
 import time
 from typing import Any, Callable
 
@@ -82,7 +83,7 @@ def main(values: dict, args: Any) -> int:
             error(f"compose: pool {pool.name} holds {len(vms)} VMs, its max: raise pools[].max for it, or decompose "
                   "one of its machines")
             return EXIT_FAILED
-        applier = Applier(cluster, None, Audit(values["maas"].get("audit_log", "")), Records(),
+        applier = Applier(cluster, None, Audit(values["maas"].get("audit_log", ""), sys.stderr), Records(),
                           {pool.name: pool}, seed_text)
         made = applier.create(PoolAction(CREATE, pool.name, pool.namespace), {vm.name for vm in vms}, args.name)
     except KubeError as failure:

@@ -4,6 +4,7 @@ holds only with ``--force``."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, identity, seed
@@ -71,7 +72,7 @@ def main(values: dict, args: Any) -> int:
         if status in HELD and not args.force:
             raise Refused(f"{machine.get('hostname')} is {status}: a user holds it; release it in MAAS first, "
                           "or give --force to delete it anyway")
-        applier = Applier(cluster, client, Audit(values["maas"].get("audit_log", "")), Records(),
+        applier = Applier(cluster, client, Audit(values["maas"].get("audit_log", ""), sys.stderr), Records(),
                           {pool.name: pool}, seed_text)
         retired = applier.retire(
             PoolAction(RETIRE, pool.name, pool.namespace, vm.name, machine["system_id"], machine.get("hostname"),
