@@ -18,6 +18,8 @@ settings.register_profile("mutate", max_examples=30, deadline=None, derandomize=
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+# The first MAAS release (major, minor) the pool_releases cases run on besides the pinned one.
+POOL_RELEASES_FROM = (3, 8)
 
 
 def require_tool(name: str, reason: str | None = None) -> str:
@@ -41,13 +43,17 @@ def require(condition: bool, reason: str) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "pinned_maas: runs on the pinned MAAS release only, not on every release of the "
                             "matrix (docs/development.md says which cases, and why)")
+    config.addinivalue_line("markers", "pool_releases: runs on the pinned MAAS release and on every release from "
+                            f"{'.'.join(map(str, POOL_RELEASES_FROM))} on (the warm pools' cases; earlier releases "
+                            "are proven by the machine cases alone)")
     config.addinivalue_line("markers", "timing: bounds wall-clock time, so `make test` runs it after the parallel "
                             "workers, with the machine to itself")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Cases marked pinned_maas run on the pinned MAAS release alone (deselected on the others).
+    """Cases marked pinned_maas run on the pinned MAAS release alone, pool_releases ones also on
+    the releases from POOL_RELEASES_FROM (``runs_on``; deselected on the others).
     Tests on the live control plane run last: its processes stay up until the session ends, and
     must not load the machine under the tests that measure how fast a stop is honoured.
     Under pytest-xdist's loadgroup, one worker runs all the cases of one MAAS release (one region
@@ -56,8 +62,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     from realmaas import maas_version
 
     pinned = maas_version()
-    elsewhere = [item for item in items if item.get_closest_marker("pinned_maas")
-                 and getattr(item, "callspec", None) and item.callspec.params.get("real_maas", pinned) != pinned]
+    elsewhere = [item for item in items if getattr(item, "callspec", None)
+                 and not runs_on(item, item.callspec.params.get("real_maas", pinned), pinned)]
     if elsewhere:
         config.hook.pytest_deselected(items=elsewhere)
         items[:] = [item for item in items if item not in elsewhere]
@@ -70,6 +76,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(f"maas-{release}"))
         elif item.module.__name__ in ("test_deb", "test_docs"):
             item.add_marker(pytest.mark.xdist_group("host"))
+
+
+def runs_on(item: pytest.Item, release: str, pinned: str) -> bool:
+    """Whether a case runs on this MAAS release: pinned_maas ones on the pinned release alone,
+    pool_releases ones on it and on POOL_RELEASES_FROM on (a pre-release such as 3.8.0a1 included)."""
+    if release == pinned:
+        return True
+    if item.get_closest_marker("pinned_maas"):
+        return False
+    if item.get_closest_marker("pool_releases"):
+        from packaging.version import InvalidVersion, Version
+
+        try:
+            return Version(release).release[:2] >= POOL_RELEASES_FROM
+        except InvalidVersion:
+            return False
+    return True
 
 
 @pytest.fixture(autouse=True)

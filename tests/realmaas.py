@@ -64,7 +64,8 @@ The object the fixture yields (`RealMaas`) offers:
   `power_parameters(system_id)`; `events(system_id)`; `log_tail()`;
 - `signal(system_id, status, **fields)`: an enlisted machine's own metadata signal (fields such
   as power_type and JSON power_parameters, as a commissioning script's BMC configuration sends);
-  `finish_commissioning()`: each enlisted machine in Commissioning signals OK (then Ready);
+  `finish_commissioning(scripts_passed)`: each enlisted machine in Commissioning signals OK (then
+  Ready), its script results first PASSED with scripts_passed (`pass_commissioning_scripts`);
 - `bmc_row(system_id)`: the machine's BMC row id (``maasserver_node.bmc_id``), read from the
   database: MAAS's API shows no machine's row, and the tier must see rows shared;
 - `machine_ids()` (from the database) and `delete_machines(system_ids)`.
@@ -487,17 +488,32 @@ class RealMaas:
             assert answer.status_code == 204, (system_id, answer.status_code, answer.text)
             self.machine_keys.pop(system_id, None)
 
-    def finish_commissioning(self) -> list[str]:
+    def finish_commissioning(self, scripts_passed: bool = False) -> list[str]:
         """Every machine enlisted here that is in Commissioning signals OK, as at the end of its
-        commissioning scripts: MAAS makes it Ready. The system_ids that did."""
+        commissioning scripts: MAAS makes it Ready. The system_ids that did. With scripts_passed,
+        its script results are PASSED first, as the scripts' own signals leave them on a site: a
+        release then ends in Ready, not New (Node._finalize_release, src/maasserver/models/node.py,
+        asks that the commissioning script set passed)."""
         done = []
-        for system_id in self.machine_keys:
+        present = self.machine_ids()   # a machine deleted meanwhile (a pool retired it) is skipped
+        for system_id in [key for key in self.machine_keys if key in present]:
             if self.machine(system_id)["status_name"] == "Commissioning":
+                if scripts_passed:
+                    self.pass_commissioning_scripts(system_id)
                 self.fetch_machine_key(system_id)
                 answer = self.signal(system_id, "OK")
                 assert answer.status_code == 200, (system_id, answer.status_code, answer.text)
                 done.append(system_id)
         return done
+
+    def pass_commissioning_scripts(self, system_id: str) -> None:
+        """The machine's current commissioning script results PASSED (SCRIPT_STATUS.PASSED, 2, in
+        src/maascommon/enums/scriptresult.py), in the database: what each script's own result
+        signal would leave, without the output its post-processing hooks parse."""
+        if not system_id.isalnum():
+            raise ValueError(f"not a system_id: {system_id!r}")
+        self._query("UPDATE maasserver_scriptresult SET status = 2, exit_status = 0 WHERE script_set_id = "
+                    f"(SELECT current_commissioning_script_set_id FROM maasserver_node WHERE system_id = '{system_id}')")
 
     def admin_add_machine(self, mac: str, power_type: str = "", power_parameters: dict | None = None,
                           architecture: str = "amd64/generic", hostname: str | None = None) -> dict:

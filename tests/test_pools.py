@@ -2,6 +2,7 @@
 against a recording cluster and MAAS (the real tiers: test_pools_tier.py)."""
 
 import copy
+import json
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -348,3 +349,26 @@ def test_a_machine_in_a_users_hands_is_recorded_once(capsys):
     applying.note_used([held])
     applying.note_used([held])
     assert capsys.readouterr().out.count(USED) == 1 and records.used == {held.system_id}
+
+
+def test_compose_json_is_one_object_on_stdout_and_its_audit_goes_to_stderr(monkeypatch, capsys, tmp_path):
+    """`compose -o json` is read by scripts: its stdout is the answer alone (the tier found the
+    create's audit records there before it)."""
+    import argparse
+
+    import pools_fixtures as pf
+    from maas_kubevirt import compose, seed
+    from maas_kubevirt.pools import access
+
+    settings = pf.values()
+    settings["maas"]["audit_log"] = str(tmp_path / "audit.log")
+    cluster = FakeCluster()
+    monkeypatch.setattr(access, "cluster", lambda values: cluster)
+    monkeypatch.setattr(seed, "load", lambda values: SEED)
+    args = argparse.Namespace(pool="small", name=None, wait=False, timeout=60, output="json")
+    assert compose.main(settings, args) == 0
+    out, err = capsys.readouterr()
+    answer = json.loads(out)
+    assert (answer["pool"], answer["stage"]) == ("small", compose.CREATED)
+    assert [json.loads(line)["outcome"] for line in err.splitlines()] == ["intent", "ok"]
+    assert [r["outcome"] for r in Audit.read_file(settings["maas"]["audit_log"])] == ["intent", "ok"]
