@@ -46,6 +46,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "pool_releases: runs on the pinned MAAS release and on every release from "
                             f"{'.'.join(map(str, POOL_RELEASES_FROM))} on (the warm pools' cases; earlier releases "
                             "are proven by the machine cases alone)")
+    config.addinivalue_line("markers", "on_master: runs on MAAS master too (a pre-release upstream.lock.yaml pins by "
+                            "commit): enlistment, the password, the power-type switch and the security cases; the "
+                            "others run on the released series alone, to keep `make test` within its budget")
     config.addinivalue_line("markers", "timing: bounds wall-clock time, so `make test` runs it after the parallel "
                             "workers, with the machine to itself")
 
@@ -80,10 +83,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def runs_on(item: pytest.Item, release: str, pinned: str) -> bool:
     """Whether a case runs on this MAAS release: pinned_maas ones on the pinned release alone,
-    pool_releases ones on it and on POOL_RELEASES_FROM on (a pre-release such as 3.8.0a1 included)."""
+    pool_releases ones on it and on POOL_RELEASES_FROM on (a pre-release such as 3.8.0a1 included);
+    on MAAS master (master_releases) only on_master and pool_releases ones."""
+    from realmaas import master_releases
+
     if release == pinned:
         return True
     if item.get_closest_marker("pinned_maas"):
+        return False
+    if release in master_releases() and not (item.get_closest_marker("on_master")
+                                             or item.get_closest_marker("pool_releases")):
         return False
     if item.get_closest_marker("pool_releases"):
         from packaging.version import InvalidVersion, Version

@@ -127,6 +127,12 @@ def proven_releases() -> list[str]:
     return _lock_entry("maas-proven").split()
 
 
+def master_releases() -> set[str]:
+    """The pre-releases of MAAS's default branch the tier runs, which upstream.lock.yaml pins by
+    commit (`maas-commits:`, release=commit) since upstream has not tagged them."""
+    return {entry.split("=", 1)[0] for entry in _lock_entry("maas-commits").split() if "=" in entry}
+
+
 def release_of(cache: Path) -> str:
     """The MAAS release a cache directory holds (tools/build-maas names it maas-<version>)."""
     return cache.name.removeprefix("maas-")

@@ -164,6 +164,7 @@ def reconciler(real_maas, site, audit: Audit | None = None, **maas: object) -> R
 # --- (a) the script's own output, enlisted -----------------------------------------------------
 
 
+@pytest.mark.on_master
 def test_script_output_enlists_with_its_redfish_bmc(real_maas, site, tmp_path):
     written, enlisted = enlist_script_output(real_maas, site, "web1", "enlist-a", tmp_path)
     assert enlisted.status == 200, (
@@ -230,6 +231,7 @@ def test_upload_script_reads_back_identical(real_maas, site):
     assert again.returncode == 0, again.stdout + again.stderr
 
 
+@pytest.mark.on_master
 def test_doctor_maas_checks_pass_on_real_maas(real_maas, site):
     """doctor's MAAS checks, against this MAAS with the script uploaded and the reconciler run
     once. The one that may fail is the look-alike check, and then it names exactly the
@@ -259,6 +261,7 @@ def test_doctor_maas_checks_pass_on_real_maas(real_maas, site):
 # --- the reconciler --------------------------------------------------------------------------
 
 
+@pytest.mark.on_master
 def test_reconcile_once_converges_a_vm_enlisted_with_the_scripts_output(real_maas, site, tmp_path):
     real_maas.set_stub(True)
     _, enlisted = enlist_script_output(real_maas, site, "web1", "tenant-a", tmp_path)
@@ -548,6 +551,7 @@ IMPOSTOR_USERS = ("maas", "placeholder", "script", "another-vm")
 # state, and with two of those users (MAAS's own name and another VM's); every variant runs on the
 # pinned release.
 PINNED_ONLY = pytest.mark.pinned_maas
+ON_MASTER = pytest.mark.on_master
 IN_EVERY_STATE = ["New", pytest.param("Commissioning", marks=PINNED_ONLY)]
 EVERY_RELEASE_USERS = ("maas", "another-vm")
 
@@ -555,6 +559,7 @@ EVERY_RELEASE_USERS = ("maas", "another-vm")
 @pytest.mark.parametrize("password_set", [False, True], ids=["before-password", "after-password"])
 @pytest.mark.parametrize("user", [user if user in EVERY_RELEASE_USERS else pytest.param(user, marks=PINNED_ONLY)
                                   for user in IMPOSTOR_USERS])
+@ON_MASTER
 def test_an_impostor_never_shares_the_vms_bmc_row(real_maas, site, tmp_path, user, password_set):
     """An anonymous enlistment with the VM's address and any user it can know, then its own
     metadata signal re-pointing its address: the VM's row and address never move, no machine but
@@ -898,6 +903,7 @@ def running_reconciler(site, tmp_path: Path, interval: float):
             service.wait(timeout=60)
 
 
+@ON_MASTER
 @pytest.mark.parametrize("with_password", [False, True], ids=["no-password", "own-password"])
 @pytest.mark.parametrize("status", IN_EVERY_STATE)
 def test_a_mac_re_point_holds_no_derived_password_after_one_cycle(real_maas, site, tmp_path, status,
@@ -1006,6 +1012,7 @@ def switch_power_type(real_maas, how: str, namespace: str, mac: str, domain: str
 SWITCHES = ("ipmi-own-address", "ipmi-by-mac", "webhook-by-mac")
 
 
+@ON_MASTER
 @pytest.mark.parametrize("status", IN_EVERY_STATE)
 @pytest.mark.parametrize("how", SWITCHES)
 def test_a_power_type_switch_holds_no_derived_credential_after_one_cycle(real_maas, site, tmp_path, how, status):
