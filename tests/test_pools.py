@@ -2,6 +2,7 @@
 against a recording cluster and MAAS (the real tiers: test_pools_tier.py)."""
 
 import copy
+import json
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -348,3 +349,24 @@ def test_a_machine_in_a_users_hands_is_recorded_once(capsys):
     applying.note_used([held])
     applying.note_used([held])
     assert capsys.readouterr().out.count(USED) == 1 and records.used == {held.system_id}
+
+
+# --- compose -------------------------------------------------------------------------------------
+
+def test_compose_prints_its_answer_alone_on_stdout_and_its_audit_record_on_stderr(monkeypatch, capsys):
+    """`compose -o json` is read by a script (the tutorial's deploy step): one JSON line on stdout."""
+    import argparse
+
+    import pools_fixtures
+    from maas_kubevirt import compose
+
+    cluster = FakeCluster()
+    monkeypatch.setattr(compose.access, "cluster", lambda values: cluster)
+    monkeypatch.setattr(compose.seed, "load", lambda values: SEED)
+    args = argparse.Namespace(pool="small", name=None, wait=False, timeout=1, output="json")
+    assert compose.main(pools_fixtures.values(), args) == 0
+    out, err = capsys.readouterr()
+    (vm,) = [path.rsplit("/", 1)[1] for path in cluster.objects]
+    assert json.loads(out) == {"pool": "small", "namespace": pools_fixtures.NAMESPACE, "vm": vm, "stage": "VM created",
+                               "bmc": identity.redfish_host(vm, pools_fixtures.NAMESPACE, "bmc.example.com")}
+    assert '"action": "create-vm"' in err and '"outcome": "intent"' in err
