@@ -802,6 +802,7 @@ def proxy_service_listed(page: Page, result) -> None:
 def copied_to_the_region(page: Page, result) -> None:
     home = page.tmp / "home"
     assert (home / "seed").read_text() == page.notes["seed"] and (home / "seed").stat().st_mode & 0o777 == 0o600
+    assert (home / "pools.kubeconfig").stat().st_mode & 0o777 == 0o600
     assert list(home.glob("maas-kubevirt_*_all.deb")) and (home / "31-kubevirt-bmc-config").is_file()
 
 
@@ -815,9 +816,11 @@ def region_seed_file(page: Page) -> None:
 
 
 def seed_moved(page: Page, result) -> None:
-    assert not (page.tmp / "home" / "seed").exists(), "the seed's copy stayed in the region host's home"
-    seed = region_etc(page, "seed")
-    assert seed.read_text() == page.notes["seed"] and seed.stat().st_mode & 0o777 == 0o600
+    """The seed and the pools' kubeconfig are in /etc/maas-kubevirt, private, and no longer in the home."""
+    for copied, name in (("seed", "seed"), ("pools.kubeconfig", "pools-kubeconfig")):
+        assert not (page.tmp / "home" / copied).exists(), f"the {copied} copy stayed in the region host's home"
+        assert region_etc(page, name).stat().st_mode & 0o777 == 0o600
+    assert region_etc(page, "seed").read_text() == page.notes["seed"]
 
 
 def tutorial_script_uploaded(page: Page, result) -> None:
@@ -830,38 +833,53 @@ def enlist_commissioning_on(page: Page, result) -> None:
 
 
 def service_started(page: Page, result) -> None:
-    """systemctl returned on READY=1 (the first cycle against MAAS done), and the service runs on."""
+    """systemctl returned on READY=1 (the first cycle against MAAS done), and the service runs on;
+    with ready: 0 it made no pool VM."""
     pid = json.loads((page.tmp / "journal" / "systemd-state.json").read_text())["pid"]
     os.kill(pid, 0)
+    assert not tutorial_pool_vms(page), "the service made a pool VM although the pool's ready is 0"
 
 
-def web1_gets_its_gateway_bmc(page: Page, result) -> None:
-    """examples/pxe-vm.yaml, admitted in tenant-a: its serial, and its BMC published on the Gateway."""
-    eventually(lambda: (get(page, "virtualmachine", "web1", "tenant-a") or {}).get("spec", {}).get("template", {})
-               .get("spec", {}).get("domain", {}).get("firmware", {}).get("serial") == "web1.tenant-a",
-               "web1 has the serial web1.tenant-a")
-    for kind, name in (("secret", "web1-bmc"), ("virtualmachinebmc", "web1"), ("httproute", "web1-bmc"),
-                       ("networkpolicy", "maas-kubevirt-bmc")):
-        eventually(lambda: get(page, kind, name, "tenant-a"), f"{kind} {name} in tenant-a")
-    route = get(page, "httproute", "web1-bmc", "tenant-a")
-    domain = page_yaml(TUTORIAL)["redfish"]["domain"]
-    assert route["spec"]["hostnames"] == [f"web1.tenant-a.{domain}"]
-    assert route["spec"]["parentRefs"][0]["name"] == "bmc"
+def tutorial_pool_vms(page: Page) -> list[dict]:
+    listed = kubectl(page, "-n", "tenant-a", "get", "virtualmachines", "-l", "maas-kubevirt.io/pool=web", "-o", "json")
+    return json.loads(listed.stdout)["items"]
 
 
-def serial_printed(page: Page, result) -> None:
-    assert result.stdout == "web1.tenant-a", result.stdout
+# The MAC KubeMacPool would give the composed VM (the control plane runs no KubeMacPool).
+POOL_VM_MAC = "02:4b:56:00:00:01"
 
 
-def web1_enlists(page: Page, result) -> None:
-    """Started with kubevirtBMC's power-on run strategy, the VM PXE-boots and MAAS enlists it: the
-    script MAAS holds runs with the SMBIOS the VM has on the control plane (its serial and KubeVirt's
-    manufacturer), and what it writes to BMC_CONFIG_PATH is what the machine enlists with."""
+def the_composed_vm_boots(page: Page) -> None:
+    """A thread plays the VM compose makes: once it is on the control plane, it gets its MAC as
+    KubeMacPool gives it, boots and enlists with the serial Kyverno stamped (the script MAAS holds
+    writes what it enlists with), and MAAS ends the commissioning the reconciler starts: Ready."""
+    import threading
+
+    def play() -> None:
+        try:
+            (vm,) = eventually(lambda: tutorial_pool_vms(page), "compose made the pool's VM", timeout=60)
+            name = vm["metadata"]["name"]
+            page.notes["composed"] = name
+            kubectl(page, "-n", "tenant-a", "patch", "virtualmachine", name, "--type", "json", "-p", json.dumps(
+                [{"op": "add", "path": "/spec/template/spec/domain/devices/interfaces/0/macAddress",
+                  "value": POOL_VM_MAC}]))
+            serial = vm["spec"]["template"]["spec"]["domain"]["firmware"]["serial"]
+            assert serial == f"{name}.tenant-a", serial
+            page.notes["composed_id"] = enlists(page, name, serial, mac=POOL_VM_MAC)
+            commissioned(page, name, page.notes["composed_id"])
+        except BaseException as failure:   # handed to the step's after hook
+            page.notes["vm_failed"] = failure
+
+    page.notes["vm_thread"] = threading.Thread(target=play, daemon=True)
+    page.notes["vm_thread"].start()
+
+
+def enlists(page: Page, vm: str, serial: str, mac: str) -> str:
+    """The VM PXE-boots and MAAS enlists it: the script MAAS holds runs with the SMBIOS the VM has on
+    the control plane (its serial and KubeVirt's manufacturer), and what it writes to
+    BMC_CONFIG_PATH is what the machine enlists with, by its MAC."""
     from test_commissioning import Machine
 
-    vm = get(page, "virtualmachine", "web1", "tenant-a")
-    assert vm["spec"]["runStrategy"] == "RerunOnFailure"
-    serial = vm["spec"]["template"]["spec"]["domain"]["firmware"]["serial"]
     script = page.tmp / "enlist" / "31-kubevirt-bmc-config"
     script.parent.mkdir()
     script.write_bytes(page.double.scripts["31-kubevirt-bmc-config"]["script"])
@@ -870,22 +888,37 @@ def web1_enlists(page: Page, result) -> None:
     assert machine.run(script).status == 0
     written = machine.written()
     assert written["power_type"] == "redfish" and written["node_id"] == "1"
-    page.notes["web1"] = page.double.enlist("web1", "tenant-a", address=written["power_address"],
-                                            power_user=written["power_user"])
+    return page.double.enlist(vm, "tenant-a", address=written["power_address"], power_user=written["power_user"],
+                              mac=mac)
 
 
-def web1_commissioned(page: Page) -> None:
-    """The service renames, pools and commissions web1 (Commissioning with its derived password);
-    commissioning then ends as MAAS ends it (Ready)."""
+def commissioned(page: Page, vm: str, sid: str) -> None:
+    """The service renames, pools and commissions the machine (Commissioning with its derived
+    password); commissioning then ends as MAAS ends it (Ready)."""
     from maas_kubevirt import identity
 
-    machines, sid = page.double.machines, page.notes["web1"]
+    machines = page.double.machines
     seed = page.notes["seed"].strip()
-    eventually(lambda: machines[sid]["status_name"] == "Commissioning" and machines[sid]["hostname"] == "web1-tenant-a"
+    eventually(lambda: machines[sid]["status_name"] == "Commissioning" and machines[sid]["hostname"] == f"{vm}-tenant-a"
                and machines[sid]["pool"]["name"] == "tenant-a"
-               and page.double.power[sid]["power_pass"] == identity.bmc_password(seed, "web1.tenant-a"),
-               "the service commissioned web1-tenant-a with its password", timeout=60)
+               and page.double.power[sid]["power_pass"] == identity.bmc_password(seed, f"{vm}.tenant-a"),
+               f"the service commissioned {vm}-tenant-a with its password", timeout=120)
     assert page.double.advance() == 1
+
+
+def composed_ready(page: Page, result) -> None:
+    """compose waited until MAAS had the machine Ready, and printed it; the VM has its BMC on the Gateway."""
+    page.notes["vm_thread"].join(10)
+    assert "vm_failed" not in page.notes, f"the composed VM did not enlist: {page.notes['vm_failed']!r}"
+    answer = json.loads(result.stdout)
+    name = page.notes["composed"]
+    assert answer["vm"] == name and answer["namespace"] == "tenant-a" and answer["stage"] == "Ready"
+    assert answer["system_id"] == page.notes["composed_id"] and answer["hostname"] == f"{name}-tenant-a"
+    assert json.loads((page.tmp / "home" / "web.json").read_text()) == answer
+    for kind, bmc in (("secret", f"{name}-bmc"), ("virtualmachinebmc", name), ("httproute", f"{name}-bmc")):
+        eventually(lambda: get(page, kind, bmc, "tenant-a"), f"{kind} {bmc} in tenant-a")
+    domain = page_yaml(TUTORIAL)["redfish"]["domain"]
+    assert get(page, "httproute", f"{name}-bmc", "tenant-a")["spec"]["hostnames"] == [f"{name}.tenant-a.{domain}"]
 
 
 def status_row(result, vm: str) -> list[str]:
@@ -893,18 +926,14 @@ def status_row(result, vm: str) -> list[str]:
     return row
 
 
-def web1_ready(page: Page, result) -> None:
-    assert "Ready" in status_row(result, "web1"), result.stdout
-
-
-def web1_deploying(page: Page, result) -> None:
+def composed_deploying(page: Page, result) -> None:
     answer = json.loads(result.stdout)
-    assert answer["system_id"] == page.notes["web1"] and answer["status_name"] == "Deploying"
+    assert answer["system_id"] == page.notes["composed_id"] and answer["status_name"] == "Deploying"
     assert page.double.advance() == 1   # the installed OS signals: Deployed
 
 
-def web1_deployed(page: Page, result) -> None:
-    assert "Deployed" in status_row(result, "web1"), result.stdout
+def composed_deployed(page: Page, result) -> None:
+    assert "Deployed" in status_row(result, page.notes["composed"]), result.stdout
 
 
 # --- the runners -------------------------------------------------------------------------------
@@ -958,6 +987,27 @@ def composed(page: Page, result) -> None:
 def pool_vms_listed(page: Page, result) -> None:
     assert page.notes["composed"] in result.stdout
     assert len(pool_vms(page)) == POOL["ready"] + 1
+
+
+# The pools' kubeconfig, made on the workstation (docs/how-to/pools.md and docs/tutorial.md alike).
+POOLS_KUBECONFIG_STEPS = [
+    Step("NS=maas-kubevirt SA=maas-kubevirt-pools KC=pools.kubeconfig", CLUSTER),
+    Step("SERVER=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')", CLUSTER),
+    Step("kubectl config view --minify --raw -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' "
+         "| base64 -d >ca.crt", CLUSTER),
+    Step('kubectl --kubeconfig $KC config set-cluster site --server "$SERVER" --certificate-authority ca.crt '
+         '--embed-certs', CLUSTER),
+    Step('kubectl --kubeconfig $KC config set-credentials pools --token '
+         '"$(kubectl -n $NS create token $SA --duration 720h)"', CLUSTER),
+    Step("kubectl --kubeconfig $KC config set-context pools --cluster site --user pools", CLUSTER),
+    Step("kubectl --kubeconfig $KC config use-context pools", CLUSTER),
+]
+# Its systemd credential on the region host.
+POOLS_CREDENTIAL_STEPS = [
+    Step("sudo mkdir -p /etc/systemd/system/maas-kubevirt.service.d", SHIM),
+    Step("printf '[Service]\\nLoadCredential=pools-kubeconfig:/etc/maas-kubevirt/pools-kubeconfig\\n' | "
+         "sudo tee /etc/systemd/system/maas-kubevirt.service.d/pools.conf >/dev/null", SHIM),
+]
 
 
 RUNNERS: dict[str, list[Step]] = {
@@ -1056,22 +1106,11 @@ RUNNERS: dict[str, list[Step]] = {
              "maas-kubevirt.io/pools=enabled", CLUSTER, after=pool_values_edited),
         Step("make VALUES=site.yaml", RUN, after=pools_rendered),
         Step("kubectl apply -k build/kubernetes/", CLUSTER, after=policies_ready, retry="requires permissions"),
-        Step("NS=maas-kubevirt SA=maas-kubevirt-pools KC=pools.kubeconfig", CLUSTER),
-        Step("SERVER=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')", CLUSTER),
-        Step("kubectl config view --minify --raw -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' "
-             "| base64 -d >ca.crt", CLUSTER),
-        Step('kubectl --kubeconfig $KC config set-cluster site --server "$SERVER" --certificate-authority ca.crt '
-             '--embed-certs', CLUSTER),
-        Step('kubectl --kubeconfig $KC config set-credentials pools --token '
-             '"$(kubectl -n $NS create token $SA --duration 720h)"', CLUSTER),
-        Step("kubectl --kubeconfig $KC config set-context pools --cluster site --user pools", CLUSTER),
-        Step("kubectl --kubeconfig $KC config use-context pools", CLUSTER),
+        *POOLS_KUBECONFIG_STEPS,
         Step("kubectl --kubeconfig $KC auth can-i create virtualmachines -n pool-vms", CLUSTER, after=can_i_yes),
         Step("kubectl --kubeconfig $KC auth can-i get secrets -n pool-vms", CLUSTER, codes=(1,), after=can_i_no),
         Step("sudo install -m 0600 pools.kubeconfig /etc/maas-kubevirt/pools-kubeconfig", SHIM),
-        Step("sudo mkdir -p /etc/systemd/system/maas-kubevirt.service.d", SHIM),
-        Step("printf '[Service]\\nLoadCredential=pools-kubeconfig:/etc/maas-kubevirt/pools-kubeconfig\\n' | "
-             "sudo tee /etc/systemd/system/maas-kubevirt.service.d/pools.conf >/dev/null", SHIM),
+        *POOLS_CREDENTIAL_STEPS,
         Step("sudoedit /etc/maas-kubevirt/values.yaml", SHIM, before=pools_etc_values),
         Step("sudo systemctl daemon-reload && sudo systemctl restart maas-kubevirt", SHIM, after=pool_filled),
         Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml compose small", SHIM, after=composed),
@@ -1142,13 +1181,13 @@ RUNNERS: dict[str, list[Step]] = {
         Step("cp values.yaml site.yaml", RUN, before=fresh_clone, after=tutorial_site_edited),
         Step("make VALUES=site.yaml", RUN, after=tutorial_rendered),
         Step("install -D -m 0600 build/seed ~/maas-kubevirt-backup/seed", RUN, after=seed_backed_up),
+        Step("kubectl create namespace tenant-a", CLUSTER),
+        Step("kubectl label namespace tenant-a maas.io/kubevirt-bmc=enabled mutatevirtualmachines.kubemacpool.io=allocate "
+             "maas-kubevirt.io/pools=enabled", CLUSTER),
         # Retried while a fresh Kyverno refuses the policies until it sees the RBAC applied with them.
         Step("kubectl apply -k build/kubernetes/", CLUSTER, retry="requires permissions"),
         Step("kubectl wait --for=condition=Ready clusterpolicy -l app.kubernetes.io/part-of=maas-kubevirt "
              "--timeout=120s", CLUSTER),
-        Step("kubectl create namespace tenant-a", CLUSTER),
-        Step("kubectl label namespace tenant-a maas.io/kubevirt-bmc=enabled mutatevirtualmachines.kubemacpool.io=allocate",
-             CLUSTER),
         Step('openssl req -x509 -newkey rsa:2048 -nodes -days 825 -subj "/CN=*.tenant-a.bmc.example.com" '
              '-addext "subjectAltName=DNS:*.tenant-a.bmc.example.com" -keyout build/tenant-a-bmc.key '
              '-out build/tenant-a-bmc.crt', RUN),
@@ -1156,15 +1195,18 @@ RUNNERS: dict[str, list[Step]] = {
              "--key build/tenant-a-bmc.key", CLUSTER),
         Step("kubectl apply -f examples/bmc-gateway.yaml", CLUSTER, after=gateway_stored),
         Step("kubectl -n maas-kubevirt-bmc get service maas-kubevirt-bmc-proxy", CLUSTER, after=proxy_service_listed),
+        *POOLS_KUBECONFIG_STEPS,
         Step("sudo apt-get build-dep ./", SHIM),
         Step("make deb", RUN, after=built),   # DEB_BUILD_OPTIONS=nocheck: test_deb runs the package's tests
-        Step("scp build/seed build/commissioning/31-kubevirt-bmc-config build/deb/maas-kubevirt_*_all.deb site.yaml "
-             "maas-region:", SHIM, after=copied_to_the_region),
+        Step("scp build/seed pools.kubeconfig build/commissioning/31-kubevirt-bmc-config "
+             "build/deb/maas-kubevirt_*_all.deb site.yaml maas-region:", SHIM, after=copied_to_the_region),
         Step("sudo apt install ~/maas-kubevirt_*_all.deb", SHIM, after=installed),
         Step("sudo install -m 0644 ~/site.yaml /etc/maas-kubevirt/values.yaml", SHIM),
         Step("sudoedit /etc/maas-kubevirt/values.yaml", SHIM, before=region_seed_file),
         Step("sudo install -m 0600 ~/seed /etc/maas-kubevirt/seed", SHIM),
-        Step("rm ~/seed", RUN, after=seed_moved),
+        Step("sudo install -m 0600 ~/pools.kubeconfig /etc/maas-kubevirt/pools-kubeconfig", SHIM),
+        Step("rm ~/seed ~/pools.kubeconfig", RUN, after=seed_moved),
+        *POOLS_CREDENTIAL_STEPS,
         Step("sudo install -m 0600 /dev/null /etc/maas-kubevirt/api-key", SHIM),
         Step("sudo maas apikey --username ADMIN --generate --name maas-kubevirt | sudo tee /etc/maas-kubevirt/api-key"
              " >/dev/null", SHIM),
@@ -1173,18 +1215,14 @@ RUNNERS: dict[str, list[Step]] = {
         Step('maas login admin http://localhost:5240/MAAS/ "$(sudo maas apikey --username ADMIN --generate --name cli)"',
              SHIM),
         Step("maas admin maas get-config name=enlist_commissioning", SHIM, after=enlist_commissioning_on),
-        Step("sudo systemctl restart maas-kubevirt && journalctl -u maas-kubevirt", SHIM, after=service_started),
-        Step("kubectl -n tenant-a apply -f examples/pxe-vm.yaml", CLUSTER, after=web1_gets_its_gateway_bmc),
-        Step("kubectl -n tenant-a get virtualmachine web1 -o jsonpath='{.spec.template.spec.domain.firmware.serial}'",
-             CLUSTER, after=serial_printed),
-        Step("kubectl -n tenant-a patch virtualmachine web1 --type merge -p "
-             "'{\"spec\":{\"runStrategy\":\"RerunOnFailure\"}}'", CLUSTER, after=web1_enlists),
-        Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml status", SHIM, before=web1_commissioned,
-             after=web1_ready),
-        Step("SYSTEM_ID=$(maas admin machines read hostname=web1-tenant-a | python3 -c 'import json, sys; "
-             "print(json.load(sys.stdin)[0][\"system_id\"])')", SHIM),
-        Step("maas admin machine deploy $SYSTEM_ID", SHIM, after=web1_deploying),
-        Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml status", SHIM, after=web1_deployed),
+        Step("sudo systemctl daemon-reload && sudo systemctl restart maas-kubevirt && journalctl -u maas-kubevirt", SHIM,
+             after=service_started),
+        # compose --wait polls MAAS every 5 s while the thread plays the VM (the_composed_vm_boots).
+        Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml compose web --wait -o json | tee ~/web.json",
+             SHIM, before=the_composed_vm_boots, after=composed_ready, timeout=300),
+        Step("SYSTEM_ID=$(python3 -c 'import json, sys; print(json.load(sys.stdin)[\"system_id\"])' <~/web.json)", SHIM),
+        Step("maas admin machine deploy $SYSTEM_ID", SHIM, after=composed_deploying),
+        Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml status", SHIM, after=composed_deployed),
     ],
     "docs/how-to/pxe-network.md": [
         Step("kubectl -n tenant-a apply -f examples/pxe-nad.yaml", CLUSTER, before=tenant_a_opted_in,
