@@ -9,6 +9,7 @@ again every ``--interval`` seconds until interrupted."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import time
@@ -95,6 +96,9 @@ def watch(values: dict, args: Any, interval: float) -> int:
     except (OSError, ValueError, AttributeError):
         tty = False
     output = output_format(args)
+    # Ctrl-C must end a watch even when the shell that started it ignores SIGINT (a background
+    # job inherits SIG_IGN, and Python then installs no handler of its own).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         first = True
         while True:
