@@ -86,9 +86,8 @@ def source_ranges_check(ranges: Iterable[str], apply: str, rack_controllers: int
     return Check("ingress.source_ranges", OK, f"{shown}: {total} address(es) may reach the BMCs" + per_rack)
 
 
-def system_resolve(host: str) -> list[str]:
-    """The addresses a host name resolves to, as the system resolver answers (raises OSError)."""
-    return sorted({info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)})
+# The addresses a host name resolves to, as the system resolver answers: check-route's lookup.
+system_resolve = route.system_resolve
 
 
 def dns_check(hosts: Mapping[str, str], resolve: Resolver, domain: str) -> Check:
