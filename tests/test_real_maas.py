@@ -226,9 +226,12 @@ def test_upload_script_reads_back_identical(real_maas, site):
     assert stored.content == site["script"].read_bytes()
     tags = real_maas.api("GET", f"scripts/{SCRIPT_NAME}").json()["tags"]
     assert {"bmc-config", "enlisting"} <= set(tags)
-    # A second upload of the same text is an update, and still verified.
-    again = run_cli(real_maas, site["values"], "upload-script", "--script", str(site["script"]))
+    # A second upload, as the region host makes it (no --script: rendered from its values), is an
+    # update of the same text, and still verified.
+    again = run_cli(real_maas, site["values"], "upload-script")
     assert again.returncode == 0, again.stdout + again.stderr
+    assert "updated" in again.stderr
+    assert real_maas.api("GET", f"scripts/{SCRIPT_NAME}", {"op": "download"}).content == site["script"].read_bytes()
 
 
 @pytest.mark.on_master

@@ -308,17 +308,15 @@ def test_next_steps_name_the_files_and_the_values_just_used(tmp_path, capsys, mo
     assert printed[3:] == [
         "Next steps:",
         f"  kubectl apply -k {out / 'kubernetes'}",
-        f"  MAAS_API_KEY=... {command} --values '{values_file}' upload-script "
-        f"--script {out / 'commissioning' / SCRIPT_NAME}",
-        f"     (or: maas $PROFILE node-scripts create name={SCRIPT_NAME} "
-        f"script@={out / 'commissioning' / SCRIPT_NAME})",
+        "  on the MAAS region host, with this release's package installed: "
+        "sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml upload-script",
     ]
 
 
 def test_next_steps_without_a_values_file_name_none(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("sys.argv", ["maas-kubevirt"])
     assert cli.main(["render", "--output", str(tmp_path / "out")]) == 0
-    assert "  MAAS_API_KEY=... maas-kubevirt upload-script --script" in capsys.readouterr().out
+    assert "sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml upload-script" in capsys.readouterr().out
 
 
 def test_the_script_is_ascii_so_any_locale_reads_it():

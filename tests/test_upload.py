@@ -236,6 +236,26 @@ def test_shipped_script_metadata_as_maas_reads_it():
     assert metadata["timeout"] == "00:05:00"  # a string: YAML 1.1 sexagesimal needs a leading 1-9
 
 
+def test_without_script_uploads_what_render_writes(tmp_path, double, capsys):
+    """No --script: the region host renders the script from its own values, byte for byte the
+    file render writes on the workstation from the same values (no file to copy, none stale)."""
+    values, script = rendered(tmp_path, double)
+    code = upload.main(values, Args(script=None))
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert double.scripts[SCRIPT_NAME]["script"] == script.read_bytes()
+    assert {"bmc-config", "enlisting"} <= set(double.scripts[SCRIPT_NAME]["tags"])
+
+
+def test_without_script_follows_the_values(tmp_path, double, capsys):
+    """Other values, another script: the render of the values given, not any file's."""
+    values, script = rendered(tmp_path, double)
+    values["redfish"]["domain"] = "bmc.other.example"
+    assert upload.main(values, Args(script=None)) == 0, capsys.readouterr().err
+    held = double.scripts[SCRIPT_NAME]["script"]
+    assert held != script.read_bytes() and b"bmc.other.example" in held
+
+
 # --- the double parses uploads as MAAS does (src/maasserver/forms/script.py) -----------------
 
 

@@ -186,19 +186,20 @@ def build_parser() -> argparse.ArgumentParser:
     upload = commands.add_parser(
         "upload-script", parents=shared,
         help="create or update the commissioning script in MAAS",
-        description="Upload the commissioning script that render wrote from the same values "
-        "to MAAS through its API (POST scripts/, or PUT scripts/{name} with the tags and timeout, "
+        description="Render the commissioning script from the values (or take --script, which "
+        "render must have written from the same values) and upload it to MAAS through its API (POST scripts/, or PUT scripts/{name} with the tags and timeout, "
         "which MAAS takes from a script only when creating it), then read it back: its tags must "
         "hold bmc-config and enlisting and its text must be the rendered one.",
         epilog=_epilog([
-            "maas-kubevirt --values site.yaml upload-script",
+            "sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml upload-script",
             "maas-kubevirt --values site.yaml upload-script --script build/commissioning/31-kubevirt-bmc-config",
         ], "Exit status: 0 uploaded and verified, 1 MAAS failed or stored something else, "
             "2 usage or configuration error (a script not rendered from these values, a refused key)."),
     )
     upload.add_argument(
-        "--script", metavar="FILE", default=str(DEFAULT_OUTPUT / "commissioning" / SCRIPT_NAME),
-        help="the rendered script (default: %(default)s)",
+        "--script", metavar="FILE", default=None,
+        help="a script render wrote from these values, e.g. build/commissioning/%s (default: render it "
+        "here from the values)" % SCRIPT_NAME,
     )
     rotate = commands.add_parser(
         "rotate", parents=shared,

@@ -8,6 +8,8 @@ from pathlib import Path
 
 INSTALLED_DATA_DIR = Path("/usr/share/maas-kubevirt")
 SCRIPT_NAME = "31-kubevirt-bmc-config"
+# The package's site values (debian/rules), which the service reads.
+INSTALLED_VALUES = Path("/etc/maas-kubevirt/values.yaml")
 
 
 def data_dir() -> Path:

@@ -13,7 +13,7 @@ from typing import Any
 from maas_kubevirt import EXIT_OK, EXIT_USAGE, PROG, bmc_proxy, exposure, policies
 from maas_kubevirt.console import error, warn
 from maas_kubevirt import seed as seeds
-from maas_kubevirt.paths import SCRIPT_NAME, data_dir, write_atomic
+from maas_kubevirt.paths import INSTALLED_VALUES, SCRIPT_NAME, data_dir, write_atomic
 from maas_kubevirt.policies import KUSTOMIZATION_FILE, SEED_SECRET_FILE, render_kubernetes
 
 # The output directory holding the seed is private; the others are readable (the files
@@ -191,7 +191,6 @@ def main(values: dict, args: Any) -> int:
         current = policies.cluster_policies(output / "kubernetes")
         recreate = policies.policies_to_recreate(previous, current)
         retired = sorted(set(previous) - set(current))
-        script = output / "commissioning" / SCRIPT_NAME
         command = sys.argv[0] if sys.argv[0].endswith(PROG) else PROG
         if getattr(args, "values", None):
             command += f" --values {shlex.quote(args.values)}"
@@ -215,6 +214,6 @@ def main(values: dict, args: Any) -> int:
                   f"(e.g. {seeds.INSTALLED_SEED}).")
         print("Next steps:")
         print(f"  kubectl apply -k {output / 'kubernetes'}")
-        print(f"  MAAS_API_KEY=... {command} upload-script --script {script}")
-        print(f"     (or: maas $PROFILE node-scripts create name={SCRIPT_NAME} script@={script})")
+        print(f"  on the MAAS region host, with this release's package installed: "
+              f"sudo {PROG} --values {INSTALLED_VALUES} upload-script")
     return EXIT_OK

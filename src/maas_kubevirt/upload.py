@@ -1,6 +1,7 @@
 """``maas-kubevirt upload-script``: create or update the commissioning script in MAAS.
 
-The script must be the one ``render`` writes from the same values. MAAS applies the tags and
+The script is rendered here from the values (so a region host needs only the package and its
+values), or read from ``--script``, which must be what ``render`` wrote from the same values. MAAS applies the tags and
 timeout embedded in a script only when it creates the script (src/maasserver/forms/script.py,
 ScriptForm._clean_script), so an update sends them as form fields; then the script is read
 back: its tags hold bmc-config and enlisting, and its stored text is the rendered one.
@@ -19,7 +20,7 @@ from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG
 from maas_kubevirt.audit import Audit
 from maas_kubevirt.console import error, note, warn
 from maas_kubevirt.maas import MAASAuthError, MAASClient, MAASError, MAASForbidden, client_from_values
-from maas_kubevirt.render import REQUIRED_TAGS, rendering_problem
+from maas_kubevirt.render import REQUIRED_TAGS, render_commissioning, rendering_problem
 from maas_kubevirt.values import ValuesError
 
 # src/maasserver/forms/script.py, ScriptForm._read_script: the delimiters of the metadata block.
@@ -109,25 +110,33 @@ def _read_back_problem(client: MAASClient, name: str, content: bytes) -> str | N
     return None
 
 
-def main(values: dict, args: Any) -> int:
-    """``upload-script [--script FILE]``: POST scripts/ when new, PUT scripts/{name} otherwise."""
-    path = Path(getattr(args, "script"))
+def _rendered_file(path: Path) -> str:
+    """The text of a script file render wrote, or a one-line ValuesError."""
     try:
         content = path.read_bytes()
     except OSError as failure:
-        raise ValuesError([f"--script: expected a readable rendered script (run `{PROG} render` "
-                           f"first), found {str(path)!r}: {failure.strerror or failure}"]) from None
+        raise ValuesError([f"--script: expected a readable rendered script, found {str(path)!r}: "
+                           f"{failure.strerror or failure} (leave out --script to upload the render of "
+                           "these values)"]) from None
     try:
-        text = content.decode("utf-8")
+        return content.decode("utf-8")
     except UnicodeDecodeError:
         raise ValuesError([f"--script: {path} is not UTF-8 text: not a rendered script"]) from None
-    metadata = script_metadata(text, str(path))
-    name = script_name(text, str(path))
+
+
+def main(values: dict, args: Any) -> int:
+    """``upload-script [--script FILE]``: POST scripts/ when new, PUT scripts/{name} otherwise."""
+    path = Path(args.script) if getattr(args, "script", None) else None
+    text = _rendered_file(path) if path else render_commissioning(values)
+    content = text.encode("utf-8")
+    source = str(path) if path else "the script rendered from these values"
+    metadata = script_metadata(text, source)
+    name = script_name(text, source)
     missing = [tag for tag in REQUIRED_TAGS if tag not in script_tags(metadata)]
     if missing:
         raise ValuesError([f"--script: {path} is not tagged {', '.join(missing)}: MAAS would not run "
                            "it at enlistment; render it again"])
-    problem = rendering_problem(text, values, f"--script: {path}")
+    problem = path and rendering_problem(text, values, f"--script: {path}")
     if problem:
         raise ValuesError([problem])
     audit = Audit(values["maas"].get("audit_log", ""))

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG, kubeconfigs, policies
 from maas_kubevirt.console import TABLE, WIDE, document, error, output_format, table, terminal_width, warn
-from maas_kubevirt.paths import SCRIPT_NAME
 
 if TYPE_CHECKING:
     from maas_kubevirt.maas import MAASClient
@@ -155,7 +154,7 @@ class _Fixes:
         self.apply = f"`{render} && kubectl apply -k {RENDER_DIR}/kubernetes`"
         self.apply_seed = (f"point seed.file at the MAAS host's seed, then `{render} && kubectl apply -f "
                            f"{RENDER_DIR}/kubernetes/{policies.SEED_SECRET_FILE}`")
-        self.upload = f"`{render} && {command} upload-script --script {RENDER_DIR}/commissioning/{SCRIPT_NAME}`"
+        self.upload = f"`{command} upload-script` (it renders the script from these values)"
         self.enlist = "`maas $PROFILE maas set-config name=enlist_commissioning value=true`"
         self.reconcile = command
         self.key_source = "MAAS_API_KEY" if os.environ.get("MAAS_API_KEY") else values["maas"]["api_key_file"]
