@@ -719,8 +719,15 @@ def test_env_key_overrides_file(tmp_path, double, capsys, monkeypatch):
 
 def test_unwritable_audit_log_is_a_config_error(tmp_path, double):
     values = values_for(tmp_path, double, audit_log=str(tmp_path / "missing-dir" / "audit.log"))
-    with pytest.raises(ValuesError, match="maas.audit_log: expected a file the reconciler can append to"):
+    with pytest.raises(ValuesError, match="maas.audit_log: expected a file the reconciler can append to") as raised:
         loop.main(values, Args(once=True))
+    # A missing directory is the package's before its service first started (LogsDirectory=).
+    assert "start the service first" in str(raised.value)
+    (tmp_path / "missing-dir").mkdir(mode=0o500)
+    if os.geteuid() != 0:   # root appends whatever the mode
+        with pytest.raises(ValuesError, match="Permission denied") as raised:
+            loop.main(values, Args(once=True))
+        assert "start the service first" not in str(raised.value)
 
 
 def test_unreachable_maas_once_exits_1(tmp_path, double, capsys):

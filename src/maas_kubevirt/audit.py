@@ -12,6 +12,7 @@ import sys
 from datetime import datetime, timezone
 from typing import Any
 
+from maas_kubevirt import PROG
 from maas_kubevirt.console import cap, warn
 from maas_kubevirt.values import ValuesError
 
@@ -47,9 +48,13 @@ class Audit:
             try:
                 self._append(b"")
             except OSError as error:
+                # The package's service makes /var/log/maas-kubevirt and the file on its first start
+                # (LogsDirectory=); a file root made first would be one the service cannot append to.
+                hint = (f": start the service first (`systemctl start {PROG}` makes it), or create the directory"
+                        if not os.path.isdir(os.path.dirname(path) or ".") else "")
                 raise ValuesError(
                     [f"maas.audit_log: expected a file the reconciler can append to, "
-                     f"found {path!r}: {error.strerror or error}"]
+                     f"found {path!r}: {error.strerror or error}{hint}"]
                 ) from None
         self.warned = False
 
