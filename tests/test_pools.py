@@ -256,6 +256,8 @@ class FakeCluster:
     def create(self, path, body):
         if self.refuse:
             raise KubeError(path, 403, "admission webhook denied the request")
+        if f"{path}/{body['metadata']['name']}" in self.objects:
+            raise KubeError(path, 409, "already exists")
         self.objects[f"{path}/{body['metadata']['name']}"] = copy.deepcopy(body)
         return body
 
@@ -372,3 +374,41 @@ def test_compose_json_is_one_object_on_stdout_and_its_audit_goes_to_stderr(monke
     assert (answer["pool"], answer["stage"]) == ("small", compose.CREATED)
     assert [json.loads(line)["outcome"] for line in err.splitlines()] == ["intent", "ok"]
     assert [r["outcome"] for r in Audit.read_file(settings["maas"]["audit_log"])] == ["intent", "ok"]
+
+
+def test_compose_with_the_name_of_a_vm_the_pool_made_makes_no_other(monkeypatch, capsys, tmp_path):
+    """`compose POOL --name VM` run again (after a timeout, a lost session) reports on VM and makes
+    nothing; a VM of that name no pool made is not the pool's, and the cluster's conflict stands."""
+    import argparse
+
+    import pools_fixtures as pf
+    from maas_kubevirt import compose, seed
+    from maas_kubevirt.pools import access
+
+    settings = pf.values()
+    settings["maas"]["audit_log"] = str(tmp_path / "audit.log")
+    cluster = FakeCluster()
+    path = observe.vms_path("maas-vms")
+    cluster.objects[path + "/small-bcdfg"] = with_mac(pool_vm.manifest(SMALL, "small-bcdfg", SEED), "02:AA:00:00:00:01")
+    host = identity.redfish_host("small-bcdfg", "maas-vms", settings["redfish"]["domain"])
+    maas = FakeMaas([maas_machine("real1", "02:aa:00:00:00:01", status="Commissioning")], {"real1": host})
+    monkeypatch.setattr(access, "cluster", lambda values: cluster)
+    monkeypatch.setattr(seed, "load", lambda values: SEED)
+    monkeypatch.setattr(compose, "client_from_values", lambda values, warn: maas)
+    args = argparse.Namespace(pool="small", name="small-bcdfg", wait=False, timeout=60, output="json")
+    assert compose.main(settings, args) == 0
+    out, err = capsys.readouterr()
+    answer = json.loads(out)
+    assert (answer["vm"], answer["stage"], answer["system_id"]) == ("small-bcdfg", compose.COMMISSIONING, "real1")
+    assert "already pool small's VM" in err and list(cluster.objects) == [path + "/small-bcdfg"]
+    assert not (tmp_path / "audit.log").exists() and maas.writes == []
+    # A tenant's VM with the pool's label but not its proof is not the pool's: compose tries to make
+    # its own of that name, and the cluster's conflict stands.
+    tenants = {"metadata": {"name": "small-tenant", "namespace": "maas-vms", "labels": {"maas-kubevirt.io/pool": "small"}},
+               "spec": {}}
+    cluster.objects[path + "/small-tenant"] = tenants
+    args = argparse.Namespace(pool="small", name="small-tenant", wait=False, timeout=60, output="json")
+    assert compose.main(settings, args) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and "the cluster refused the VM" in err and "already pool" not in err
+    assert cluster.objects[path + "/small-tenant"] is tenants

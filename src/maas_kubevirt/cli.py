@@ -255,16 +255,19 @@ def build_parser() -> argparse.ArgumentParser:
         "It boots from the network and enlists by itself; the reconciler sets its BMC credentials, names, "
         "files and commissions its machine as any VM's, and tags it with the pool's tags once Ready. "
         "Prints the VM, its namespace and where it stands; with --wait, once MAAS has its machine Ready, "
-        "also its system_id and hostname.",
+        "also its system_id and hostname. With --name of a VM the pool already made, it makes none and "
+        "reports on that one (with --wait, waits for it): run the same command again after a timeout.",
         epilog=_epilog([
             "maas-kubevirt compose small",
             "maas-kubevirt compose small --wait -o json",
-        ], "Exit status: 0 made (with --wait: Ready), 1 the pool is at its max, the cluster refused, or --wait "
+            "maas-kubevirt compose small --name small-1 --wait   # again: waits for small-1, makes no other",
+        ], "Exit status: 0 made or found (with --wait: Ready), 1 the pool is at its max, the cluster refused, or --wait "
         "ran out or saw commissioning fail (the stage is named: VM created, no enlistment, New, "
         "Commissioning, Commissioning failed), 2 usage or configuration error."),
     )
     compose.add_argument("pool", metavar="POOL", help="the pool's name (pools[].name)")
-    compose.add_argument("--name", metavar="NAME", help="the VM's name, POOL-<suffix> (default: a random suffix)")
+    compose.add_argument("--name", metavar="NAME", help="the VM's name, POOL-<suffix> (default: a random suffix); "
+                         "a VM of that name the pool made already is reported on, not made again")
     compose.add_argument("--wait", action="store_true", help="return once MAAS has the machine Ready")
     compose.add_argument("--timeout", metavar="SECONDS", type=_positive_seconds, default=1800,
                          help="with --wait: how long to wait (default: %(default)s)")

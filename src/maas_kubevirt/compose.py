@@ -1,5 +1,7 @@
 """``maas-kubevirt compose POOL``: one more VM of a pool now, beyond ``ready`` but within ``max``,
 as MAAS's ``vm-host compose`` made one; with ``--wait``, until MAAS has its machine Ready.
+With ``--name`` of a VM the pool already made, nothing is made: it reports (and waits for) that one,
+so the same command can be run again after a timeout or a lost session.
 
 The VM goes through the pools' own access (reconciler.pools.kubeconfig); the reconciler then
 does for its machine what it does for every VM's, and counts it among the pool's spares.
@@ -79,27 +81,33 @@ def main(values: dict, args: Any) -> int:
         return EXIT_USAGE
     try:
         vms = observe.pool_vms(cluster, (pool,), seed_text)
-        if len(vms) >= pool.max:
+        existing = args.name in {vm.name for vm in vms}
+        name = args.name if existing else None
+        if existing:
+            note(f"compose: {name} is already pool {pool.name}'s VM: reporting on it, not making another")
+        elif len(vms) >= pool.max:
             error(f"compose: pool {pool.name} holds {len(vms)} VMs, its max: raise pools[].max for it, or decompose "
                   "one of its machines")
             return EXIT_FAILED
-        applier = Applier(cluster, None, Audit(values["maas"].get("audit_log", ""), sys.stderr), Records(),
-                          {pool.name: pool}, seed_text)
-        made = applier.create(PoolAction(CREATE, pool.name, pool.namespace), {vm.name for vm in vms}, args.name)
+        else:
+            applier = Applier(cluster, None, Audit(values["maas"].get("audit_log", ""), sys.stderr), Records(),
+                              {pool.name: pool}, seed_text)
+            name = applier.create(PoolAction(CREATE, pool.name, pool.namespace), {vm.name for vm in vms},
+                                  args.name).vm
     except KubeError as failure:
         error(f"compose: the cluster refused the VM: {failure}")
         return EXIT_FAILED
-    assert made.vm is not None
-    result: dict[str, Any] = {"pool": pool.name, "namespace": pool.namespace, "vm": made.vm,
-                              "bmc": identity.redfish_host(made.vm, pool.namespace, values["redfish"]["domain"]),
+    assert name is not None
+    result: dict[str, Any] = {"pool": pool.name, "namespace": pool.namespace, "vm": name,
+                              "bmc": identity.redfish_host(name, pool.namespace, values["redfish"]["domain"]),
                               "stage": CREATED}
-    if args.wait:
+    if args.wait or existing:   # an existing VM's stage is read from MAAS, once without --wait
         try:
             client = client_from_values(values, note)
-            stage, machine = wait_ready(cluster, client, pool, made.vm, seed_text, values["redfish"]["domain"],
-                                        args.timeout)
+            stage, machine = wait_ready(cluster, client, pool, name, seed_text, values["redfish"]["domain"],
+                                        args.timeout if args.wait else 0)
         except (KubeError, MAASError) as failure:
-            error(f"compose {made.vm}: made, but its progress could not be read: {failure}")
+            error(f"compose {name}: {'found' if existing else 'made'}, but its progress could not be read: {failure}")
             return EXIT_FAILED
         result["stage"] = stage
         if machine is not None:
@@ -108,6 +116,6 @@ def main(values: dict, args: Any) -> int:
           "\t".join(str(result.get(key, "")) for key in ("vm", "namespace", "stage", "system_id", "hostname")),
           flush=True)
     if args.wait and result["stage"] != READY:
-        error(f"compose {made.vm}: not Ready after {args.timeout} s: stopped at {result['stage']}")
+        error(f"compose {name}: not Ready after {args.timeout} s: stopped at {result['stage']}")
         return EXIT_FAILED
     return EXIT_OK
