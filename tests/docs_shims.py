@@ -30,18 +30,24 @@ write) and exits non-zero, saying why, when they do not match. Why each exists:
 - maas: MAAS's CLI needs a region host. `maas apikey --username NAME` prints every key the user
   has, one per line, as MAAS's apikey command does: here two (the one MAAS made with the account
   and the test MAAS's), so a recipe that stores that output holds two keys and the CLI refuses
-  it. With `--generate` (and `--name NAME`) it prints one new key, the test MAAS's. With MAAS's
+  it. With `--generate` (and `--name NAME`) it prints one new key, the test MAAS's; `--delete KEY`
+  of that key notes it in $DOCS_MAAS_DELETED, of any other fails as MAAS's does. With MAAS's
   source at hand (the real-MAAS tier's cache) it checks that `apikey` takes each option used.
+  `maas list` prints each profile as maascli does (name, API URL, key); `maas logout PROFILE`
+  forgets one.
   `maas login PROFILE URL KEY` checks the key as MAAS's CLI does (GET users/?op=whoami) and keeps
   the profile in $DOCS_MAAS_PROFILES; the region host's own API, http://localhost:5240/MAAS/, is
   the test MAAS at $DOCS_MAAS_URL. Then `maas PROFILE maas get-config name=NAME`, `maas PROFILE
-  machines read [FIELD=VALUE ...]` and `maas PROFILE machine deploy SYSTEM_ID` are sent to it
+  machines read [FIELD=VALUE ...]`, `maas PROFILE machine deploy SYSTEM_ID` and `maas PROFILE
+  node-script delete NAME` are sent to it
   signed with the profile's key (OAuth PLAINTEXT, as maascli signs), their answer printed as MAAS's
   CLI prints it when not on a terminal (the body, as it is) and exit 2 on an HTTP error; any other
   command is refused.
 - scp: the region host is this machine. `scp FILE... HOST:` copies each file into
   $DOCS_REGION_HOME (the region host's home directory) with its mode, as scp creates a new file;
   options, a remote path, a missing source or a destination without `HOST:` are refused.
+- maas-kubevirt: the installed package's CLI run without sudo, as the operator's own user (the
+  tests run as root, so only where the page runs it is checked, not what it may read).
 """
 
 from __future__ import annotations
@@ -58,7 +64,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-NAMES = ("sudo", "sudoedit", "apt", "apt-get", "systemctl", "journalctl", "maas", "scp")
+NAMES = ("sudo", "sudoedit", "apt", "apt-get", "systemctl", "journalctl", "maas", "scp", "maas-kubevirt")
 UNIT = "maas-kubevirt"
 
 
@@ -404,7 +410,8 @@ REGION_URL = "http://localhost:5240/MAAS/"
 # What each profile command is, as MAAS's API describes it: (method, path, op).
 PROFILE_COMMANDS = {("maas", "get-config"): ("GET", "maas/", "get_config"),
                     ("machines", "read"): ("GET", "machines/", None),
-                    ("machine", "deploy"): ("POST", "machines/{}/", "deploy")}
+                    ("machine", "deploy"): ("POST", "machines/{}/", "deploy"),
+                    ("node-script", "delete"): ("DELETE", "scripts/{}", None)}
 
 
 def maas_request(key: str, method: str, path: str, op: str | None, fields: list[tuple[str, str]]):
@@ -456,7 +463,7 @@ def maas_profile(args: list[str]) -> None:
     rest = args[3:]
     if "{}" in path:
         if not rest or "=" in rest[0]:
-            fail(f"`maas {args[0]} {' '.join(command)}` needs a SYSTEM_ID")
+            fail(f"`maas {args[0]} {' '.join(command)}` needs a {'NAME' if command[0] == 'node-script' else 'SYSTEM_ID'}")
         path, rest = path.format(rest[0]), rest[1:]
     if not all("=" in arg for arg in rest):
         fail(f"expected FIELD=VALUE arguments, not {rest}")
@@ -467,34 +474,65 @@ def maas_profile(args: list[str]) -> None:
         sys.exit(2)
 
 
-def maas(args: list[str]) -> None:
-    if args[:1] == ["login"]:
-        maas_login(args[1:])
-        return
-    if args[:1] and args[0] != "apikey":
-        maas_profile(args)
-        return
-    options, rest = [], list(args[1:])
+def maas_list(args: list[str]) -> None:
+    """As maascli's cmd_list: one line per profile, its name, URL and key."""
+    if args:
+        fail(f"only `maas list` is covered, not {args}")
+    for name, profile in profiles().items():
+        print(name, profile["url"] + "api/2.0/", profile["credentials"])
+
+
+def maas_logout(args: list[str]) -> None:
+    saved = profiles()
+    if len(args) != 1 or args[0] not in saved:
+        fail(f"only `maas logout PROFILE` of a profile logged in is covered, not {args}")
+    del saved[args[0]]
+    env("DOCS_MAAS_PROFILES").write_text(json.dumps(saved))
+
+
+def maas_apikey(args: list[str]) -> None:
+    options, rest = {}, list(args)
     while rest:
         option = rest.pop(0)
-        if option in ("--username", "--name") and rest:
-            options.append(option)
-            rest.pop(0)
+        if option in ("--username", "--name", "--delete") and rest:
+            options[option] = rest.pop(0)
         elif option == "--generate":
-            options.append(option)
+            options[option] = True
         else:
-            fail(f"only `maas apikey --username NAME [--generate [--name NAME]]` is covered, not {args}")
-    if args[:1] != ["apikey"] or "--username" not in options or ("--name" in options and "--generate" not in options):
-        fail(f"only `maas apikey --username NAME [--generate [--name NAME]]` is covered, not {args}")
+            fail(f"only `maas apikey --username NAME [--generate [--name NAME] | --delete KEY]` is covered, not {args}")
+    if "--username" not in options or ("--name" in options and "--generate" not in options) or \
+            ("--delete" in options and len(options) != 2):
+        fail(f"only `maas apikey --username NAME [--generate [--name NAME] | --delete KEY]` is covered, not {args}")
     source = os.environ.get("DOCS_MAAS_SOURCE", "")
     command = Path(source) / "src" / "maasserver" / "management" / "commands" / "apikey.py"
     if source and command.is_file():
         for option in options:
             if f'"{option}"' not in command.read_text():
                 fail(f"MAAS's apikey command ({command}) takes no {option}")
+    if "--delete" in options:
+        # As MAAS's _delete_token: the key's middle part names the token; an unknown one is an error.
+        key = options["--delete"]
+        if key != os.environ["DOCS_MAAS_KEY"]:
+            sys.exit("CommandError: No matching api key found.")
+        with env("DOCS_MAAS_DELETED").open("a") as deleted:
+            deleted.write(key + "\n")
+        return
     if "--generate" not in options:
         print("Qv9bA3mZ7cXe2LpK4t:8Hs6Wd1Nf5Gj0Rk3Ty:Pm2Vb7Xc4Zq9Ln6Jh1Sd5Fg8Kw3Er0Tu")
     print(os.environ["DOCS_MAAS_KEY"])
+
+
+def maas(args: list[str]) -> None:
+    built_in = {"login": maas_login, "list": maas_list, "logout": maas_logout, "apikey": maas_apikey}
+    if args[:1] and args[0] in built_in:
+        built_in[args[0]](args[1:])
+        return
+    maas_profile(args)
+
+
+def maas_kubevirt(args: list[str]) -> None:
+    """The installed CLI, run without sudo (as the operator's own user)."""
+    os.execve(sys.executable, cli(args), cli_env())
 
 
 # --- scp ---------------------------------------------------------------------------------------
@@ -518,7 +556,7 @@ def main() -> None:
     record(name, args)
     os.environ["PATH"] = os.environ.get("PATH", "")
     {"sudo": sudo, "sudoedit": sudoedit, "apt": apt, "apt-get": apt_get, "systemctl": systemctl,
-     "journalctl": journalctl, "maas": maas, "scp": scp}[name](args)
+     "journalctl": journalctl, "maas": maas, "scp": scp, "maas-kubevirt": maas_kubevirt}[name](args)
 
 
 if __name__ == "__main__":

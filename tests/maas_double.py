@@ -1621,6 +1621,13 @@ class MaasDouble(LoopbackServer):
                     if not self.admin:  # @admin_method (src/maasserver/api/scripts.py, 3.5)
                         return 403, RESERVED_ADMIN, {}
                     return self._script_write(request, name)
+                if method == "DELETE" and op is None:
+                    # NodeScriptHandler.delete (src/maasserver/api/scripts.py): admins only, 204.
+                    if not self.admin:
+                        return 403, RESERVED_ADMIN, {}
+                    del self.scripts[name]
+                    self.writes.append(("DELETE", f"scripts/{name}", {}))
+                    return 204, b"", {}
             return 404, "Unknown API endpoint", {}
 
     @staticmethod

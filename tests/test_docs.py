@@ -153,10 +153,6 @@ def install_site_edited(page: Page, result) -> None:
     page.write_values(page.repo / "site.yaml", maas_values(page, redfish={"domain": SITE_DOMAIN}))
 
 
-def api_key_file(page: Page) -> None:
-    (page.repo / "api-key").write_text(page.double.api_key_text + "\n")
-
-
 def site_script_uploaded(page: Page, result) -> None:
     """MAAS holds exactly the script rendered from site.yaml (the site's domain in it)."""
     rendered = (page.repo / "build" / "commissioning" / "31-kubevirt-bmc-config").read_text()
@@ -166,11 +162,26 @@ def site_script_uploaded(page: Page, result) -> None:
 
 
 def package_values(page: Page) -> None:
-    """The conffile edit the comment asks for: site.yaml's keys, the seed and the audit log where
-    the package has them; web1 enlisted meanwhile at the site's domain."""
-    page.queue_edit(ETC, maas_values(page, redfish={"domain": SITE_DOMAIN}, seed={"file": "/etc/maas-kubevirt/seed"},
-                                     maas={"audit_log": "/var/log/maas-kubevirt/audit.log"}))
+    """The conffile edit the comment asks for: the seed and the audit log where the package has
+    them (site.yaml's keys are already there); web1 enlisted meanwhile at the site's domain."""
+    page.queue_edit(ETC, {"seed": {"file": "/etc/maas-kubevirt/seed"},
+                          "maas": {"audit_log": "/var/log/maas-kubevirt/audit.log"}})
     page.notes["web1"] = page.double.add_vm("web1", "vms", SITE_DOMAIN)
+
+
+def copied_for_install(page: Page, result) -> None:
+    home = page.tmp / "home"
+    assert (home / "seed").stat().st_mode & 0o777 == 0o600
+    assert (home / "site.yaml").read_text() == (page.repo / "site.yaml").read_text()
+    assert list(home.glob("maas-kubevirt_*_all.deb"))
+
+
+def nothing_left_in_the_home(page: Page, result) -> None:
+    """What was copied to the region host is installed, and no copy stays in the home."""
+    left = [path.name for path in (page.tmp / "home").iterdir() if path.name in ("seed", "site.yaml")
+            or path.name.endswith(".deb")]
+    assert not left, f"copies left in the region host's home: {left}"
+    assert region_etc(page, "seed").stat().st_mode & 0o777 == 0o600
 
 
 def built(page: Page, result) -> None:
@@ -795,15 +806,21 @@ def gateway_stored(page: Page, result) -> None:
 
 
 def proxy_service_listed(page: Page, result) -> None:
-    """The BMC proxy's Service, which DNS points at: a LoadBalancer on 443 (no load balancer here to give it an address)."""
+    """The BMC proxy's Service, which DNS points at: a LoadBalancer on 443 asking for the page's
+    bmc_proxy.address (no load balancer here to give it)."""
     assert "maas-kubevirt-bmc-proxy" in result.stdout and "LoadBalancer" in result.stdout and "443" in result.stdout
+    service = get(page, "service", "maas-kubevirt-bmc-proxy", BMC_NAMESPACE)
+    assert service["spec"]["loadBalancerIP"] == page_yaml(TUTORIAL)["bmc_proxy"]["address"]
+    record = re.search(r"^\*\.tenant-a\.(\S+)\.\s+\d+\s+IN\s+A\s+(\S+)$", (ROOT / TUTORIAL).read_text(), re.M)
+    assert record and (record[1], record[2]) == (page_yaml(TUTORIAL)["redfish"]["domain"],
+                                                 service["spec"]["loadBalancerIP"]), "the DNS record is not the proxy's"
 
 
 def copied_to_the_region(page: Page, result) -> None:
     home = page.tmp / "home"
     assert (home / "seed").read_text() == page.notes["seed"] and (home / "seed").stat().st_mode & 0o777 == 0o600
     assert (home / "pools.kubeconfig").stat().st_mode & 0o777 == 0o600
-    assert list(home.glob("maas-kubevirt_*_all.deb")) and (home / "31-kubevirt-bmc-config").is_file()
+    assert list(home.glob("maas-kubevirt_*_all.deb")) and (home / "site.yaml").is_file()
 
 
 def region_etc(page: Page, name: str) -> Path:
@@ -811,16 +828,27 @@ def region_etc(page: Page, name: str) -> Path:
     return page.tmp / "overlay" / "etc" / "upper" / "maas-kubevirt" / name
 
 
+# Where the test's stand-in for the BMC proxy answers check-route on the region host (loopback,
+# port 443 as MAAS's driver connects); the page's 192.0.2.10 is no address of this machine.
+PROXY_STAND_IN = "127.43.0.1"
+
+
 def region_seed_file(page: Page) -> None:
-    page.queue_edit(f"{REGION_ETC}/values.yaml", {"seed": {"file": f"{REGION_ETC}/seed"}})
+    """The conffile edit the comment asks for; and bmc_proxy.address is the test's stand-in proxy,
+    which check-route compares DNS's answer with (the cluster keeps the page's 192.0.2.10)."""
+    page.queue_edit(f"{REGION_ETC}/values.yaml", {"seed": {"file": f"{REGION_ETC}/seed"},
+                                                   "maas": {"audit_log": "/var/log/maas-kubevirt/audit.log"},
+                                                   "bmc_proxy": {"address": PROXY_STAND_IN}})
 
 
 def seed_moved(page: Page, result) -> None:
-    """The seed and the pools' kubeconfig are in /etc/maas-kubevirt, private, and no longer in the home."""
-    for copied, name in (("seed", "seed"), ("pools.kubeconfig", "pools-kubeconfig")):
-        assert not (page.tmp / "home" / copied).exists(), f"the {copied} copy stayed in the region host's home"
+    """The seed and the pools' kubeconfig are in /etc/maas-kubevirt, private, and nothing copied
+    stays in the home."""
+    for name in ("seed", "pools-kubeconfig"):
         assert region_etc(page, name).stat().st_mode & 0o777 == 0o600
     assert region_etc(page, "seed").read_text() == page.notes["seed"]
+    left = [path.name for path in (page.tmp / "home").iterdir() if path.is_file()]
+    assert not left, f"copies left in the region host's home: {left}"
 
 
 def tutorial_script_uploaded(page: Page, result) -> None:
@@ -906,8 +934,36 @@ def commissioned(page: Page, vm: str, sid: str) -> None:
     assert page.double.advance() == 1
 
 
+def web_1_composed(page: Page, result) -> None:
+    """compose made web-1 and returned at once; its BMC's route follows within seconds."""
+    assert result.stdout.split("\t")[:3] == ["web-1", "tenant-a", "VM created"], result.stdout
+    domain = page_yaml(TUTORIAL)["redfish"]["domain"]
+    eventually(lambda: (get(page, "httproute", "web-1-bmc", "tenant-a") or {}).get("spec", {}).get("hostnames")
+               == [f"web-1.tenant-a.{domain}"], "web-1's HTTPRoute")
+
+
+def proxy_stands_in(page: Page) -> None:
+    """What check-route reaches on the region host: DNS (the namespace's /etc/hosts) gives
+    web-1.tenant-a.<domain> the stand-in's address, where a TLS server answers on 443 with a
+    Redfish service root, as the BMC proxy does for a route to kubevirtBMC (test_traffic_tier
+    proves check-route against the real proxy)."""
+    from test_route import Responder
+
+    domain = page_yaml(TUTORIAL)["redfish"]["domain"]
+    page.notes["responder"] = Responder(page.tmp, address=(PROXY_STAND_IN, 443))
+    page.shell.run(f"printf '%s\\n' {quote(f'{PROXY_STAND_IN} web-1.tenant-a.{domain}')} >>/etc/hosts")
+
+
+def route_checked(page: Page, result) -> None:
+    """Every hop ok, the address the one bmc_proxy.address names, and no SNI sent (as MAAS)."""
+    rows = [line.split()[:2] for line in result.stdout.splitlines()[1:] if line.strip()]
+    assert rows and all(status == "ok" for _, status in rows), result.stdout
+    assert PROXY_STAND_IN in result.stdout and page.notes["responder"].sni == [None], page.notes["responder"].sni
+
+
 def composed_ready(page: Page, result) -> None:
     """compose waited until MAAS had the machine Ready, and printed it; the VM has its BMC on the Gateway."""
+    assert "already pool web's VM" in result.stderr, result.stderr
     page.notes["vm_thread"].join(10)
     assert "vm_failed" not in page.notes, f"the composed VM did not enlist: {page.notes['vm_failed']!r}"
     answer = json.loads(result.stdout)
@@ -934,6 +990,63 @@ def composed_deploying(page: Page, result) -> None:
 
 def composed_deployed(page: Page, result) -> None:
     assert "Deployed" in status_row(result, page.notes["composed"]), result.stdout
+
+
+def decomposed(page: Page, result) -> None:
+    """The machine is gone from MAAS, the VM (and its disk with it) from the cluster."""
+    assert page.notes["composed_id"] not in page.double.machines
+    eventually(lambda: not tutorial_pool_vms(page), "web-1 is deleted")
+
+
+def script_deleted(page: Page, result) -> None:
+    assert "31-kubevirt-bmc-config" not in page.double.scripts
+
+
+def key_deleted(page: Page, result) -> None:
+    deleted = (page.tmp / "maas-keys-deleted").read_text().splitlines()
+    assert deleted and deleted[-1] == page.double.api_key_text
+
+
+def logged_out(page: Page, result) -> None:
+    saved = json.loads((page.tmp / "maas-profiles.json").read_text())
+    assert "admin" not in saved, saved
+
+
+def tutorial_purged(page: Page, result) -> None:
+    purged(page, result)
+    assert not (page.tmp / "home" / "web.json").exists()
+
+
+def tutorial_gateway_gone(page: Page, result) -> None:
+    assert get(page, "gateway", "bmc", BMC_NAMESPACE) is None
+
+
+def tutorial_secret_gone(page: Page, result) -> None:
+    assert get(page, "secret", "tenant-a-bmc-tls", BMC_NAMESPACE) is None
+
+
+def tutorial_bundle_deleted(page: Page, result) -> None:
+    """The bundle took its policies, the system namespace and the BMC proxy's with it."""
+    for namespace in ("maas-kubevirt", BMC_NAMESPACE):
+        eventually(lambda: get(page, "namespace", namespace, None) is None, f"namespace {namespace} is deleted")
+    listed = json.loads(kubectl(page, "get", "clusterpolicy", "-l", "app.kubernetes.io/part-of=maas-kubevirt",
+                                "-o", "json").stdout)
+    assert listed["items"] == [], "a policy is left"
+
+
+def tenant_a_gone(page: Page, result) -> None:
+    assert get(page, "namespace", "tenant-a", None) is None
+
+
+def nothing_of_the_tutorial_left(page: Page, result) -> None:
+    """Of the workstation's files only the clone is left; nothing the bundle made stays in the cluster."""
+    for name in ("build", "site.yaml", "pools.kubeconfig", "ca.crt"):
+        assert not (page.repo / name).exists(), f"{name} is left"
+    assert not (page.tmp / "home" / "maas-kubevirt-backup").exists()
+    for kind in ("clusterrole", "clusterrolebinding"):
+        listed = json.loads(kubectl(page, "get", kind, "-l", "app.kubernetes.io/part-of=maas-kubevirt", "-o",
+                                    "json").stdout)
+        assert listed["items"] == [], f"a {kind} is left: {[i['metadata']['name'] for i in listed['items']]}"
 
 
 # --- the runners -------------------------------------------------------------------------------
@@ -1069,19 +1182,20 @@ RUNNERS: dict[str, list[Step]] = {
         # aggregation controller merges the RBAC applied with them ("requires permissions"):
         # retried then, as the control-plane tier does.
         Step("kubectl apply -k build/kubernetes/", CLUSTER, after=policies_ready, retry="requires permissions"),
-        Step("export MAAS_API_KEY=$(cat api-key)", MAAS, before=api_key_file),
-        Step(".venv/bin/maas-kubevirt --values site.yaml upload-script", MAAS, after=site_script_uploaded),
         Step("sudo apt-get build-dep ./", SHIM),
         Step("make deb", RUN, after=built),   # for real, with DEB_BUILD_OPTIONS=nocheck (test_deb runs those tests)
-        Step("sudo apt install ./build/deb/maas-kubevirt_*_all.deb", SHIM, after=installed),
+        Step("scp build/seed build/deb/maas-kubevirt_*_all.deb site.yaml maas-region:", SHIM, after=copied_for_install),
+        Step("sudo apt install ~/maas-kubevirt_*_all.deb", SHIM, after=installed),
+        Step("sudo install -m 0644 ~/site.yaml /etc/maas-kubevirt/values.yaml", SHIM),
         Step("sudoedit /etc/maas-kubevirt/values.yaml", SHIM, before=package_values),
+        Step("sudo install -m 0600 ~/seed /etc/maas-kubevirt/seed", SHIM),
+        Step("rm ~/seed ~/site.yaml ~/maas-kubevirt_*_all.deb", RUN, after=nothing_left_in_the_home),
         Step("sudo install -m 0600 /dev/null /etc/maas-kubevirt/api-key", SHIM),
         Step("sudo maas apikey --username ADMIN --generate --name maas-kubevirt | sudo tee /etc/maas-kubevirt/api-key"
              " >/dev/null", SHIM, after=one_key_stored),
-        Step("sudo install -m 0600 build/seed /etc/maas-kubevirt/seed", SHIM),
-        Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml reconcile --once --dry-run", SHIM,
-             after=dry_run_changed_nothing),
+        Step(f"sudo maas-kubevirt --values {ETC} reconcile --once --dry-run", SHIM, after=dry_run_changed_nothing),
         Step("sudo systemctl restart maas-kubevirt && journalctl -u maas-kubevirt", SHIM, after=service_reconciled),
+        Step(f"sudo maas-kubevirt --values {ETC} upload-script", SHIM, after=site_script_uploaded),
     ],
     "docs/how-to/monitor.md": [
         Step("sudoedit /etc/maas-kubevirt/values.yaml", SHIM, before=installed_site_then_metrics),
@@ -1174,11 +1288,13 @@ RUNNERS: dict[str, list[Step]] = {
     "docs/how-to/upgrade.md": [
         Step("make VALUES=site.yaml", RUN, before=installed_site, after=rendered_with_site_yaml),
         Step("kubectl apply -k build/kubernetes/", CLUSTER, after=policies_ready, retry="requires permissions"),
-        Step(".venv/bin/maas-kubevirt --values site.yaml upload-script", MAAS, after=script_still_the_render),
         Step("make deb", RUN, after=built),
-        Step("sudo apt install ./build/deb/maas-kubevirt_*_all.deb", SHIM, after=installed),
+        Step("scp build/deb/maas-kubevirt_*_all.deb maas-region:", SHIM),
+        Step("sudo apt install ~/maas-kubevirt_*_all.deb", SHIM, after=installed),
+        Step("rm ~/maas-kubevirt_*_all.deb", RUN),
         Step("sudo systemctl restart maas-kubevirt", SHIM, after=service_running),
-        Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml status", SHIM, after=upgraded_status),
+        Step(f"sudo maas-kubevirt --values {ETC} status", SHIM, after=upgraded_status),
+        Step(f"sudo maas-kubevirt --values {ETC} upload-script", SHIM, after=script_still_the_render),
     ],
     "docs/tutorial.md": [
         Step("cp values.yaml site.yaml", RUN, before=fresh_clone, after=tutorial_site_edited),
@@ -1191,6 +1307,7 @@ RUNNERS: dict[str, list[Step]] = {
         Step("kubectl apply -k build/kubernetes/", CLUSTER, retry="requires permissions"),
         Step("kubectl wait --for=condition=Ready clusterpolicy -l app.kubernetes.io/part-of=maas-kubevirt "
              "--timeout=120s", CLUSTER),
+        Step("kubectl -n tenant-a apply -f examples/pxe-nad.yaml", CLUSTER, after=pxe_network_made),
         Step('openssl req -x509 -newkey rsa:2048 -nodes -days 825 -subj "/CN=*.tenant-a.bmc.example.com" '
              '-addext "subjectAltName=DNS:*.tenant-a.bmc.example.com" -keyout build/tenant-a-bmc.key '
              '-out build/tenant-a-bmc.crt', RUN),
@@ -1201,31 +1318,53 @@ RUNNERS: dict[str, list[Step]] = {
         *POOLS_KUBECONFIG_STEPS,
         Step("sudo apt-get build-dep ./", SHIM),
         Step("make deb", RUN, after=built),   # DEB_BUILD_OPTIONS=nocheck: test_deb runs the package's tests
-        Step("scp build/seed pools.kubeconfig build/commissioning/31-kubevirt-bmc-config "
-             "build/deb/maas-kubevirt_*_all.deb site.yaml maas-region:", SHIM, after=copied_to_the_region),
+        Step("scp build/seed pools.kubeconfig build/deb/maas-kubevirt_*_all.deb site.yaml maas-region:", SHIM,
+             after=copied_to_the_region),
         Step("sudo apt install ~/maas-kubevirt_*_all.deb", SHIM, after=installed),
         Step("sudo install -m 0644 ~/site.yaml /etc/maas-kubevirt/values.yaml", SHIM),
         Step("sudoedit /etc/maas-kubevirt/values.yaml", SHIM, before=region_seed_file),
         Step("sudo install -m 0600 ~/seed /etc/maas-kubevirt/seed", SHIM),
         Step("sudo install -m 0600 ~/pools.kubeconfig /etc/maas-kubevirt/pools-kubeconfig", SHIM),
-        Step("rm ~/seed ~/pools.kubeconfig", RUN, after=seed_moved),
+        Step("rm ~/seed ~/pools.kubeconfig ~/site.yaml ~/maas-kubevirt_*_all.deb", RUN, after=seed_moved),
         *POOLS_CREDENTIAL_STEPS,
         Step("sudo install -m 0600 /dev/null /etc/maas-kubevirt/api-key", SHIM),
         Step("sudo maas apikey --username ADMIN --generate --name maas-kubevirt | sudo tee /etc/maas-kubevirt/api-key"
-             " >/dev/null", SHIM),
-        Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml upload-script --script "
-             "~/31-kubevirt-bmc-config", SHIM, after=tutorial_script_uploaded),
+             " >/dev/null", SHIM, after=one_key_stored),
+        Step("sudo systemctl daemon-reload && sudo systemctl restart maas-kubevirt && journalctl -u maas-kubevirt", SHIM,
+             after=service_started),
+        Step(f"sudo maas-kubevirt --values {ETC} upload-script", SHIM, after=tutorial_script_uploaded),
         Step('maas login admin http://localhost:5240/MAAS/ "$(sudo maas apikey --username ADMIN --generate --name cli)"',
              SHIM),
         Step("maas admin maas get-config name=enlist_commissioning", SHIM, after=enlist_commissioning_on),
-        Step("sudo systemctl daemon-reload && sudo systemctl restart maas-kubevirt && journalctl -u maas-kubevirt", SHIM,
-             after=service_started),
-        # compose --wait polls MAAS every 5 s while the thread plays the VM (the_composed_vm_boots).
-        Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml compose web --wait -o json | tee ~/web.json",
-             SHIM, before=the_composed_vm_boots, after=composed_ready, timeout=300),
+        # The thread plays the VM from the moment compose makes it (the_composed_vm_boots).
+        Step(f"sudo maas-kubevirt --values {ETC} compose web --name web-1", SHIM, before=the_composed_vm_boots,
+             after=web_1_composed),
+        Step(f"maas-kubevirt --values {ETC} check-route web-1.tenant-a", SHIM, before=proxy_stands_in,
+             after=route_checked),
+        # compose --wait polls MAAS every 5 s.
+        Step(f"sudo maas-kubevirt --values {ETC} compose web --name web-1 --wait -o json | tee ~/web.json", SHIM,
+             after=composed_ready, timeout=300),
         Step("SYSTEM_ID=$(python3 -c 'import json, sys; print(json.load(sys.stdin)[\"system_id\"])' <~/web.json)", SHIM),
         Step("maas admin machine deploy $SYSTEM_ID", SHIM, after=composed_deploying),
-        Step("sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml status", SHIM, after=composed_deployed),
+        Step(f"sudo maas-kubevirt --values {ETC} status", SHIM, after=composed_deployed),
+        Step(f"sudo maas-kubevirt --values {ETC} decompose web-1-tenant-a --force", SHIM, after=decomposed),
+        Step("sudo systemctl stop maas-kubevirt", SHIM, after=service_stopped),
+        Step("maas admin node-script delete 31-kubevirt-bmc-config", SHIM, after=script_deleted),
+        Step('sudo maas apikey --username ADMIN --delete "$(sudo cat /etc/maas-kubevirt/api-key)"', SHIM,
+             after=key_deleted),
+        Step("sudo maas apikey --username ADMIN --delete \"$(maas list | awk '$1 == \"admin\" {print $3}')\"", SHIM,
+             after=key_deleted),
+        Step("maas logout admin", SHIM, after=logged_out),
+        Step("sudo apt purge maas-kubevirt", SHIM),
+        Step("rm ~/web.json", RUN, after=tutorial_purged),
+        Step("kubectl delete -f examples/bmc-gateway.yaml", CLUSTER, after=tutorial_gateway_gone),
+        Step("kubectl -n maas-kubevirt-bmc delete secret tenant-a-bmc-tls", CLUSTER, after=tutorial_secret_gone),
+        Step("kubectl -n maas-kubevirt label configmap maas-kubevirt-rotations maas-kubevirt/allow-delete=true", CLUSTER,
+             after=labelled_for_delete),
+        Step("kubectl delete -k build/kubernetes/", CLUSTER, after=tutorial_bundle_deleted),
+        Step("kubectl delete namespace tenant-a", CLUSTER, after=tenant_a_gone),
+        Step("rm -r build site.yaml pools.kubeconfig ca.crt ~/maas-kubevirt-backup", RUN,
+             after=nothing_of_the_tutorial_left),
     ],
     "docs/how-to/pxe-network.md": [
         Step("kubectl -n tenant-a apply -f examples/pxe-nad.yaml", CLUSTER, before=tenant_a_opted_in,
@@ -1297,12 +1436,50 @@ def test_every_render_uses_the_sites_values():
     assert not problems, "\n".join(problems)
 
 
+def commands_under_headings() -> list[tuple[str, object]]:
+    """Every command of every page, with the heading of the section it is in."""
+    found = []
+    for page in PAGES:
+        headings = {}
+        heading = ""
+        for number, line in enumerate((ROOT / page).read_text().splitlines(), 1):
+            heading = line.lstrip("#").strip() if re.match(r"#{1,4} ", line) else heading
+            headings[number] = heading
+        found += [(headings[command.line], command) for command in commands(page)]
+    return found
+
+
+# Issue 43: install.md built the package on the region host and uploaded the script from the
+# workstation with an exported key, the tutorial the other way round. The procedure is one.
+PACKAGE_BUILD = re.compile(r"make deb\b")
+SCRIPT_UPLOAD = "sudo maas-kubevirt --values /etc/maas-kubevirt/values.yaml upload-script"
+
+
+def test_one_procedure_builds_the_package_and_uploads_the_script():
+    """The package is built on the workstation (a heading says so), and the script is uploaded on
+    the region host by the installed package, with the key the service uses; no page has another way."""
+    problems, builds, uploads = [], 0, 0
+    for heading, command in commands_under_headings():
+        if PACKAGE_BUILD.search(command.text):
+            builds += 1
+            if "(workstation" not in heading:
+                problems.append(f"{command}: the package is built on the workstation, not under {heading!r}")
+        if "upload-script" in command.text or "node-scripts create" in command.text:
+            uploads += 1
+            if command.text != SCRIPT_UPLOAD or "region host" not in heading:
+                problems.append(f"{command}: the script is uploaded on the region host with `{SCRIPT_UPLOAD}`, "
+                                f"not so under {heading!r}")
+    assert builds and uploads, "no page builds the package or uploads the script: this test checks nothing"
+    assert not problems, "\n".join(problems)
+
+
 def key_file_recipes() -> list[tuple[str, str]]:
     """Every `maas apikey` whose output goes into a file, in the pages and README.Debian."""
     found = [(str(c), c.text) for page in PAGES for c in commands(page)]
     debian = ROOT / "debian" / "README.Debian"
     found += [(f"debian/README.Debian:{n}", line.strip()) for n, line in enumerate(debian.read_text().splitlines(), 1)]
-    return [(where, text) for where, text in found if "maas apikey" in text and re.search(r"[|>]", text)]
+    return [(where, text) for where, text in found
+            if "maas apikey" in text and "--delete" not in text and re.search(r"[|>]", text)]
 
 
 def test_every_key_file_recipe_stores_one_key():
@@ -1581,6 +1758,7 @@ def region_host(tmp_path: Path, name: str, double, control_plane) -> Page:
         DOCS_PIDS=str(tmp_path / "pids"), DOCS_MAAS_KEY=double.api_key_text, DOCS_START_TIMEOUT="60",
         DOCS_MAAS_SOURCE=str(maas_source()), DOCS_MAAS_URL=double.url,
         DOCS_MAAS_PROFILES=str(tmp_path / "maas-profiles.json"), DOCS_REGION_HOME=str(tmp_path / "home"),
+        DOCS_MAAS_DELETED=str(tmp_path / "maas-keys-deleted"),
         DEB_BUILD_OPTIONS="nocheck")
     (tmp_path / "journal").mkdir()
     page.shell = Shell(page.repo, page.env, tmp_path / "state.sh", prefix=prefix)
@@ -1617,6 +1795,8 @@ def test_tutorial(tmp_path, double, control_plane):
     try:
         run_on_region_host(page)
     finally:
+        if "responder" in page.notes:
+            page.notes["responder"].close()
         # Back to no policies and none of the tutorial's namespaces, for the next user of the control plane.
         for namespace in ("tenant-a", BMC_NAMESPACE):
             kubectl(page, "delete", "namespace", namespace, "--ignore-not-found", "--wait=false", check=False)
@@ -1624,23 +1804,55 @@ def test_tutorial(tmp_path, double, control_plane):
                 check=False)
 
 
-# The tutorial's table names each component as upstream.lock.yaml does.
-TUTORIAL_LOCK_NAMES = {"KubeVirt": "kubevirt", "kubevirtBMC": "kubevirtbmc", "KubeMacPool": "kubemacpool",
-                       "Kyverno": "kyverno", "Traefik": "traefik", "MAAS": "maas"}
+# Issue 43: the tutorial took 37 steps; each now says where it runs, and there are at most 20.
+TUTORIAL_STEP = re.compile(r"^## (\d+)\. (.+) \((workstation|cluster|region host|DNS server)\)$")
+TUTORIAL_MAX_STEPS = 20
 
 
-def test_tutorial_states_the_releases_of_the_lock_file():
-    """docs/tutorial.md's table of what a site needs gives, for each component, exactly the releases
-    upstream.lock.yaml proves (every MAAS release of maas-proven:, in its order), and no other row."""
-    from maas_kubevirt import upstream
-
-    lock = upstream.proven(ROOT / upstream.LOCK_NAME)
+def test_the_tutorial_counts_at_most_20_steps_each_saying_where_it_runs():
+    """Every section after "What you need" is a numbered step, 1 to N without a gap, N <= 20, whose
+    heading names where it runs; every command of the page is in a step, and the last steps remove
+    what it made."""
     text = (ROOT / TUTORIAL).read_text()
-    rows = dict(re.findall(r"^\| (\w+) \| ([^|]+?) \| <https://[^>]+> \|$", text, re.M))
-    assert set(rows) == set(TUTORIAL_LOCK_NAMES), f"the table's components: {sorted(rows)}"
-    for component, name in TUTORIAL_LOCK_NAMES.items():
-        assert rows[component].split(", ") == list(upstream.proven_releases(name, lock)), \
-            f"{TUTORIAL}: {component} {rows[component]}, upstream.lock.yaml: {upstream.proven_releases(name, lock)}"
+    headings = re.findall(r"^## .+$", text, re.M)
+    assert headings[0] == "## What you need", headings[0]
+    steps = [TUTORIAL_STEP.match(heading) for heading in headings[1:]]
+    assert all(steps), [h for h, m in zip(headings[1:], steps) if not m]
+    assert [int(m[1]) for m in steps] == list(range(1, len(steps) + 1))
+    assert len(steps) <= TUTORIAL_MAX_STEPS, f"{len(steps)} steps"
+    assert f"in {len(steps)} steps" in text, "the introduction counts the steps otherwise"
+    under = {heading for heading, command in commands_under_headings() if command.page == TUTORIAL}
+    assert "What you need" not in under and "Your first KubeVirt VM in MAAS" not in under
+    assert [m[2] for m in steps[-3:]] == ["Remove MAAS's side", "Remove the cluster's side", "Remove the DNS record"]
+
+
+def test_the_tutorial_states_no_release_of_its_own():
+    """The releases are stated once, in prerequisites.md (from upstream.lock.yaml): the tutorial
+    links there and names none itself."""
+    text = (ROOT / TUTORIAL).read_text()
+    assert "reference/prerequisites.md" in text
+    named = re.findall(r"(?<![\d.])v?\d+\.\d+\.\d+(?![\d.])|\b\d+\.\d+(?:\.\d+)? or later\b", text)
+    assert not named, f"{TUTORIAL} names releases: {named}"
+
+
+def source_ranges_in_pages() -> list[tuple[str, str]]:
+    """Every CIDR a page's YAML gives as ingress.source_ranges, with its page."""
+    found = []
+    for page in PAGES:
+        for block in re.findall(r"^```yaml\n(.*?)^```$", (ROOT / page).read_text(), re.M | re.S):
+            ranges = (yaml.safe_load(block) or {}).get("ingress", {}).get("source_ranges", [])
+            found += [(page, cidr) for cidr in ranges]
+    return found
+
+
+def test_every_page_narrows_source_ranges_to_single_addresses():
+    """The tutorial said /24 and dns-tls.md one /32 per rack controller: every example is one address."""
+    import ipaddress
+
+    found = source_ranges_in_pages()
+    assert found, "no page sets ingress.source_ranges: this test checks nothing"
+    wide = [(page, cidr) for page, cidr in found if ipaddress.ip_network(cidr).num_addresses != 1]
+    assert not wide, wide
 
 
 @pytest.mark.parametrize("name", ["install", "monitor", "ha", "rotate", "upgrade", "uninstall", "pools"])
@@ -1680,7 +1892,13 @@ def test_the_shims_refuse_what_does_not_exist(tmp_path):
         "maas login admin http://localhost:5240/MAAS/": "only `maas login PROFILE URL KEY`",
         "maas login admin http://maas.example.com:5240/MAAS/ a:b:c": "only the region host's own API",
         "maas admin machines read": "no profile 'admin'",
-        "maas region machine release abc123": "only maas get-config, machines read, machine deploy are covered",
+        "maas region machine release abc123": "only maas get-config, machines read, machine deploy, node-script "
+                                              "delete are covered",
+        "maas region node-script delete": "needs a NAME",
+        "maas apikey --username admin --delete x:y:z": "No matching api key found",
+        "maas logout nobody": "only `maas logout PROFILE` of a profile logged in",
+        "maas list all": "only `maas list` is covered",
+        "maas-kubevirt --help": "not installed",
         "maas region machine deploy": "needs a SYSTEM_ID",
         "maas apikey --username admin --name x": "only `maas apikey --username NAME [--generate",
         "scp -r deb region:": "only `scp FILE... HOST:`",
