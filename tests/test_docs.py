@@ -25,7 +25,7 @@ How a command runs (the `how` of its Step):
   it with `<!-- docs-test: checked-only: COMMAND (why) -->` before its block, and the test checks
   it with `make -n` (the target exists and expands) and that every value it passes exists; an
   upstream install command (it fetches from the network), with upstream.lock.yaml: the lock file
-  pins the release it names, or, for a component the page calls not pinned, pins none.
+  pins the release it names.
 """
 
 from __future__ import annotations
@@ -626,30 +626,27 @@ def lock_pins(key: str, version: str) -> str:
     return f"grep -qxF {quote(f'{key}: {version}')} upstream.lock.yaml"
 
 
-def not_pinned(key: str) -> str:
-    """The check of a command for a component the page calls not pinned: the lock file does not
-    pin it (once it does, the command must name that release)."""
-    return f"! grep -q {quote(f'^{key}:')} upstream.lock.yaml"
-
-
 KUBEVIRT = "https://github.com/kubevirt/kubevirt/releases/download/v1.7.0"
-CDI = "https://github.com/kubevirt/containerized-data-importer/releases/download/$VERSION"
+CDI = "https://github.com/kubevirt/containerized-data-importer/releases/download/v1.63.1"
+MULTUS_IMAGE = "ghcr.io/k8snetworkplumbingwg/multus-cni:v4.3.0-thick"
 # Each upstream install command of the page fetches from the network or changes this host (see its
-# marker), so it is checked: against the lock file's release, or its absence there.
+# marker), so it is checked: against the lock file's release.
 PREREQUISITE_CHECKS = [
     ("sudo kubeadm init --kubernetes-version v1.36.3", lock_pins("kubernetes", "v1.36.3")),
     (f"kubectl apply -f {KUBEVIRT}/kubevirt-operator.yaml", lock_pins("kubevirt", "v1.7.0")),
     (f"kubectl apply -f {KUBEVIRT}/kubevirt-cr.yaml", lock_pins("kubevirt", "v1.7.0")),
-    (f"kubectl create -f {CDI}/cdi-operator.yaml", not_pinned("cdi")),
-    (f"kubectl create -f {CDI}/cdi-cr.yaml", not_pinned("cdi")),
+    (f"kubectl create -f {CDI}/cdi-operator.yaml", lock_pins("cdi", "v1.63.1")),
+    (f"kubectl create -f {CDI}/cdi-cr.yaml", lock_pins("cdi", "v1.63.1")),
     ("kubectl apply -f https://github.com/cert-manager/cert-manager/releases/download/v1.19.2/cert-manager.yaml",
-     not_pinned("cert-manager")),
+     lock_pins("cert-manager", "v1.19.2")),
     ("helm upgrade --install kubevirtbmc kubevirtbmc --repo https://charts.zespre.com/ --namespace kubevirtbmc-system "
      "--create-namespace --set image.tag=v0.7.0", lock_pins("kubevirtbmc", "v0.7.0")),
     ("kubectl apply -f https://raw.githubusercontent.com/k8snetworkplumbingwg/kubemacpool/v0.50.0/config/release/"
      "kubemacpool.yaml", lock_pins("kubemacpool", "v0.50.0")),
-    ("kubectl apply -f https://raw.githubusercontent.com/k8snetworkplumbingwg/multus-cni/master/deployments/"
-     "multus-daemonset-thick.yml", not_pinned("multus")),
+    ("kubectl apply -f https://raw.githubusercontent.com/k8snetworkplumbingwg/multus-cni/v4.3.0/deployments/"
+     "multus-daemonset-thick.yml", lock_pins("multus", "v4.3.0")),
+    (f"kubectl -n kube-system set image daemonset/kube-multus-ds kube-multus={MULTUS_IMAGE} "
+     f"install-multus-binary={MULTUS_IMAGE}", lock_pins("multus", "v4.3.0")),
     ("kubectl create -f https://github.com/kyverno/kyverno/releases/download/v1.19.1/install.yaml",
      lock_pins("kyverno", "v1.19.1")),
     ("sudo snap install --channel=3.6/stable maas", "grep -qE '^maas-proven:.* 3[.]6[.][5-9]' upstream.lock.yaml"),
