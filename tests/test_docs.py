@@ -1832,6 +1832,18 @@ def test_the_tutorial_states_no_release_of_its_own():
     assert not named, f"{TUTORIAL} names releases: {named}"
 
 
+def test_the_tutorial_tabulates_the_states_of_its_picture():
+    """Issue 43 item 5: the tutorial shows the machine's states as a table of who acts and how
+    long, one row per state of docs/diagrams/machine-states.dot, in its order."""
+    text = (ROOT / TUTORIAL).read_text()
+    assert "diagrams/machine-states.svg" in text
+    rows = re.findall(r"^\| (\w+) \| ([^|]+) \| ([^|]+) \|$", text, re.M)
+    states = [state for state, _, _ in rows if state != "State"]
+    dot = (ROOT / "docs" / "diagrams" / "machine-states.dot").read_text()
+    assert states == re.findall(r"-> (\w+) \[", dot), states
+    assert all(who.strip() and how.strip() for state, who, how in rows)
+
+
 def source_ranges_in_pages() -> list[tuple[str, str]]:
     """Every CIDR a page's YAML gives as ingress.source_ranges, with its page."""
     found = []
