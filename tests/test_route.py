@@ -146,3 +146,21 @@ def test_anything_else_is_refused_with_what_is_expected(text):
         assert "expected" in str(failure)
     else:
         assert ipaddress.ip_address(address) and 0 < port < 65536
+
+
+@pytest.mark.parametrize("output", ["json", "yaml"])
+def test_the_report_as_json_or_yaml_is_one_document(responder, monkeypatch, capsys, output):
+    """-o json|yaml as the other commands print them: the host, ok, and every hop."""
+    import argparse
+    import yaml
+
+    from maas_kubevirt.values import load_values
+
+    served = responder()
+    values = load_values(None)
+    args = argparse.Namespace(serial="web1.tenant-a", address=f"127.0.0.1:{served.port}", source=None, output=output)
+    assert route.main(values, args) == 0
+    printed = capsys.readouterr().out
+    found = json.loads(printed) if output == "json" else yaml.safe_load(printed)
+    assert found["ok"] and found["host"] == "web1.tenant-a." + values["redfish"]["domain"]
+    assert [hop["name"] for hop in found["hops"]] == ["dns", "address", "tcp", "tls", "http", "redfish"]

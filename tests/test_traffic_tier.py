@@ -779,6 +779,22 @@ def test_check_route_reports_each_hop_of_the_real_proxy(phase, tmp_path):
     assert phase.proxy.reached(host) == before + 1 and phase.proxy.reached(phase.host("ghost")) == 0
 
 
+def test_doctors_redfish_probe_speaks_as_maas_through_the_real_proxy(phase):
+    """doctor's network.redfish probe, with MAAS's credentials and TLS as MAAS's driver speaks it
+    (no SNI), reaches the VM's BMC through this exposure's proxy: 200; a wrong password is 401."""
+    from maas_kubevirt import doctor
+
+    host, (user, password) = phase.host(), phase.credentials()
+    before = phase.proxy.reached(host)
+    found = doctor.redfish_probe(doctor.Credentials("abc123", host, user, password), lambda name: ["127.0.0.1"],
+                                 30.0, phase.port)
+    assert found[0] == 200 and found[2] == "", found
+    refused = doctor.redfish_probe(doctor.Credentials("abc123", host, user, password + "x"),
+                                   lambda name: ["127.0.0.1"], 30.0, phase.port)
+    assert refused[0] == 401, refused
+    assert phase.proxy.reached(host) == before + 2, "the probe did not reach the VM's BMC"
+
+
 def test_after_the_vm_is_deleted_its_route_is_gone_and_its_password_reaches_nothing(phase):
     """Runs last for each exposure: it deletes the VM. Its route carries
     ownerReferences to the VM, so the garbage collector removes them (Kyverno's synchronize would

@@ -245,8 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="connect to this IP address (optionally ADDRESS:PORT, [IPv6]:PORT) instead of DNS's answer")
     route.add_argument("--source", metavar="ADDRESS",
                        help="connect from this local address (the rack controller's, toward the BMC proxy)")
-    route.add_argument("-o", "--output", metavar="FORMAT", choices=("text", "json"), default="text",
-                       help="text (a table) or json (default: %(default)s)")
+    route.add_argument("-o", "--output", metavar="FORMAT", choices=("text", "json", "yaml"), default="text",
+                       help="text (a table), json or yaml (default: %(default)s)")
     compose = commands.add_parser(
         "compose", parents=shared,
         help="make one VM of a pool now, as vm-host compose did in MAAS",
@@ -271,8 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     compose.add_argument("--wait", action="store_true", help="return once MAAS has the machine Ready")
     compose.add_argument("--timeout", metavar="SECONDS", type=_positive_seconds, default=1800,
                          help="with --wait: how long to wait (default: %(default)s)")
-    compose.add_argument("-o", "--output", metavar="FORMAT", choices=("text", "json"), default="text",
-                         help="text (tab-separated) or json (default: %(default)s)")
+    compose.add_argument("-o", "--output", metavar="FORMAT", choices=("text", "json", "yaml"), default="text",
+                         help="text (tab-separated), json (one line) or yaml (default: %(default)s)")
     decompose = commands.add_parser(
         "decompose", parents=shared,
         help="delete a pool VM, its disk and its MAAS machine",

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, identity, seed
 from maas_kubevirt.audit import Audit
-from maas_kubevirt.console import error, note
+from maas_kubevirt.console import JSON, YAML, document, error, note
 from maas_kubevirt.kube import KubeError
 from maas_kubevirt.maas import MAASError, client_from_values
 from maas_kubevirt.pools import access, observe
@@ -112,7 +112,7 @@ def main(values: dict, args: Any) -> int:
         result["stage"] = stage
         if machine is not None:
             result.update(system_id=machine.system_id, hostname=machine.hostname)
-    print(json.dumps(result) if args.output == "json" else
+    print(json.dumps(result) if args.output == JSON else document(result, YAML) if args.output == YAML else
           "\t".join(str(result.get(key, "")) for key in ("vm", "namespace", "stage", "system_id", "hostname")),
           flush=True)
     if args.wait and result["stage"] != READY:

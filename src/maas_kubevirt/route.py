@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, identity
-from maas_kubevirt.console import error, table
+from maas_kubevirt.console import JSON, YAML, document, error, table
 
 SERVICE_ROOT = "/redfish/v1/"
 HTTPS_PORT = 443
@@ -65,19 +65,22 @@ def _connect(address: str, port: int, source: str | None, timeout: float) -> soc
                                     source_address=(source, 0) if source else None)
 
 
-def _tls(sock: socket.socket) -> ssl.SSLSocket:
-    """TLS as MAAS's driver speaks it: no server name (SNI), nothing verified."""
+def tls_as_maas(sock: socket.socket) -> ssl.SSLSocket:
+    """TLS as MAAS's driver speaks it: no server name (SNI), nothing verified. doctor's Redfish
+    probe speaks it too."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
     return context.wrap_socket(sock, server_hostname=None)
 
 
-def _service_root(tls: ssl.SSLSocket, host: str, timeout: float) -> tuple[int, str]:
+def get_over(channel: socket.socket, host: str, path: str, timeout: float,
+             headers: dict[str, str] | None = None) -> tuple[int, str]:
+    """GET path with Host: host over an established connection, TLS or not: (status, the body's
+    first 64 KiB)."""
     connection = http.client.HTTPConnection(host, timeout=timeout)
-    connection.sock = tls
-    connection.request("GET", SERVICE_ROOT, headers={"Host": host, "User-Agent": "maas-kubevirt check-route",
-                                                     "Accept": "application/json"})
+    connection.sock = channel
+    connection.request("GET", path, headers={"Host": host, "Accept": "application/json", **(headers or {})})
     response = connection.getresponse()
     return response.status, response.read(65536).decode("utf-8", "replace")
 
@@ -142,7 +145,7 @@ def check(host: str, *, expected: str = "", connect: str = "", port: int = HTTPS
     local = sock.getsockname()[0]
     report.add(TCP, OK, f"{address} port {port}, from {local}")
     try:
-        tls = _tls(sock)
+        tls = tls_as_maas(sock)
     except (OSError, ssl.SSLError) as failure:
         sock.close()
         report.add(TLS, FAIL, f"no TLS handshake without SNI: {failure}",
@@ -152,7 +155,8 @@ def check(host: str, *, expected: str = "", connect: str = "", port: int = HTTPS
     try:
         report.add(TLS, OK, f"{tls.version()}, no SNI, certificate not checked (as MAAS)")
         try:
-            status, body = _service_root(tls, host, max(1.0, timeout - (time.monotonic() - began)))
+            status, body = get_over(tls, host, SERVICE_ROOT, max(1.0, timeout - (time.monotonic() - began)),
+                                    {"User-Agent": "maas-kubevirt check-route"})
         except (OSError, http.client.HTTPException) as failure:
             report.add(HTTP, FAIL, f"no HTTP answer: {getattr(failure, 'strerror', None) or failure}",
                        "the proxy closed the connection: check its log for this host")
@@ -234,8 +238,9 @@ def main(values: dict, args: Any) -> int:
         error(f"check-route: --address {args.address!r}: {failure}")
         return EXIT_USAGE
     report = check(host, expected=values["bmc_proxy"]["address"], connect=connect, port=port, source=args.source)
-    if args.output == "json":
-        print(json.dumps({"host": report.host, "ok": report.ok, "hops": [asdict(hop) for hop in report.hops]}))
+    if args.output in (JSON, YAML):
+        print(document({"host": report.host, "ok": report.ok, "hops": [asdict(hop) for hop in report.hops]},
+                       args.output))
     else:
         print(render_text(report))
     return EXIT_OK if report.ok else EXIT_FAILED

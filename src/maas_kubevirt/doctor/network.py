@@ -8,7 +8,6 @@ import http.client
 import ipaddress
 import posixpath
 import socket
-import ssl
 import time
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
@@ -157,22 +156,6 @@ def redfish_url(address: str, node_id: str) -> str:
     return posixpath.join(address, f"redfish/v1/Systems/{node_id or '1'}")
 
 
-class _HTTPSConnection(http.client.HTTPSConnection):
-    """HTTPS to an address already resolved, with the host name as SNI; unverified, as MAAS does."""
-
-    def __init__(self, address: str, port: int, server_name: str, timeout: float):
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-        super().__init__(address, port, timeout=timeout, context=context)
-        self._server_name = server_name
-        self._ssl_context = context
-
-    def connect(self) -> None:
-        sock = socket.create_connection((self.host, self.port), self.timeout)
-        self.sock = self._ssl_context.wrap_socket(sock, server_hostname=self._server_name)
-
-
 def redfish_probe(credentials: Credentials, resolve: Resolver, deadline: float = REDFISH_DEADLINE,
                   https_port: int = HTTPS_PORT) -> tuple[int | None, float, str]:
     """GET the Redfish system with MAAS's credentials: (status, seconds, problem).
@@ -186,22 +169,16 @@ def redfish_probe(credentials: Credentials, resolve: Resolver, deadline: float =
     try:
         address = resolve(host)[0]
         remaining = max(0.1, deadline - (time.monotonic() - start))
-        if url.scheme == "https":
-            connection: http.client.HTTPConnection = _HTTPSConnection(address, port, host, remaining)
-        else:
-            connection = http.client.HTTPConnection(address, port, timeout=remaining)
         token = base64.b64encode(f"{credentials.user}:{credentials.password}".encode("utf-8")).decode("ascii")
+        headers = {"User-Agent": "MAAS", "Authorization": f"Basic {token}"}
+        del token
+        channel = socket.create_connection((address, port), timeout=remaining)
         try:
-            connection.request("GET", url.path or "/", headers={
-                "Host": url.netloc.rpartition("@")[2], "User-Agent": "MAAS", "Accept": "application/json",
-                "Authorization": f"Basic {token}",
-            })
-            del token
-            response = connection.getresponse()
-            response.read(65536)
-            status = response.status
+            if url.scheme == "https":   # as MAAS's driver and check-route: no SNI, nothing verified
+                channel = route.tls_as_maas(channel)
+            status, _ = route.get_over(channel, url.netloc.rpartition("@")[2], url.path or "/", remaining, headers)
         finally:
-            connection.close()
+            channel.close()
     except (OSError, http.client.HTTPException, IndexError, ValueError) as error:
         elapsed = time.monotonic() - start
         if isinstance(error, (socket.timeout, TimeoutError)):
