@@ -108,14 +108,21 @@ def _text(value: Any) -> str | None:
     return "a non-empty printable string"
 
 
-def _pool_names(value: Any) -> list[str]:
-    """Resource pool names as MAAS accepts them (src/maasserver/models/resourcepool.py: ^\\w[ \\w-]*$)."""
-    if not isinstance(value, list):
-        return ["a list of MAAS resource pool names (may be empty)"]
-    return [f"[{index}]: expected a MAAS resource pool name (a letter, digit or '_', then those, "
-            f"'-' and spaces), found {_found(name)}"
-            for index, name in enumerate(value)
-            if not (isinstance(name, str) and len(name) <= 256 and re.fullmatch(r"\w[ \w-]*", name))]
+def _maas_pool_name(value: Any) -> str | None:
+    """A resource pool name as MAAS accepts it (src/maasserver/models/resourcepool.py: ^\\w[ \\w-]*$)."""
+    if isinstance(value, str) and len(value) <= 256 and re.fullmatch(r"\w[ \w-]*", value):
+        return None
+    return "a MAAS resource pool name (a letter, digit or '_', then those, '-' and spaces)"
+
+
+def _each(item: Callable[[Any], str | None], what: str) -> Callable[[Any], list[str]]:
+    """A list, maybe empty, whose every entry passes item (which says what it expected)."""
+    def check(value: Any) -> list[str]:
+        if not isinstance(value, list):
+            return [f"a list of {what} (may be empty)"]
+        return [f"[{index}]: expected {problem}, found {_found(entry)}"
+                for index, entry in enumerate(value) if (problem := item(entry))]
+    return check
 
 
 def _path(value: Any) -> str | None:
@@ -342,13 +349,6 @@ def _network(value: Any) -> str | None:
     return "a NetworkAttachmentDefinition, as name or namespace/name"
 
 
-def _maas_tags(value: Any) -> list[str]:
-    if not isinstance(value, list):
-        return ["a list of MAAS tag names (may be empty)"]
-    return [f"[{index}]: expected {problem}, found {_found(tag)}"
-            for index, tag in enumerate(value) if (problem := _maas_tag(tag))]
-
-
 # Each pool of the top-level list `pools`: the keys with a default may be left out.
 POOL: dict[str, Callable[[Any], Any]] = {
     "name": _pool_name,
@@ -360,7 +360,7 @@ POOL: dict[str, Callable[[Any], Any]] = {
     "network": _network,
     "ready": _whole(0, 10000, "machines"),
     "max": _whole(1, 10000, "VMs"),
-    "tags": _maas_tags,
+    "tags": _each(_maas_tag, "MAAS tag names"),
     "on_release": _choice(*ON_RELEASE),
 }
 POOL_DEFAULTS: dict[str, Any] = {"tags": [], "on_release": "recreate"}
@@ -514,7 +514,7 @@ SCHEMA: dict[str, dict[str, Callable[[Any], Any]]] = {
         "commission": _choice("auto", "approved", "never"),
         "approval_tag": _maas_tag,
         "on_hostname_taken": _choice("fallback", "skip"),
-        "adopt_pools": _pool_names,
+        "adopt_pools": _each(_maas_pool_name, "MAAS resource pool names"),
         "interval": _seconds(1, 86400),
         "resync_interval": _seconds(60, 604800),
         "power_check_interval": _seconds(60, 86400),
