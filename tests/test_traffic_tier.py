@@ -722,7 +722,9 @@ def test_doctor_reads_the_live_exposure(phase):
         return found if {name: check.status for name, check in found.items()} == expected else {}
 
     try:
-        found = wait_for(settled, 30, "doctor's exposure and proxy rows to settle", interval=1)
+        # The first case of a fresh phase when run alone: the proxy writes the Gateway's and the
+        # routes' statuses some time after it serves them.
+        found = wait_for(settled, SETTLE, "doctor's exposure and proxy rows to settle", interval=1)
     except TimeoutError:
         raise AssertionError({name: (c.status, c.found) for name, c in rows().items()}) from None
     assert ", ".join(SOURCE_RANGES) in found["proxy.allowlist"].found, found["proxy.allowlist"].found
