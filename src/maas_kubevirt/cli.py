@@ -187,7 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
         "upload-script", parents=shared,
         help="create or update the commissioning script in MAAS",
         description="Render the commissioning script from the values (or take --script, which "
-        "render must have written from the same values) and upload it to MAAS through its API (POST scripts/, or PUT scripts/{name} with the tags and timeout, "
+        "render must have written from the same values) and upload it to MAAS through its API "
+        "(POST scripts/, or PUT scripts/{name} with the tags and timeout, "
         "which MAAS takes from a script only when creating it), then read it back: its tags must "
         "hold bmc-config and enlisting and its text must be the rendered one.",
         epilog=_epilog([

@@ -1,10 +1,11 @@
 """``maas-kubevirt upload-script``: create or update the commissioning script in MAAS.
 
 The script is rendered here from the values (so a region host needs only the package and its
-values), or read from ``--script``, which must be what ``render`` wrote from the same values. MAAS applies the tags and
-timeout embedded in a script only when it creates the script (src/maasserver/forms/script.py,
-ScriptForm._clean_script), so an update sends them as form fields; then the script is read
-back: its tags hold bmc-config and enlisting, and its stored text is the rendered one.
+values), or read from ``--script``, which must be what ``render`` wrote from the same values.
+MAAS applies the tags and timeout embedded in a script only when it creates the script
+(src/maasserver/forms/script.py, ScriptForm._clean_script), so an update sends them as form
+fields; then the script is read back: its tags hold bmc-config and enlisting, and its stored
+text is the rendered one.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PROG
+from maas_kubevirt import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from maas_kubevirt.audit import Audit
 from maas_kubevirt.console import error, note, warn
 from maas_kubevirt.maas import MAASAuthError, MAASClient, MAASError, MAASForbidden, client_from_values
@@ -130,13 +131,14 @@ def main(values: dict, args: Any) -> int:
     text = _rendered_file(path) if path else render_commissioning(values)
     content = text.encode("utf-8")
     source = str(path) if path else "the script rendered from these values"
+    option = f"--script: {path}" if path else source
     metadata = script_metadata(text, source)
     name = script_name(text, source)
     missing = [tag for tag in REQUIRED_TAGS if tag not in script_tags(metadata)]
     if missing:
-        raise ValuesError([f"--script: {path} is not tagged {', '.join(missing)}: MAAS would not run "
+        raise ValuesError([f"{option} is not tagged {', '.join(missing)}: MAAS would not run "
                            "it at enlistment; render it again"])
-    problem = path and rendering_problem(text, values, f"--script: {path}")
+    problem = path and rendering_problem(text, values, option)
     if problem:
         raise ValuesError([problem])
     audit = Audit(values["maas"].get("audit_log", ""))
