@@ -1,9 +1,10 @@
-"""A Redfish responder on 127.0.0.1 that answers like kubevirtBMC behind its Ingress, per Host.
+"""A Redfish responder on loopback that answers like kubevirtBMC behind its Ingress, per Host.
 
 ``GET /redfish/v1/Systems/1`` with the right Basic credentials for the request's Host gives
 200 and a ComputerSystem; wrong or no credentials 401; an unknown Host 404 (as an Ingress
 controller answers for a host it has no rule for). ``delay`` holds every answer back, to
 test deadlines. With ``tls=(certfile, keyfile)`` it speaks HTTPS and records the SNI name.
+``address`` is where it listens: 127.0.0.1 on a free port unless a test needs a fixed one.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from loopback import LoopbackServer
 
 class RedfishResponder(LoopbackServer):
     def __init__(self, accounts: dict[str, tuple[str, str]] | None = None, *, delay: float = 0.0,
-                 tls: tuple[str, str] | None = None):
+                 tls: tuple[str, str] | None = None, address: tuple[str, int] = ("127.0.0.1", 0)):
+        self.address = address
         self.accounts = dict(accounts or {})     # host -> (user, password)
         self.delay = delay
         self.tls = tls
@@ -33,7 +35,7 @@ class RedfishResponder(LoopbackServer):
             pass
 
         Handler.responder = responder
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server = ThreadingHTTPServer(self.address, Handler)
         if self.tls:
             self.wrap_tls(server, self.tls, self.server_names)
         self.serve(server, "redfish-responder")

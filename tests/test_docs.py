@@ -176,11 +176,15 @@ def copied_for_install(page: Page, result) -> None:
     assert list(home.glob("maas-kubevirt_*_all.deb"))
 
 
+def no_copy_left_in_the_home(page: Page) -> None:
+    """Nothing scp brought to the region host stays in its home once installed."""
+    left = [path.name for path in (page.tmp / "home").iterdir() if path.is_file()]
+    assert not left, f"copies left in the region host's home: {left}"
+
+
 def nothing_left_in_the_home(page: Page, result) -> None:
     """What was copied to the region host is installed, and no copy stays in the home."""
-    left = [path.name for path in (page.tmp / "home").iterdir() if path.name in ("seed", "site.yaml")
-            or path.name.endswith(".deb")]
-    assert not left, f"copies left in the region host's home: {left}"
+    no_copy_left_in_the_home(page)
     assert region_etc(page, "seed").stat().st_mode & 0o777 == 0o600
 
 
@@ -236,6 +240,14 @@ def get(page: Page, kind: str, name: str, namespace: str | None):
     return json.loads(result.stdout) if result.returncode == 0 else None
 
 
+def ours(page: Page, kind: str, namespace: str | None = None) -> list[str]:
+    """The names of the objects of kind that the bundle made (its part-of label), in a namespace or cluster-wide."""
+    where = ["-n", namespace] if namespace else []
+    listed = json.loads(kubectl(page, "get", kind, *where, "-l", "app.kubernetes.io/part-of=maas-kubevirt", "-o",
+                                "json").stdout)
+    return [item["metadata"]["name"] for item in listed["items"]]
+
+
 def web1_gets_its_bmc(page: Page, result) -> None:
     """examples/pxe-vm.yaml, admitted in the opted-in namespace: web1 gets its serial and its BMC objects."""
     eventually(lambda: (get(page, "virtualmachine", "web1", "tenant-a") or {}).get("spec", {}).get("template", {})
@@ -283,9 +295,7 @@ def test_no_page_has_maas_power_on_a_vm_it_does_not_know():
 def bmc_objects_gone(page: Page, result) -> None:
     assert "deleted" in result.stdout
     for kind in ("secret", "virtualmachinebmc", "ingress", "networkpolicy"):
-        listed = json.loads(kubectl(page, "get", kind, "-n", "tenant-a", "-l", "app.kubernetes.io/part-of=maas-kubevirt",
-                                    "-o", "json").stdout)
-        assert listed["items"] == [], f"{kind} left in tenant-a"
+        assert ours(page, kind, "tenant-a") == [], f"{kind} left in tenant-a"
 
 
 def serial_removed(page: Page, result) -> None:
@@ -433,9 +443,7 @@ def labelled_for_delete(page: Page, result) -> None:
 
 def bundle_deleted_bmc_kept(page: Page, result) -> None:
     eventually(lambda: get(page, "namespace", "maas-kubevirt", None) is None, "the system namespace is deleted")
-    listed = json.loads(kubectl(page, "get", "clusterpolicy", "-l", "app.kubernetes.io/part-of=maas-kubevirt",
-                                "-o", "json").stdout)
-    assert listed["items"] == [], "a policy is left"
+    assert ours(page, "clusterpolicy") == [], "a policy is left"
     for kind, name in (("secret", "web1-bmc"), ("virtualmachinebmc", "web1"), ("ingress", "web1-bmc"),
                        ("networkpolicy", "maas-kubevirt-bmc")):
         assert get(page, kind, name, "tenant-a"), f"{kind} {name} went with the bundle"
@@ -844,8 +852,7 @@ def seed_moved(page: Page, result) -> None:
     for name in ("seed", "pools-kubeconfig"):
         assert region_etc(page, name).stat().st_mode & 0o777 == 0o600
     assert region_etc(page, "seed").read_text() == page.notes["seed"]
-    left = [path.name for path in (page.tmp / "home").iterdir() if path.is_file()]
-    assert not left, f"copies left in the region host's home: {left}"
+    no_copy_left_in_the_home(page)
 
 
 def tutorial_script_uploaded(page: Page, result) -> None:
@@ -944,18 +951,21 @@ def proxy_stands_in(page: Page) -> None:
     web-1.tenant-a.<domain> the stand-in's address, where a TLS server answers on 443 with a
     Redfish service root, as the BMC proxy does for a route to kubevirtBMC (test_traffic_tier
     proves check-route against the real proxy)."""
-    from test_route import Responder
+    from gateway_api import certificate
+    from redfish_responder import RedfishResponder
 
-    domain = page_yaml(TUTORIAL)["redfish"]["domain"]
-    page.notes["responder"] = Responder(page.tmp, address=(PROXY_STAND_IN, 443))
-    page.shell.run(f"printf '%s\\n' {quote(f'{PROXY_STAND_IN} web-1.tenant-a.{domain}')} >>/etc/hosts")
+    host = f"web-1.tenant-a.{page_yaml(TUTORIAL)['redfish']['domain']}"
+    tls = tuple(map(str, certificate(page.tmp, "proxy-stand-in", host)))
+    page.notes["responder"] = RedfishResponder({host: ("", "")}, tls=tls, address=(PROXY_STAND_IN, 443)).start()
+    page.shell.run(f"printf '%s\\n' {quote(f'{PROXY_STAND_IN} {host}')} >>/etc/hosts")
 
 
 def route_checked(page: Page, result) -> None:
     """Every hop ok, the address the one bmc_proxy.address names, and no SNI sent (as MAAS)."""
     rows = [line.split()[:2] for line in result.stdout.splitlines()[1:] if line.strip()]
     assert rows and all(status == "ok" for _, status in rows), result.stdout
-    assert PROXY_STAND_IN in result.stdout and page.notes["responder"].sni == [None], page.notes["responder"].sni
+    responder = page.notes["responder"]
+    assert PROXY_STAND_IN in result.stdout and responder.server_names == [None], responder.server_names
 
 
 def composed_ready(page: Page, result) -> None:
@@ -1026,9 +1036,7 @@ def tutorial_bundle_deleted(page: Page, result) -> None:
     """The bundle took its policies, the system namespace and the BMC proxy's with it."""
     for namespace in ("maas-kubevirt", BMC_NAMESPACE):
         eventually(lambda: get(page, "namespace", namespace, None) is None, f"namespace {namespace} is deleted")
-    listed = json.loads(kubectl(page, "get", "clusterpolicy", "-l", "app.kubernetes.io/part-of=maas-kubevirt",
-                                "-o", "json").stdout)
-    assert listed["items"] == [], "a policy is left"
+    assert ours(page, "clusterpolicy") == [], "a policy is left"
 
 
 def tenant_a_gone(page: Page, result) -> None:
@@ -1041,9 +1049,7 @@ def nothing_of_the_tutorial_left(page: Page, result) -> None:
         assert not (page.repo / name).exists(), f"{name} is left"
     assert not (page.tmp / "home" / "maas-kubevirt-backup").exists()
     for kind in ("clusterrole", "clusterrolebinding"):
-        listed = json.loads(kubectl(page, "get", kind, "-l", "app.kubernetes.io/part-of=maas-kubevirt", "-o",
-                                    "json").stdout)
-        assert listed["items"] == [], f"a {kind} is left: {[i['metadata']['name'] for i in listed['items']]}"
+        assert ours(page, kind) == [], f"a {kind} is left: {ours(page, kind)}"
 
 
 # --- the runners -------------------------------------------------------------------------------
@@ -1793,7 +1799,7 @@ def test_tutorial(tmp_path, double, control_plane):
         run_on_region_host(page)
     finally:
         if "responder" in page.notes:
-            page.notes["responder"].close()
+            page.notes["responder"].stop()
         # Back to no policies and none of the tutorial's namespaces, for the next user of the control plane.
         for namespace in ("tenant-a", BMC_NAMESPACE):
             kubectl(page, "delete", "namespace", namespace, "--ignore-not-found", "--wait=false", check=False)

@@ -20,9 +20,9 @@ ROOT = {"@odata.id": "/redfish/v1", "@odata.type": "#ServiceRoot.v1_16_1.Service
 
 
 class Responder:
-    """HTTPS on a loopback address answering GET /redfish/v1/ with (status, body); records each SNI it saw."""
+    """HTTPS on 127.0.0.1 answering GET /redfish/v1/ with (status, body); records each SNI it saw."""
 
-    def __init__(self, tmp_path, status=200, body=ROOT, address=("127.0.0.1", 0)):
+    def __init__(self, tmp_path, status=200, body=ROOT):
         from gateway_api import certificate
 
         cert, key = certificate(tmp_path, "responder", HOST)
@@ -43,7 +43,7 @@ class Responder:
             def log_message(self, *args):
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(address, Handler)
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
         self.port = self.server.server_address[1]
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -149,7 +149,7 @@ def test_anything_else_is_refused_with_what_is_expected(text):
 
 
 @pytest.mark.parametrize("output", ["json", "yaml"])
-def test_the_report_as_json_or_yaml_is_one_document(responder, monkeypatch, capsys, output):
+def test_the_report_as_json_or_yaml_is_one_document(responder, capsys, output):
     """-o json|yaml as the other commands print them: the host, ok, and every hop."""
     import argparse
     import yaml
